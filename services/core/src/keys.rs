@@ -1,0 +1,65 @@
+//! Redis key names (ARCHITECTURE.md). Tenant-scoped keys carry the tenant in literal braces, a
+//! Redis Cluster hash tag, so one tenant's keys share a slot and per-tenant scripts stay
+//! cluster-safe. `SHIELD_REDIS_PREFIX` is prepended to every key and channel.
+
+#[derive(Debug, Clone, Default)]
+pub struct RedisKeys {
+    prefix: String,
+}
+
+impl RedisKeys {
+    pub fn new(prefix: impl Into<String>) -> Self {
+        RedisKeys { prefix: prefix.into() }
+    }
+
+    pub fn snapshot(&self, tenant: &str) -> String {
+        format!("{}gw_snapshot:{{{tenant}}}", self.prefix)
+    }
+
+    /// Not tenant-scoped: the proxy resolves the tenant from it.
+    pub fn api_key(&self, key_sha256_hex: &str) -> String {
+        format!("{}gw_key:{key_sha256_hex}", self.prefix)
+    }
+
+    pub fn config_channel(&self) -> String {
+        format!("{}gw_config", self.prefix)
+    }
+
+    /// `yyyymmdd` in UTC.
+    pub fn usage(&self, tenant: &str, day: &str) -> String {
+        format!("{}gw_usage:{{{tenant}}}:{day}", self.prefix)
+    }
+
+    /// `yyyymm` in UTC.
+    pub fn spend(&self, tenant: &str, month: &str) -> String {
+        format!("{}gw_spend:{{{tenant}}}:{month}", self.prefix)
+    }
+
+    pub fn health(&self, tenant: &str) -> String {
+        format!("{}gw_health:{{{tenant}}}", self.prefix)
+    }
+
+    pub fn budget_alerted(&self, tenant: &str, month: &str) -> String {
+        format!("{}gw_budget_alerted:{{{tenant}}}:{month}", self.prefix)
+    }
+
+    pub fn events(&self) -> String {
+        format!("{}gw_events", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_the_architecture_table() {
+        let k = RedisKeys::new("");
+        assert_eq!(k.snapshot("acme"), "gw_snapshot:{acme}");
+        assert_eq!(k.usage("acme", "20261129"), "gw_usage:{acme}:20261129");
+        assert_eq!(k.api_key("ab12"), "gw_key:ab12");
+        let k = RedisKeys::new("t1:");
+        assert_eq!(k.spend("acme", "202611"), "t1:gw_spend:{acme}:202611");
+        assert_eq!(k.config_channel(), "t1:gw_config");
+    }
+}

@@ -1,0 +1,27 @@
+//! shield-core: the domain of Shield Gateway as plain data and pure functions.
+//!
+//! Everything worth testing exhaustively lives here: the configuration model (targets, routes,
+//! rules, budgets, profiles), its validation, the snapshot the admin publishes and the proxy
+//! reads, Redis key names and the vault's crypto. This crate never performs I/O, never reads a
+//! clock and holds no global state: time, randomness and nonces are passed in.
+
+pub mod error;
+pub mod guardrails;
+pub mod keys;
+pub mod money;
+pub mod names;
+pub mod parse;
+pub mod profile;
+pub mod route;
+pub mod snapshot;
+pub mod target;
+pub mod url_safety;
+pub mod validate;
+pub mod vault;
+
+pub use error::FieldError;
+
+/// Seed §3.1: at most 50 targets per tenant.
+pub const MAX_TARGETS_PER_TENANT: usize = 50;
+/// Seed §3.2: at most 100 routes per tenant.
+pub const MAX_ROUTES_PER_TENANT: usize = 100;

@@ -1,0 +1,52 @@
+//! Strict JSON decoding that names the offending field as a JSON path.
+
+use serde::de::DeserializeOwned;
+
+use crate::FieldError;
+
+/// Decodes `body`, refusing unknown fields (the types say `deny_unknown_fields`) and reporting
+/// the path of the first problem, e.g. `auth.mode: unknown variant "key"…`.
+pub fn from_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, FieldError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
+        let path = err.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        let message = clean_message(&err.inner().to_string());
+        // serde reports a missing field at its parent; name the field itself.
+        let field = match message.strip_prefix("missing field `").and_then(|m| m.split('`').next()) {
+            Some(missing) if path.is_empty() => missing.to_string(),
+            Some(missing) => format!("{path}.{missing}"),
+            None => path,
+        };
+        FieldError::new(field, message)
+    })?;
+    de.end().map_err(|e| FieldError::new("", clean_message(&e.to_string())))?;
+    Ok(value)
+}
+
+/// serde_json appends " at line 1 column 42"; the field path says more than the position.
+fn clean_message(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) if message[i..].contains("column") => message[..i].to_string(),
+        _ => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Target;
+
+    #[test]
+    fn unknown_fields_are_named_with_their_path() {
+        let err = from_json::<Target>(br#"{"base_url":"https://x.io","model":"m","auth":{"mode":"none","colour":"red"}}"#).unwrap_err();
+        assert_eq!(err.field, "auth.colour");
+        assert!(err.message.contains("unknown field `colour`"), "{}", err.message);
+        let err = from_json::<Target>(br#"{"base_url":"https://x.io","model":"m","auth":{"mode":"key"}}"#).unwrap_err();
+        assert_eq!(err.field, "auth.mode");
+        let err = from_json::<Target>(br#"{"base_url":"https://x.io","model":"m","timeout_s":-1}"#).unwrap_err();
+        assert_eq!(err.field, "timeout_s");
+        let err = from_json::<Target>(br#"{"base_url": "#).unwrap_err();
+        assert!(err.message.contains("EOF"), "{}", err.message);
+    }
+}

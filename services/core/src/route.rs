@@ -1,0 +1,155 @@
+//! Routes (seed §3.2 plus ROUTING.md): the name callers send as `model`, the eligible set in
+//! priority order, the strategy, failover limits, rules and the monthly budget.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::money::Usd;
+use crate::profile::RequiredProfile;
+use crate::target::Location;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// Taken from the path on write; when present in the body it must match.
+    #[serde(default)]
+    pub name: String,
+    /// The eligible set, in priority order.
+    pub targets: Vec<String>,
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// `weighted` only: target id → weight (a listed target without a weight gets 0 and is
+    /// tried only after every weighted one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<BTreeMap<String, u32>>,
+    #[serde(default)]
+    pub failover: Failover,
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    /// Seed 004: every listed target must satisfy this envelope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_profile: Option<RequiredProfile>,
+    #[serde(default = "crate::target::defaults::yes")]
+    pub enabled: bool,
+    #[serde(default)]
+    pub updated_at: i64,
+    #[serde(default)]
+    pub updated_by: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    #[default]
+    Priority,
+    LowestLatency,
+    LowestCost,
+    Weighted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Failover {
+    #[serde(default = "defaults::max_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "defaults::deadline_s")]
+    pub deadline_s: u32,
+    #[serde(default = "defaults::on")]
+    pub on: Vec<FailoverOn>,
+}
+
+impl Default for Failover {
+    fn default() -> Self {
+        Failover { max_attempts: defaults::max_attempts(), deadline_s: defaults::deadline_s(), on: defaults::on() }
+    }
+}
+
+/// The closed set of failure classes a route may fail over on (ROUTING.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum FailoverOn {
+    #[serde(rename = "timeout")]
+    Timeout,
+    #[serde(rename = "connect")]
+    Connect,
+    #[serde(rename = "429")]
+    RateLimited,
+    #[serde(rename = "5xx")]
+    ServerError,
+    /// Opt-in (seed 002): credit exhausted.
+    #[serde(rename = "402")]
+    PaymentRequired,
+    /// Opt-in: move on only to targets with a larger declared context window.
+    #[serde(rename = "context_length")]
+    ContextLength,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    #[serde(default)]
+    pub when: Conditions,
+    /// Narrow the eligible set to these targets (a subset of the route's).
+    #[serde(default, rename = "use", skip_serializing_if = "Option::is_none")]
+    pub use_targets: Option<Vec<String>>,
+    /// Refuse the call with this reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny: Option<String>,
+}
+
+/// All present conditions must hold (seed §3.2), except `location_required`, which narrows
+/// rather than tests ("As built").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Conditions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flagged: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_class: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location_required: Option<Location>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_over: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    pub monthly: Usd,
+    #[serde(default = "crate::target::defaults::currency")]
+    pub currency: String,
+    #[serde(default)]
+    pub at_limit: AtLimit,
+    #[serde(default)]
+    pub fallback_targets: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AtLimit {
+    /// Seed §7: warn is the default.
+    #[default]
+    Warn,
+    Fallback,
+    Block,
+}
+
+mod defaults {
+    use super::FailoverOn;
+
+    pub fn max_attempts() -> u32 {
+        3
+    }
+    pub fn deadline_s() -> u32 {
+        120
+    }
+    pub fn on() -> Vec<FailoverOn> {
+        vec![FailoverOn::Timeout, FailoverOn::Connect, FailoverOn::RateLimited, FailoverOn::ServerError]
+    }
+}

@@ -1,0 +1,132 @@
+//! The published configuration: what the admin writes to `gw_snapshot:{tenant}` and
+//! `gw_key:<sha256>`, and what the proxy reads. Secrets travel only as ciphertext.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::guardrails::GuardrailPolicy;
+use crate::route::Route;
+use crate::target::Target;
+use crate::vault::{NONCE_LEN, Sealed};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub tenant: String,
+    /// Per-tenant, strictly increasing with every committed config write.
+    pub version: i64,
+    /// SHA-256 of the configuration (targets, routes, guardrails, secrets), hex.
+    pub digest: String,
+    /// Unix seconds.
+    pub published_at: i64,
+    pub targets: BTreeMap<String, Target>,
+    pub routes: BTreeMap<String, Route>,
+    pub guardrails: GuardrailPolicy,
+    /// Keyed by the reference targets use (`shield://name`); only referenced secrets.
+    pub secrets: BTreeMap<String, SnapshotSecret>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotSecret {
+    /// base64
+    pub ciphertext: String,
+    /// base64
+    pub nonce: String,
+    pub key_version: u32,
+    pub bindings: Vec<String>,
+}
+
+impl SnapshotSecret {
+    pub fn from_sealed(sealed: &Sealed, bindings: Vec<String>) -> Self {
+        SnapshotSecret { ciphertext: B64.encode(&sealed.ciphertext), nonce: B64.encode(sealed.nonce), key_version: sealed.key_version, bindings }
+    }
+
+    pub fn sealed(&self) -> Option<Sealed> {
+        let nonce: [u8; NONCE_LEN] = B64.decode(&self.nonce).ok()?.try_into().ok()?;
+        Some(Sealed { ciphertext: B64.decode(&self.ciphertext).ok()?, nonce, key_version: self.key_version })
+    }
+}
+
+impl Snapshot {
+    /// Builds a snapshot and computes its digest.
+    pub fn new(
+        tenant: String,
+        version: i64,
+        published_at: i64,
+        targets: BTreeMap<String, Target>,
+        routes: BTreeMap<String, Route>,
+        guardrails: GuardrailPolicy,
+        secrets: BTreeMap<String, SnapshotSecret>,
+    ) -> Snapshot {
+        let mut snapshot = Snapshot { tenant, version, digest: String::new(), published_at, targets, routes, guardrails, secrets };
+        snapshot.digest = snapshot.compute_digest();
+        snapshot
+    }
+
+    pub fn compute_digest(&self) -> String {
+        let content = serde_json::json!({
+            "targets": self.targets, "routes": self.routes, "guardrails": self.guardrails, "secrets": self.secrets,
+        });
+        hex::encode(Sha256::digest(content.to_string().as_bytes()))
+    }
+}
+
+/// `gw_key:<sha256 hex>`: what the proxy needs to authenticate a caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiKeyRecord {
+    pub tenant: String,
+    pub key_id: String,
+    pub name: String,
+    pub agent: Option<String>,
+    pub role: Option<String>,
+    pub revoked: bool,
+}
+
+/// A message on `gw_config`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ConfigMessage {
+    Tenant { tenant: String, version: i64 },
+    Key { key_hash: String },
+}
+
+/// SHA-256 hex of a tenant API key: how keys are stored and looked up.
+pub fn key_hash(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// Tenant keys are `sk-shield-` + 43 characters of base64url (32 random bytes).
+pub const API_KEY_PREFIX: &str = "sk-shield-";
+
+pub fn format_api_key(random: &[u8; 32]) -> String {
+    format!("{API_KEY_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_depends_on_content_only() {
+        let a = Snapshot::new("t".into(), 1, 100, BTreeMap::new(), BTreeMap::new(), GuardrailPolicy::default(), BTreeMap::new());
+        let b = Snapshot::new("t".into(), 2, 200, BTreeMap::new(), BTreeMap::new(), GuardrailPolicy::default(), BTreeMap::new());
+        assert_eq!(a.digest, b.digest);
+        let mut policy = GuardrailPolicy::default();
+        policy.tools.kill_switch = true;
+        let c = Snapshot::new("t".into(), 3, 300, BTreeMap::new(), BTreeMap::new(), policy, BTreeMap::new());
+        assert_ne!(a.digest, c.digest);
+    }
+
+    #[test]
+    fn keys_look_right() {
+        let key = format_api_key(&[0xAB; 32]);
+        assert!(key.starts_with("sk-shield-"));
+        assert_eq!(key.len(), 10 + 43);
+        assert_eq!(key_hash(&key).len(), 64);
+        let msg: ConfigMessage = serde_json::from_str(r#"{"key_hash":"ab"}"#).unwrap();
+        assert_eq!(msg, ConfigMessage::Key { key_hash: "ab".into() });
+    }
+}

@@ -1,0 +1,160 @@
+//! Targets (seed §3.1 plus ROUTING.md): a provider endpoint, a model and a credential.
+//! A target body carries at most a *reference* to a secret, never a secret.
+
+use serde::{Deserialize, Serialize};
+
+use crate::money::Usd;
+use crate::profile::Profile;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    /// Taken from the path on write; when present in the body it must match.
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    pub base_url: String,
+    #[serde(default)]
+    pub flavor: Flavor,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub azure: Option<Azure>,
+    #[serde(default)]
+    pub auth: Auth,
+    #[serde(default)]
+    pub location: Location,
+    #[serde(default)]
+    pub allow_private: bool,
+    #[serde(default = "defaults::timeout_s")]
+    pub timeout_s: u32,
+    #[serde(default = "defaults::first_byte_timeout_s")]
+    pub first_byte_timeout_s: u32,
+    #[serde(default = "defaults::idle_timeout_s")]
+    pub idle_timeout_s: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Capabilities>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Profile>,
+    /// Merged into the upstream body (e.g. OpenRouter `provider` preferences).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub extra_body: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default = "defaults::yes")]
+    pub enabled: bool,
+    /// Set by the server (unix seconds); ignored on input.
+    #[serde(default)]
+    pub updated_at: i64,
+    /// Set by the server; ignored on input.
+    #[serde(default)]
+    pub updated_by: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Flavor {
+    #[default]
+    Openai,
+    Azure,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Azure {
+    #[serde(default)]
+    pub deployment: String,
+    #[serde(default)]
+    pub api_version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Auth {
+    pub mode: AuthMode,
+    #[serde(default = "defaults::auth_header")]
+    pub header: String,
+    #[serde(default = "defaults::auth_scheme")]
+    pub scheme: String,
+    /// `shield://<secret name>`; vault mode only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<String>,
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Auth { mode: AuthMode::None, header: defaults::auth_header(), scheme: defaults::auth_scheme(), secret_ref: None }
+    }
+}
+
+impl Auth {
+    /// The secret name a vault reference points at (`shield://openai_prod` → `openai_prod`).
+    pub fn secret_name(&self) -> Option<&str> {
+        self.secret_ref.as_deref().and_then(|r| r.strip_prefix(SECRET_REF_SCHEME))
+    }
+}
+
+pub const SECRET_REF_SCHEME: &str = "shield://";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    Vault,
+    Passthrough,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Location {
+    #[default]
+    Cloud,
+    OnPrem,
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input_per_mtok: Usd,
+    pub output_per_mtok: Usd,
+    #[serde(default = "defaults::currency")]
+    pub currency: String,
+}
+
+/// What a target can take. Unset means "not declared", which admits.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Capabilities {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<bool>,
+}
+
+pub(crate) mod defaults {
+    pub fn timeout_s() -> u32 {
+        60
+    }
+    pub fn first_byte_timeout_s() -> u32 {
+        20
+    }
+    pub fn idle_timeout_s() -> u32 {
+        15
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn auth_header() -> String {
+        "Authorization".into()
+    }
+    pub fn auth_scheme() -> String {
+        "Bearer".into()
+    }
+    pub fn currency() -> String {
+        "USD".into()
+    }
+}
