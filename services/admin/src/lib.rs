@@ -1,1 +1,84 @@
+//! shield-admin: the control plane. Tenants, targets, routes, secrets, keys and guardrail
+//! policies live in Postgres (the truth) and are published to Redis for the data plane.
+//!
+//! Request path: decode the admin JWT ([`auth::Principal`]) → check the scope → resolve the
+//! tenant from the token (never from input) → validate with shield-core → one transaction
+//! (version bump, write, audit row) → publish the snapshot (never failing the write).
 
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod openapi;
+pub mod provision;
+pub mod publish;
+pub mod random;
+pub mod rate_limit;
+pub mod repo;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{App, HttpServer, web};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+pub use config::AdminConfig;
+
+/// The migrations under `migrations/`, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+pub struct AdminState {
+    pub db: PgPool,
+    pub publisher: Arc<publish::Publisher>,
+    pub tokens: auth::Tokens,
+    pub keyring: shield_core::vault::Keyring,
+    pub login_limiter: rate_limit::LoginLimiter,
+    pub login_token_ttl: Duration,
+}
+
+impl AdminState {
+    pub fn new(db: PgPool, redis: deadpool_redis::Pool, config: &AdminConfig) -> Result<AdminState, String> {
+        Ok(AdminState {
+            publisher: Arc::new(publish::Publisher::new(db.clone(), redis, config.redis_keys.clone())),
+            db,
+            tokens: auth::Tokens::new(&config.jwt_secret)?,
+            keyring: config.keyring.clone(),
+            login_limiter: rate_limit::LoginLimiter::default(),
+            login_token_ttl: config.login_token_ttl,
+        })
+    }
+}
+
+/// A Postgres pool that fails fast when the database is away, so the API answers 503 promptly.
+pub async fn connect_db(url: &str) -> sqlx::Result<PgPool> {
+    PgPoolOptions::new().max_connections(10).acquire_timeout(Duration::from_secs(3)).connect(url).await
+}
+
+/// A Redis pool that never blocks a request for long; connections are made lazily, so the
+/// admin starts while Redis is down.
+pub fn redis_pool(url: &str) -> Result<deadpool_redis::Pool, String> {
+    let mut cfg = deadpool_redis::Config::from_url(url);
+    cfg.pool = Some(deadpool_redis::PoolConfig {
+        max_size: 16,
+        timeouts: deadpool_redis::Timeouts {
+            wait: Some(Duration::from_secs(2)),
+            create: Some(Duration::from_secs(2)),
+            recycle: Some(Duration::from_secs(2)),
+        },
+        ..Default::default()
+    });
+    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1)).map_err(|e| format!("invalid REDIS_URL: {e}"))
+}
+
+/// Runs the admin service until the process is stopped.
+pub async fn serve(config: AdminConfig, db: PgPool) -> std::io::Result<()> {
+    let redis = redis_pool(&config.redis_url).map_err(std::io::Error::other)?;
+    let state = web::Data::new(AdminState::new(db, redis, &config).map_err(std::io::Error::other)?);
+    state.publisher.clone().spawn(config.republish_every);
+    tracing::info!(addr = %config.addr, "admin listening");
+    HttpServer::new(move || App::new().app_data(state.clone()).configure(api::configure))
+        .bind(&config.addr)?
+        .run()
+        .await
+}

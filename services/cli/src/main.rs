@@ -1,1 +1,192 @@
-fn main() {}
+//! `shield`: one binary, one subcommand per role (API.md "Command line"). Scriptable output
+//! goes to stdout; everything else (logs, hints) to stderr. A store that is down ends the
+//! command with one clear line and exit code 1, never a panic.
+
+mod demo;
+mod settings;
+mod stores;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use shield_admin::auth::{Scope, Tokens};
+use shield_admin::provision;
+
+use settings::Settings;
+
+#[derive(Parser)]
+#[command(name = "shield", version, about = "Shield Gateway: a multi-tenant LLM gateway")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Everything in one process: create the database if missing, migrate, run admin + proxy.
+    Up {
+        /// Also start the mock LLM on 127.0.0.1:9100 and seed tenant `demo`.
+        #[arg(long)]
+        demo: bool,
+    },
+    /// The control plane (admin API).
+    Admin,
+    /// The data plane (OpenAI-compatible proxy).
+    Proxy,
+    /// Run database migrations and exit.
+    Migrate,
+    /// The fault-injecting OpenAI-compatible mock upstream.
+    MockLlm {
+        #[arg(long, default_value = "127.0.0.1:9100")]
+        addr: String,
+    },
+    /// Tenants.
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
+    /// Admin tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Tenant API keys.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TenantCommand {
+    /// Create a tenant and its owner admin; prints {"tenant", "admin_email", "password"}.
+    Create {
+        slug: String,
+        #[arg(long)]
+        admin_email: String,
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Mint an admin JWT; prints only the token.
+    Issue {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Comma-separated: tenant:read, config:write, registry:write, operator.
+        #[arg(long, value_delimiter = ',', default_value = "")]
+        scopes: Vec<String>,
+        /// Lifetime, e.g. 30m, 1h, 7d.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// Add the platform `operator` scope.
+        #[arg(long)]
+        operator: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Create a tenant API key; prints only the key.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long)]
+        role: Option<String>,
+    },
+}
+
+#[actix_web::main]
+async fn main() -> ExitCode {
+    init_logging();
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,actix_server=warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Up { demo } => demo::up(demo).await,
+        Command::Admin => {
+            let settings = Settings::from_env(false)?;
+            let db = stores::postgres(&settings.database_url).await?;
+            stores::migrate(&db).await?;
+            shield_admin::serve(settings.admin_config()?, db).await?;
+            Ok(())
+        }
+        Command::Proxy => {
+            let settings = Settings::from_env_without_secrets();
+            shield_proxy::serve(&settings.proxy_addr).await?;
+            Ok(())
+        }
+        Command::Migrate => {
+            let settings = Settings::from_env_without_secrets();
+            stores::create_database_if_missing(&settings.database_url).await?;
+            let db = stores::postgres(&settings.database_url).await?;
+            stores::migrate(&db).await?;
+            eprintln!("migrations applied");
+            Ok(())
+        }
+        Command::MockLlm { addr } => Ok(shield_mock_llm::serve(&addr).await?),
+        Command::Tenant { command: TenantCommand::Create { slug, admin_email, name } } => {
+            let settings = Settings::from_env_without_secrets();
+            let db = stores::postgres(&settings.database_url).await?;
+            stores::migrate(&db).await?;
+            let created = provision::create_tenant(&db, &slug, &name, &admin_email, "cli").await?;
+            let out = serde_json::json!({"tenant": created.tenant.slug, "admin_email": created.admin_email, "password": created.password});
+            println!("{out}");
+            Ok(())
+        }
+        Command::Token { command: TokenCommand::Issue { tenant, scopes, ttl, operator } } => {
+            let settings = Settings::from_env(false)?;
+            let mut parsed: Vec<Scope> = scopes.iter().filter(|s| !s.is_empty()).map(|s| Scope::parse(s.trim())).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
+            if operator && !parsed.contains(&Scope::Operator) {
+                parsed.push(Scope::Operator);
+            }
+            if parsed.is_empty() {
+                anyhow::bail!("give --scopes (e.g. tenant:read,config:write) or --operator");
+            }
+            if tenant.is_none() && parsed.iter().any(|s| *s != Scope::Operator) {
+                anyhow::bail!("tenant scopes need --tenant <slug>");
+            }
+            let ttl: Duration = humantime::parse_duration(&ttl).map_err(|e| anyhow::anyhow!("--ttl {ttl:?}: {e}"))?;
+            let tokens = Tokens::new(&settings.jwt_secret()?).map_err(anyhow::Error::msg)?;
+            let (token, _) = tokens.issue("cli", tenant.as_deref(), parsed, ttl, chrono_now());
+            println!("{token}");
+            Ok(())
+        }
+        Command::Key { command: KeyCommand::Create { tenant, name, agent, role } } => {
+            let settings = Settings::from_env_without_secrets();
+            let db = stores::postgres(&settings.database_url).await?;
+            stores::migrate(&db).await?;
+            let tenant_row = shield_admin::repo::tenants::by_slug(&db, &tenant)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("tenant {tenant:?} does not exist; create it with `shield tenant create`"))?;
+            let publisher = shield_admin::publish::Publisher::new(db.clone(), stores::redis(&settings.redis_url)?, settings.redis_keys());
+            let created = provision::create_key(&db, &publisher, &tenant_row, &name, agent.as_deref(), role.as_deref(), "cli").await?;
+            println!("{}", created.key);
+            Ok(())
+        }
+    }
+}
+
+fn chrono_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}

@@ -1,7 +1,7 @@
 //! Table tests: one row per validation rule, each naming the field it must report.
 
 use super::*;
-use crate::parse::from_json;
+use crate::parse::from_json_field as from_json;
 use crate::route::Route;
 use crate::target::Target;
 use serde_json::{Value, json};

@@ -1,0 +1,101 @@
+//! `/v1/tenant/me/keys`: tenant API keys for the data plane. The key is returned once, at
+//! creation; only its SHA-256 is stored. Revocation is published at once.
+
+use actix_web::{HttpResponse, delete, get, post, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{Body, State, decode};
+use crate::auth::{Principal, Scope};
+use crate::error::{ApiError, ApiResult};
+use crate::provision;
+use crate::publish::key_record;
+use crate::repo::audit::{self, Action};
+use crate::repo::keys::{self, KeyMeta};
+use crate::repo::tenants;
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateKey {
+    pub name: String,
+    /// Matched by rules' `agent` condition.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// Matched by rules' `role` condition and tool RBAC.
+    #[serde(default)]
+    pub role: Option<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct KeyCreated {
+    pub id: Uuid,
+    /// `sk-shield-…`: shown only here.
+    pub key: String,
+    pub name: String,
+    pub agent: Option<String>,
+    pub role: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct KeyList {
+    pub keys: Vec<KeyMeta>,
+}
+
+#[utoipa::path(get, path = "/v1/tenant/me/keys", tag = "keys", security(("bearer" = ["config:write"])), responses((status = 200, body = KeyList)))]
+#[get("/v1/tenant/me/keys")]
+pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
+    let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
+    Ok(HttpResponse::Ok().json(KeyList { keys: keys::list(&state.db, tenant.id).await? }))
+}
+
+#[utoipa::path(post, path = "/v1/tenant/me/keys", tag = "keys", security(("bearer" = ["config:write"])), request_body = CreateKey,
+    responses((status = 201, body = KeyCreated), (status = 422)))]
+#[post("/v1/tenant/me/keys")]
+pub async fn create(state: State, principal: Principal, body: Body) -> ApiResult<HttpResponse> {
+    let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
+    let request: CreateKey = decode(&body)?;
+    let created = provision::create_key(
+        &state.db,
+        &state.publisher,
+        &tenant,
+        &request.name,
+        request.agent.as_deref(),
+        request.role.as_deref(),
+        principal.actor(),
+    )
+    .await?;
+    let meta = created.meta;
+    Ok(HttpResponse::Created().json(KeyCreated {
+        id: meta.id,
+        key: created.key,
+        name: meta.name,
+        agent: meta.agent,
+        role: meta.role,
+        created_at: meta.created_at,
+    }))
+}
+
+#[utoipa::path(delete, path = "/v1/tenant/me/keys/{id}", tag = "keys", security(("bearer" = ["config:write"])),
+    params(("id" = Uuid, Path)), responses((status = 204), (status = 404)))]
+#[delete("/v1/tenant/me/keys/{id}")]
+pub async fn revoke(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
+    let id = id.into_inner();
+    let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
+    let not_found = || ApiError::NotFound(format!("key {id} does not exist"));
+    let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
+    let mut tx = state.db.begin().await?;
+    tenants::begin_write(&mut tx, tenant.id).await?;
+    let before = keys::get(&mut *tx, tenant.id, id).await?.ok_or_else(not_found)?;
+    let meta = keys::revoke(&mut *tx, tenant.id, id).await?.ok_or_else(not_found)?;
+    if before.revoked_at.is_none() {
+        audit::record(&mut *tx, tenant.id, principal.actor(), Action::KeyRevoked, &id.to_string(), None, None).await?;
+    }
+    tx.commit().await?;
+    if let Err(err) = state.publisher.publish_key(&meta.key_hash, &key_record(&tenant.slug, &meta)).await {
+        tracing::warn!(error = %err, "revocation not published yet; the republisher will retry");
+        state.publisher.after_write(tenant.id).await;
+    }
+    Ok(HttpResponse::NoContent().finish())
+}

@@ -1,0 +1,211 @@
+//! Snapshot publishing: after every committed config write the tenant's snapshot goes to
+//! `gw_snapshot:{tenant}` and is announced on `gw_config`; API keys go to `gw_key:<sha256>`.
+//!
+//! Postgres is the truth. A publish that fails (Redis down) never fails the write: the tenant
+//! is marked dirty and retried every second, and a full comparison of every tenant's version
+//! in Redis against Postgres runs at start and every `republish_every`, so Redis converges
+//! whatever happened while it was away. Publishing is conditional on the version (a Lua
+//! script), so a slow publisher can never overwrite a newer snapshot with an older one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_redis::Pool as RedisPool;
+use redis::AsyncCommands;
+use shield_core::keys::RedisKeys;
+use shield_core::snapshot::{ApiKeyRecord, ConfigMessage, Snapshot, SnapshotSecret};
+use sqlx::PgPool;
+
+use crate::repo::{config, keys, secrets, tenants};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("Redis is unreachable: {0}")]
+    RedisPool(#[from] deadpool_redis::PoolError),
+    #[error("Redis refused the write: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("could not read the configuration: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("tenant {0} no longer exists")]
+    NoTenant(i64),
+}
+
+/// SET the snapshot only when it is newer than what Redis holds, then announce it.
+const PUBLISH_SNAPSHOT: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, decoded = pcall(cjson.decode, current)
+  if ok and type(decoded) == 'table' and tonumber(decoded['version']) and tonumber(decoded['version']) >= tonumber(ARGV[1]) then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+"#;
+
+pub struct Publisher {
+    db: PgPool,
+    redis: RedisPool,
+    keys: RedisKeys,
+    script: redis::Script,
+    dirty: Mutex<BTreeSet<i64>>,
+}
+
+impl Publisher {
+    pub fn new(db: PgPool, redis: RedisPool, keys: RedisKeys) -> Publisher {
+        Publisher { db, redis, keys, script: redis::Script::new(PUBLISH_SNAPSHOT), dirty: Mutex::new(BTreeSet::new()) }
+    }
+
+    /// Publishes after a committed write. Never fails the caller: on error the tenant is
+    /// retried in the background.
+    pub async fn after_write(&self, tenant_id: i64) {
+        if let Err(err) = self.publish(tenant_id).await {
+            tracing::warn!(tenant_id, error = %err, "snapshot not published yet; will retry");
+            self.dirty.lock().expect("dirty set lock").insert(tenant_id);
+        }
+    }
+
+    /// Builds the tenant's snapshot from one consistent read and publishes it with its keys.
+    pub async fn publish(&self, tenant_id: i64) -> Result<(), PublishError> {
+        let (snapshot, key_records) = self.build(tenant_id).await?;
+        let mut conn = self.redis.get().await?;
+        let message = serde_json::to_string(&ConfigMessage::Tenant { tenant: snapshot.tenant.clone(), version: snapshot.version })
+            .expect("config message serialises");
+        let body = serde_json::to_string(&snapshot).expect("snapshot serialises");
+        let _: i64 = self
+            .script
+            .key(self.keys.snapshot(&snapshot.tenant))
+            .arg(snapshot.version)
+            .arg(body)
+            .arg(self.keys.config_channel())
+            .arg(message)
+            .invoke_async(&mut *conn)
+            .await?;
+        for (hash, record) in key_records {
+            self.set_key(&mut conn, &hash, &record).await?;
+        }
+        Ok(())
+    }
+
+    /// Publishes one API key record and announces it, so a revocation reaches proxies at once.
+    pub async fn publish_key(&self, key_hash: &str, record: &ApiKeyRecord) -> Result<(), PublishError> {
+        let mut conn = self.redis.get().await?;
+        self.set_key(&mut conn, key_hash, record).await
+    }
+
+    async fn set_key(&self, conn: &mut deadpool_redis::Connection, key_hash: &str, record: &ApiKeyRecord) -> Result<(), PublishError> {
+        let body = serde_json::to_string(record).expect("key record serialises");
+        let message = serde_json::to_string(&ConfigMessage::Key { key_hash: key_hash.to_string() }).expect("config message serialises");
+        let _: () = redis::pipe()
+            .set(self.keys.api_key(key_hash), body)
+            .ignore()
+            .publish(self.keys.config_channel(), message)
+            .ignore()
+            .query_async(&mut **conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn build(&self, tenant_id: i64) -> Result<(Snapshot, Vec<(String, ApiKeyRecord)>), PublishError> {
+        let mut tx = self.db.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY").execute(&mut *tx).await?;
+        let tenant = tenants::by_id(&mut *tx, tenant_id).await?.ok_or(PublishError::NoTenant(tenant_id))?;
+        let targets = config::targets(&mut *tx, tenant_id).await?;
+        let routes: BTreeMap<_, _> = config::routes(&mut *tx, tenant_id).await?.into_iter().map(|r| (r.name.clone(), r)).collect();
+        let guardrails = config::guardrails(&mut *tx, tenant_id).await?;
+        let referenced: BTreeSet<&str> = targets.values().filter_map(|t| t.auth.secret_name()).collect();
+        let mut sealed_secrets = BTreeMap::new();
+        for row in secrets::sealed(&mut *tx, tenant_id).await? {
+            if let (true, Some(sealed)) = (referenced.contains(row.name.as_str()), row.sealed()) {
+                let reference = format!("{}{}", shield_core::target::SECRET_REF_SCHEME, row.name);
+                sealed_secrets.insert(reference, SnapshotSecret::from_sealed(&sealed, row.bindings.clone()));
+            }
+        }
+        let key_records = keys::list(&mut *tx, tenant_id)
+            .await?
+            .into_iter()
+            .map(|k| {
+                let record = key_record(&tenant.slug, &k);
+                (k.key_hash, record)
+            })
+            .collect();
+        tx.commit().await?;
+        let now = chrono::Utc::now().timestamp();
+        let snapshot = Snapshot::new(tenant.slug, tenant.config_version, now, targets, routes, guardrails, sealed_secrets);
+        Ok((snapshot, key_records))
+    }
+
+    /// Republishes every tenant whose snapshot in Redis is missing or older than Postgres.
+    /// Returns how many were republished.
+    pub async fn converge(&self) -> Result<usize, PublishError> {
+        let all = tenants::list(&self.db).await?;
+        let mut conn = self.redis.get().await?;
+        let mut republished = 0;
+        for tenant in all {
+            let stored: Option<String> = conn.get(self.keys.snapshot(&tenant.slug)).await?;
+            let stored_version = stored
+                .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+                .and_then(|v| v.get("version").and_then(|v| v.as_i64()));
+            if stored_version.is_none_or(|v| v < tenant.config_version) {
+                self.publish(tenant.id).await?;
+                republished += 1;
+            }
+        }
+        Ok(republished)
+    }
+
+    async fn retry_dirty(&self) {
+        let pending: Vec<i64> = std::mem::take(&mut *self.dirty.lock().expect("dirty set lock")).into_iter().collect();
+        for tenant_id in pending {
+            if let Err(err) = self.publish(tenant_id).await {
+                tracing::debug!(tenant_id, error = %err, "republish still failing");
+                self.dirty.lock().expect("dirty set lock").insert(tenant_id);
+            } else {
+                tracing::info!(tenant_id, "snapshot published after Redis came back");
+            }
+        }
+    }
+
+    /// Runs until the process ends: dirty tenants every second, a full convergence at start
+    /// and every `every`.
+    pub fn spawn(self: Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut last_full: Option<tokio::time::Instant> = None;
+            let mut redis_down_logged = false;
+            loop {
+                if last_full.is_none_or(|at| at.elapsed() >= every) {
+                    match self.converge().await {
+                        Ok(n) => {
+                            if n > 0 {
+                                tracing::info!(republished = n, "republished lagging snapshots");
+                            }
+                            redis_down_logged = false;
+                            last_full = Some(tokio::time::Instant::now());
+                        }
+                        Err(err) => {
+                            if !redis_down_logged {
+                                tracing::warn!(error = %err, "cannot compare snapshots with Redis; retrying every second");
+                                redis_down_logged = true;
+                            }
+                        }
+                    }
+                }
+                self.retry_dirty().await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    }
+}
+
+pub fn key_record(tenant_slug: &str, key: &keys::KeyMeta) -> ApiKeyRecord {
+    ApiKeyRecord {
+        tenant: tenant_slug.to_string(),
+        key_id: key.id.to_string(),
+        name: key.name.clone(),
+        agent: key.agent.clone(),
+        role: key.role.clone(),
+        revoked: key.revoked_at.is_some(),
+    }
+}

@@ -1,0 +1,80 @@
+//! The audit log: who changed what, when, with digests of before and after. Never a body with
+//! a secret and never a secret value.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgExecutor;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    TenantCreated,
+    TargetSet,
+    TargetDeleted,
+    RouteSet,
+    RouteDeleted,
+    SecretSet,
+    SecretDeleted,
+    KeyCreated,
+    KeyRevoked,
+    GuardrailsSet,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::TenantCreated => "tenant_created",
+            Action::TargetSet => "gateway_target_set",
+            Action::TargetDeleted => "gateway_target_deleted",
+            Action::RouteSet => "gateway_route_set",
+            Action::RouteDeleted => "gateway_route_deleted",
+            Action::SecretSet => "secret_set",
+            Action::SecretDeleted => "secret_deleted",
+            Action::KeyCreated => "key_created",
+            Action::KeyRevoked => "key_revoked",
+            Action::GuardrailsSet => "guardrails_set",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct Entry {
+    pub id: i64,
+    pub actor: String,
+    pub action: String,
+    pub object: String,
+    pub before_digest: Option<String>,
+    pub after_digest: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+pub async fn record(
+    db: impl PgExecutor<'_>,
+    tenant_id: i64,
+    actor: &str,
+    action: Action,
+    object: &str,
+    before: Option<String>,
+    after: Option<String>,
+) -> sqlx::Result<()> {
+    sqlx::query("INSERT INTO audit_log (tenant_id, actor, action, object, before_digest, after_digest) VALUES ($1, $2, $3, $4, $5, $6)")
+        .bind(tenant_id)
+        .bind(actor)
+        .bind(action.as_str())
+        .bind(object)
+        .bind(before)
+        .bind(after)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+pub async fn list(db: impl PgExecutor<'_>, tenant_id: i64, limit: i64) -> sqlx::Result<Vec<Entry>> {
+    sqlx::query_as(
+        "SELECT id, actor, action, object, before_digest, after_digest, at FROM audit_log
+         WHERE tenant_id = $1 ORDER BY id DESC LIMIT $2",
+    )
+    .bind(tenant_id)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}

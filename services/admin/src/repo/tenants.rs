@@ -1,0 +1,52 @@
+//! Tenants and their config version.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgExecutor, Postgres, Transaction};
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct Tenant {
+    #[serde(skip)]
+    pub id: i64,
+    pub slug: String,
+    pub name: String,
+    pub config_version: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+macro_rules! columns {
+    () => {
+        "id, slug, name, config_version, created_at"
+    };
+}
+
+pub async fn by_slug(db: impl PgExecutor<'_>, slug: &str) -> sqlx::Result<Option<Tenant>> {
+    sqlx::query_as(concat!("SELECT ", columns!(), " FROM tenants WHERE slug = $1")).bind(slug).fetch_optional(db).await
+}
+
+pub async fn by_id(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<Tenant>> {
+    sqlx::query_as(concat!("SELECT ", columns!(), " FROM tenants WHERE id = $1")).bind(id).fetch_optional(db).await
+}
+
+pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Tenant>> {
+    sqlx::query_as(concat!("SELECT ", columns!(), " FROM tenants ORDER BY slug")).fetch_all(db).await
+}
+
+/// Inserts a tenant; `None` when the slug is taken.
+pub async fn insert(db: impl PgExecutor<'_>, slug: &str, name: &str) -> sqlx::Result<Option<Tenant>> {
+    sqlx::query_as(concat!("INSERT INTO tenants (slug, name) VALUES ($1, $2) ON CONFLICT (slug) DO NOTHING RETURNING ", columns!(), ""))
+        .bind(slug)
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
+/// Starts a config write: bumps the tenant's version and holds its row lock until commit, so
+/// writes to one tenant are serialised (limits and cross-references stay consistent) and every
+/// committed write has its own version. Returns the new version.
+pub async fn begin_write(tx: &mut Transaction<'_, Postgres>, tenant_id: i64) -> sqlx::Result<i64> {
+    sqlx::query_scalar("UPDATE tenants SET config_version = config_version + 1 WHERE id = $1 RETURNING config_version")
+        .bind(tenant_id)
+        .fetch_one(&mut **tx)
+        .await
+}

@@ -1,0 +1,78 @@
+//! Environment (API.md "Environment"): defaults in one place.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use shield_admin::AdminConfig;
+use shield_core::keys::RedisKeys;
+use shield_core::vault::Keyring;
+
+pub struct Settings {
+    pub database_url: String,
+    pub redis_url: String,
+    pub proxy_addr: String,
+    pub admin_addr: String,
+    pub redis_prefix: String,
+    jwt_secret: Option<String>,
+    vault_key: Option<String>,
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
+}
+
+impl Settings {
+    pub fn from_env_without_secrets() -> Settings {
+        Settings {
+            database_url: env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/shield"),
+            redis_url: env_or("REDIS_URL", "redis://127.0.0.1:6379/0"),
+            proxy_addr: env_or("SHIELD_PROXY_ADDR", "127.0.0.1:8080"),
+            admin_addr: env_or("SHIELD_ADMIN_ADDR", "127.0.0.1:8081"),
+            redis_prefix: env_or("SHIELD_REDIS_PREFIX", ""),
+            jwt_secret: std::env::var("SHIELD_JWT_SECRET").ok().filter(|v| !v.is_empty()),
+            vault_key: std::env::var("SHIELD_VAULT_KEY").ok().filter(|v| !v.is_empty()),
+        }
+    }
+
+    /// Outside `shield up`, the secrets are required; `up` passes `generate = true` to create
+    /// development ones in `.shield/`.
+    pub fn from_env(generate: bool) -> anyhow::Result<Settings> {
+        let mut settings = Settings::from_env_without_secrets();
+        if generate {
+            settings.jwt_secret.get_or_insert(crate::demo::dev_secret("jwt_secret")?);
+            settings.vault_key.get_or_insert(crate::demo::dev_secret("vault_key")?);
+        }
+        Ok(settings)
+    }
+
+    pub fn jwt_secret(&self) -> anyhow::Result<String> {
+        match &self.jwt_secret {
+            Some(s) => Ok(s.clone()),
+            None => bail!("SHIELD_JWT_SECRET is not set (32+ random bytes; `shield up` generates one in .shield/)"),
+        }
+    }
+
+    pub fn keyring(&self) -> anyhow::Result<Keyring> {
+        let Some(key) = &self.vault_key else {
+            bail!("SHIELD_VAULT_KEY is not set (base64 of 32 random bytes, e.g. `openssl rand -base64 32`)")
+        };
+        Keyring::from_base64(key, 1).context("SHIELD_VAULT_KEY")
+    }
+
+    pub fn redis_keys(&self) -> RedisKeys {
+        RedisKeys::new(self.redis_prefix.clone())
+    }
+
+    pub fn admin_config(&self) -> anyhow::Result<AdminConfig> {
+        Ok(AdminConfig {
+            database_url: self.database_url.clone(),
+            redis_url: self.redis_url.clone(),
+            addr: self.admin_addr.clone(),
+            jwt_secret: self.jwt_secret()?,
+            keyring: self.keyring()?,
+            redis_keys: self.redis_keys(),
+            republish_every: Duration::from_secs(30),
+            login_token_ttl: Duration::from_secs(3600),
+        })
+    }
+}
