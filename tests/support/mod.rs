@@ -1,1 +1,110 @@
+//! Test support: a database per test, unique Redis prefixes, free ports, a private Redis
+//! server for outage tests, child processes that are always killed, and an in-process admin
+//! server over real HTTP. Everything is safe to run in parallel and twice in a row.
 
+pub mod admin;
+pub mod logs;
+pub mod process;
+
+use std::net::TcpListener;
+
+/// Postgres server URL without a database (trust auth here; CI sets the same).
+pub fn postgres_base() -> String {
+    std::env::var("SHIELD_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+pub fn redis_url() -> String {
+    std::env::var("SHIELD_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+/// A name no other test (or earlier run) uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+/// A database of its own, migrated; dropped when the value is dropped (even on panic).
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: sqlx::PgPool,
+}
+
+impl TestDb {
+    /// Creates an empty database (no migrations): for tests of the binary, which migrates.
+    pub async fn empty() -> TestDb {
+        let name = unique("shield_t_");
+        let admin_url = format!("{}/postgres", postgres_base());
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin_url).await.expect("Postgres must be running for the tests");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&mut conn).await.expect("create test database");
+        let url = format!("{}/{name}", postgres_base());
+        let pool = shield_admin::connect_db(&url).await.expect("connect test database");
+        TestDb { name, url, pool }
+    }
+
+    pub async fn migrated() -> TestDb {
+        let db = TestDb::empty().await;
+        shield_admin::MIGRATOR.run(&db.pool).await.expect("migrations apply");
+        db
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let admin_url = format!("{}/postgres", postgres_base());
+        // Drop runs inside the test's runtime, which cannot be blocked on; use a thread.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(async {
+                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(&admin_url).await {
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))).execute(&mut conn).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Every Redis key under `prefix`, with its value as text (strings) or field=value lines.
+pub async fn redis_dump(prefix: &str) -> Vec<(String, String)> {
+    let client = redis::Client::open(redis_url()).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("Redis must be running for the tests");
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.expect("KEYS");
+    let mut out = Vec::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await.expect("TYPE");
+        let value = match kind.as_str() {
+            "string" => redis::cmd("GET").arg(&key).query_async::<String>(&mut conn).await.unwrap_or_default(),
+            "hash" => {
+                let map: Vec<(String, String)> = redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await.unwrap_or_default();
+                map.into_iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+            }
+            other => format!("<{other}>"),
+        };
+        out.push((key, value));
+    }
+    out
+}
+
+/// Polls `check` until it returns `Some`, or panics after `seconds` naming `what`.
+pub async fn eventually<T, F, Fut>(seconds: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {seconds} s waiting for {what}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
