@@ -13,6 +13,11 @@ use shield_core::vault::Keyring;
 
 use super::{TestDb, redis_url, unique};
 
+/// The tenant's config version in Postgres.
+pub async fn db_version(admin: &Admin, tenant: &str) -> i64 {
+    sqlx::query_scalar("SELECT config_version FROM tenants WHERE slug = $1").bind(tenant).fetch_one(&admin.db.pool).await.expect("tenant")
+}
+
 pub const JWT_SECRET: &str = "test-jwt-secret-with-at-least-32-bytes!";
 
 pub fn vault_key() -> String {
@@ -28,6 +33,7 @@ pub struct Admin {
     pub state: web::Data<AdminState>,
     pub prefix: String,
     pub keys: RedisKeys,
+    pub redis: String,
     pub db: TestDb,
     handle: actix_web::dev::ServerHandle,
     client: reqwest::Client,
@@ -65,7 +71,7 @@ impl Admin {
         let server = server.run();
         let handle = server.handle();
         actix_web::rt::spawn(server);
-        Admin { url: format!("http://{addr}"), state, prefix, keys, db, handle, client: reqwest::Client::new() }
+        Admin { url: format!("http://{addr}"), state, prefix, keys, redis: redis.to_string(), db, handle, client: reqwest::Client::new() }
     }
 
     pub fn token(&self, tenant: Option<&str>, scopes: &[Scope]) -> String {
@@ -145,7 +151,7 @@ impl Admin {
 
     /// The snapshot currently in Redis for `tenant`.
     pub async fn snapshot(&self, tenant: &str) -> Option<Value> {
-        let client = redis::Client::open(redis_url()).ok()?;
+        let client = redis::Client::open(self.redis.as_str()).ok()?;
         let mut conn = client.get_multiplexed_async_connection().await.ok()?;
         let text: Option<String> = redis::cmd("GET").arg(self.keys.snapshot(tenant)).query_async(&mut conn).await.ok()?;
         text.and_then(|t| serde_json::from_str(&t).ok())
