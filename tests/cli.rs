@@ -1,1 +1,383 @@
+//! The real `shield` binary, as a user runs it: scriptable output, env defaults, a store that
+//! is down, and `shield up --demo` twice in a row.
 
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shield_e2e::admin::{JWT_SECRET, vault_key};
+use shield_e2e::process::shield_bin;
+use shield_e2e::{DbName, eventually, free_port, redis_url, unique};
+use tokio::process::Command;
+
+/// A scratch working directory, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        let dir = std::env::temp_dir().join(unique("shield-cli-"));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `shield` with a clean environment: only what the test sets.
+fn shield(cwd: &Path, env: &[(&str, String)]) -> Command {
+    let mut cmd = Command::new(shield_bin());
+    cmd.current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+async fn run(cmd: &mut Command) -> Output {
+    tokio::time::timeout(Duration::from_secs(60), cmd.stdin(Stdio::null()).output())
+        .await
+        .expect("command finishes")
+        .expect("command runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).to_string()
+}
+
+#[tokio::test]
+async fn a_store_that_is_down_is_one_clear_line_and_exit_1() {
+    let scratch = Scratch::new();
+    let port = free_port();
+    let env = [
+        (
+            "DATABASE_URL",
+            format!("postgres://postgres:hunter2@127.0.0.1:{port}/shield"),
+        ),
+        ("SHIELD_JWT_SECRET", JWT_SECRET.to_string()),
+        ("SHIELD_VAULT_KEY", vault_key()),
+    ];
+    let commands: [&[&str]; 5] = [
+        &["migrate"],
+        &["admin"],
+        &["up"],
+        &[
+            "tenant",
+            "create",
+            "acme",
+            "--admin-email",
+            "a@acme.example.com",
+        ],
+        &["key", "create", "--tenant", "acme", "--name", "ci"],
+    ];
+    for args in commands {
+        let out = run(shield(&scratch.0, &env).args(args)).await;
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "shield {args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim().lines().count(),
+            1,
+            "shield {args:?} prints one line: {stderr}"
+        );
+        assert!(
+            stderr.contains("Postgres") && stderr.contains(&format!("127.0.0.1:{port}")),
+            "names the store and address: {stderr}"
+        );
+        assert!(
+            stderr.contains("start it"),
+            "says how to start it: {stderr}"
+        );
+        assert!(
+            !stderr.contains("hunter2"),
+            "never prints the password: {stderr}"
+        );
+        assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"));
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn secrets_are_required_outside_up() {
+    let scratch = Scratch::new();
+    let out = run(shield(&scratch.0, &[]).args([
+        "token",
+        "issue",
+        "--tenant",
+        "acme",
+        "--scopes",
+        "tenant:read",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("SHIELD_JWT_SECRET is not set"),
+        "{}",
+        text(&out.stderr)
+    );
+    let env = [("SHIELD_JWT_SECRET", JWT_SECRET.to_string())];
+    let out = run(shield(&scratch.0, &env).args([
+        "token",
+        "issue",
+        "--tenant",
+        "acme",
+        "--scopes",
+        "tenant:read,admin",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("unknown scope \"admin\""),
+        "{}",
+        text(&out.stderr)
+    );
+    let db = DbName::reserve();
+    let env = [
+        ("DATABASE_URL", db.url.clone()),
+        ("SHIELD_VAULT_KEY", vault_key()),
+    ];
+    let out = run(shield(&scratch.0, &env).args(["admin"])).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("SHIELD_JWT_SECRET"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// Starts a long-running `shield` role with stderr going to a file the test can read.
+fn spawn_role(
+    cwd: &Path,
+    env: &[(&str, String)],
+    args: &[&str],
+    log: &Path,
+) -> tokio::process::Child {
+    let file = std::fs::File::create(log).unwrap();
+    shield(cwd, env)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .expect("spawn shield")
+}
+
+async fn http_ok(url: &str) -> bool {
+    reqwest::get(url)
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
+
+#[tokio::test]
+async fn tenant_token_and_key_commands_are_scriptable_and_work_with_the_admin() {
+    let scratch = Scratch::new();
+    let db = DbName::reserve();
+    let prefix = unique("cli") + ":";
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let env = [
+        ("DATABASE_URL", db.url.clone()),
+        ("REDIS_URL", redis_url()),
+        ("SHIELD_REDIS_PREFIX", prefix.clone()),
+        ("SHIELD_ADMIN_ADDR", admin_addr.clone()),
+        ("SHIELD_JWT_SECRET", JWT_SECRET.to_string()),
+        ("SHIELD_VAULT_KEY", vault_key()),
+    ];
+    let out = run(shield(&scratch.0, &env).arg("migrate")).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("created database"),
+        "migrate creates a missing database"
+    );
+    let out = run(shield(&scratch.0, &env).arg("migrate")).await;
+    assert!(
+        out.status.success(),
+        "migrate is idempotent: {}",
+        text(&out.stderr)
+    );
+
+    let slug = unique("acme-")[..16].to_string();
+    let out = run(shield(&scratch.0, &env).args([
+        "tenant",
+        "create",
+        &slug,
+        "--admin-email",
+        "Owner@Acme.example.com",
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let created: Value =
+        serde_json::from_str(text(&out.stdout).trim()).expect("stdout is one JSON object");
+    assert_eq!(created["tenant"], slug);
+    assert_eq!(created["admin_email"], "owner@acme.example.com");
+    let password = created["password"].as_str().unwrap().to_string();
+    let out = run(shield(&scratch.0, &env).args([
+        "tenant",
+        "create",
+        &slug,
+        "--admin-email",
+        "x@acme.example.com",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("already exists"));
+
+    let out = run(shield(&scratch.0, &env).args([
+        "token",
+        "issue",
+        "--tenant",
+        &slug,
+        "--scopes",
+        "tenant:read,config:write",
+        "--ttl",
+        "10m",
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let token = text(&out.stdout);
+    assert!(
+        token.ends_with('\n') && token.trim().split('.').count() == 3,
+        "only the token: {token:?}"
+    );
+    let token = token.trim().to_string();
+
+    let out = run(shield(&scratch.0, &env).args([
+        "key",
+        "create",
+        "--tenant",
+        &slug,
+        "--name",
+        "ci",
+        "--role",
+        "contractor",
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let key = text(&out.stdout);
+    assert!(
+        key.starts_with("sk-shield-") && key.trim().lines().count() == 1,
+        "only the key: {key:?}"
+    );
+    let key = key.trim().to_string();
+
+    let log = scratch.0.join("admin.log");
+    let _admin = spawn_role(&scratch.0, &env, &["admin"], &log);
+    let base = format!("http://{admin_addr}");
+    eventually(30, "the admin to answer /healthz", || async {
+        http_ok(&format!("{base}/healthz")).await.then_some(())
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let login = client
+        .post(format!("{base}/v1/auth/login"))
+        .json(&json!({"email": "owner@acme.example.com", "password": password}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 200);
+    let keys: Value = client
+        .get(format!("{base}/v1/tenant/me/keys"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(keys["keys"][0]["prefix"].as_str().unwrap(), &key[..14]);
+    assert_eq!(keys["keys"][0]["role"], "contractor");
+    // The key created by the CLI is published for the proxy, under the prefix.
+    let dump = shield_e2e::redis_dump(&format!(
+        "{prefix}gw_key:{}",
+        shield_core::snapshot::key_hash(&key)
+    ))
+    .await;
+    assert_eq!(dump.len(), 1, "gw_key published");
+    // The admin republishes the tenant at start.
+    let snapshot = eventually(10, "the snapshot", || async {
+        shield_e2e::redis_dump(&format!("{prefix}gw_snapshot:{{{slug}}}"))
+            .await
+            .pop()
+    })
+    .await;
+    assert!(snapshot.1.contains(&format!("\"tenant\":\"{slug}\"")));
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !logs.contains(&key) && !logs.contains(&password),
+        "no secret in the admin's log"
+    );
+}
+
+/// Reads `label   value` from the demo banner.
+fn banner_value(log: &str, label: &str) -> Option<String> {
+    log.lines()
+        .find_map(|l| l.trim().strip_prefix(label))
+        .map(|v| v.trim().to_string())
+}
+
+#[tokio::test]
+async fn up_demo_seeds_a_working_tenant_and_is_idempotent() {
+    let scratch = Scratch::new();
+    let db = DbName::reserve();
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let env = [
+        ("DATABASE_URL", db.url.clone()),
+        ("REDIS_URL", redis_url()),
+        ("SHIELD_REDIS_PREFIX", unique("up") + ":"),
+        ("SHIELD_ADMIN_ADDR", admin_addr.clone()),
+        ("SHIELD_PROXY_ADDR", format!("127.0.0.1:{}", free_port())),
+        ("SHIELD_MOCK_ADDR", format!("127.0.0.1:{}", free_port())),
+    ];
+    let mut seen = Vec::new();
+    for round in 0..2 {
+        let log = scratch.0.join(format!("up-{round}.log"));
+        let mut up = spawn_role(&scratch.0, &env, &["up", "--demo"], &log);
+        let banner = eventually(60, "the demo banner", || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains("API key").then_some(text)
+        })
+        .await;
+        let key = banner_value(&banner, "API key").unwrap();
+        let login = banner_value(&banner, "login").unwrap();
+        let (email, password) = login.split_once(" / ").unwrap();
+        let base = format!("http://{admin_addr}");
+        let client = reqwest::Client::new();
+        let response = client
+            .post(format!("{base}/v1/auth/login"))
+            .json(&json!({"email": email, "password": password}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "the printed login works");
+        let token = response.json::<Value>().await.unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let route: Value = client
+            .get(format!("{base}/v1/tenant/me/gateway/routes/smart"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(route["targets"], json!(["mock-primary", "mock-secondary"]));
+        seen.push((key, password.to_string()));
+        up.kill().await.unwrap();
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "a restart keeps the same demo key and login"
+    );
+    assert!(
+        scratch.0.join(".shield/jwt_secret").exists()
+            && scratch.0.join(".shield/vault_key").exists()
+    );
+}

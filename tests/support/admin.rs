@@ -15,7 +15,11 @@ use super::{TestDb, redis_url, unique};
 
 /// The tenant's config version in Postgres.
 pub async fn db_version(admin: &Admin, tenant: &str) -> i64 {
-    sqlx::query_scalar("SELECT config_version FROM tenants WHERE slug = $1").bind(tenant).fetch_one(&admin.db.pool).await.expect("tenant")
+    sqlx::query_scalar("SELECT config_version FROM tenants WHERE slug = $1")
+        .bind(tenant)
+        .fetch_one(&admin.db.pool)
+        .await
+        .expect("tenant")
 }
 
 pub const JWT_SECRET: &str = "test-jwt-secret-with-at-least-32-bytes!";
@@ -60,18 +64,32 @@ impl Admin {
             login_token_ttl: Duration::from_secs(600),
         };
         let pool = shield_admin::redis_pool(redis).expect("redis pool");
-        let state = web::Data::new(AdminState::new(db.pool.clone(), pool, &config).expect("admin state"));
+        let state =
+            web::Data::new(AdminState::new(db.pool.clone(), pool, &config).expect("admin state"));
         let app_state = state.clone();
-        let server = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(shield_admin::api::configure))
-            .workers(1)
-            .disable_signals()
-            .bind(("127.0.0.1", 0))
-            .expect("bind");
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(app_state.clone())
+                .configure(shield_admin::api::configure)
+        })
+        .workers(1)
+        .disable_signals()
+        .bind(("127.0.0.1", 0))
+        .expect("bind");
         let addr = server.addrs()[0];
         let server = server.run();
         let handle = server.handle();
         actix_web::rt::spawn(server);
-        Admin { url: format!("http://{addr}"), state, prefix, keys, redis: redis.to_string(), db, handle, client: reqwest::Client::new() }
+        Admin {
+            url: format!("http://{addr}"),
+            state,
+            prefix,
+            keys,
+            redis: redis.to_string(),
+            db,
+            handle,
+            client: reqwest::Client::new(),
+        }
     }
 
     pub fn token(&self, tenant: Option<&str>, scopes: &[Scope]) -> String {
@@ -79,19 +97,40 @@ impl Admin {
     }
 
     pub fn token_with_ttl(&self, tenant: Option<&str>, scopes: &[Scope], ttl: Duration) -> String {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-        Tokens::new(JWT_SECRET).unwrap().issue("tester@example.com", tenant, scopes.to_vec(), ttl, now).0
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        Tokens::new(JWT_SECRET)
+            .unwrap()
+            .issue("tester@example.com", tenant, scopes.to_vec(), ttl, now)
+            .0
     }
 
     /// A correctly signed token that expired a minute ago.
     pub fn expired(&self, tenant: Option<&str>, scopes: &[Scope]) -> String {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-        Tokens::new(JWT_SECRET).unwrap().issue("tester@example.com", tenant, scopes.to_vec(), Duration::from_secs(60), now - 120).0
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        Tokens::new(JWT_SECRET)
+            .unwrap()
+            .issue(
+                "tester@example.com",
+                tenant,
+                scopes.to_vec(),
+                Duration::from_secs(60),
+                now - 120,
+            )
+            .0
     }
 
     /// A token for `tenant` with every tenant scope.
     pub fn owner(&self, tenant: &str) -> String {
-        self.token(Some(tenant), &[Scope::TenantRead, Scope::ConfigWrite, Scope::RegistryWrite])
+        self.token(
+            Some(tenant),
+            &[Scope::TenantRead, Scope::ConfigWrite, Scope::RegistryWrite],
+        )
     }
 
     /// Creates a tenant with a fresh slug; returns (slug, admin e-mail, password).
@@ -99,11 +138,20 @@ impl Admin {
         let slug = unique("acme-");
         let slug = slug[..slug.len().min(40)].to_string();
         let email = format!("owner@{slug}.example.com");
-        let created = shield_admin::provision::create_tenant(&self.db.pool, &slug, "Acme", &email, "test").await.expect("tenant");
+        let created =
+            shield_admin::provision::create_tenant(&self.db.pool, &slug, "Acme", &email, "test")
+                .await
+                .expect("tenant");
         (slug, email, created.password)
     }
 
-    pub async fn call(&self, method: Method, path: &str, token: Option<&str>, body: Option<Value>) -> (StatusCode, Value) {
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
         let mut request = self.client.request(method, format!("{}{path}", self.url));
         if let Some(token) = token {
             request = request.bearer_auth(token);
@@ -114,7 +162,10 @@ impl Admin {
         let response = request.send().await.expect("admin answers");
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
@@ -146,14 +197,21 @@ impl Admin {
             .expect("admin answers");
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     /// The snapshot currently in Redis for `tenant`.
     pub async fn snapshot(&self, tenant: &str) -> Option<Value> {
         let client = redis::Client::open(self.redis.as_str()).ok()?;
         let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-        let text: Option<String> = redis::cmd("GET").arg(self.keys.snapshot(tenant)).query_async(&mut conn).await.ok()?;
+        let text: Option<String> = redis::cmd("GET")
+            .arg(self.keys.snapshot(tenant))
+            .query_async(&mut conn)
+            .await
+            .ok()?;
         text.and_then(|t| serde_json::from_str(&t).ok())
     }
 }

@@ -21,7 +21,11 @@ impl Write for Sink {
 
 pub fn capture() {
     INIT.call_once(|| {
-        let _ = tracing_subscriber::fmt().with_max_level(tracing::Level::TRACE).with_ansi(false).with_writer(|| Sink).try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(|| Sink)
+            .try_init();
     });
 }
 

@@ -55,7 +55,13 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn new(db: PgPool, redis: RedisPool, keys: RedisKeys) -> Publisher {
-        Publisher { db, redis, keys, script: redis::Script::new(PUBLISH_SNAPSHOT), dirty: Mutex::new(BTreeSet::new()) }
+        Publisher {
+            db,
+            redis,
+            keys,
+            script: redis::Script::new(PUBLISH_SNAPSHOT),
+            dirty: Mutex::new(BTreeSet::new()),
+        }
     }
 
     /// Publishes after a committed write. Never fails the caller: on error the tenant is
@@ -71,8 +77,11 @@ impl Publisher {
     pub async fn publish(&self, tenant_id: i64) -> Result<(), PublishError> {
         let (snapshot, key_records) = self.build(tenant_id).await?;
         let mut conn = self.redis.get().await?;
-        let message = serde_json::to_string(&ConfigMessage::Tenant { tenant: snapshot.tenant.clone(), version: snapshot.version })
-            .expect("config message serialises");
+        let message = serde_json::to_string(&ConfigMessage::Tenant {
+            tenant: snapshot.tenant.clone(),
+            version: snapshot.version,
+        })
+        .expect("config message serialises");
         let body = serde_json::to_string(&snapshot).expect("snapshot serialises");
         let _: i64 = self
             .script
@@ -90,14 +99,26 @@ impl Publisher {
     }
 
     /// Publishes one API key record and announces it, so a revocation reaches proxies at once.
-    pub async fn publish_key(&self, key_hash: &str, record: &ApiKeyRecord) -> Result<(), PublishError> {
+    pub async fn publish_key(
+        &self,
+        key_hash: &str,
+        record: &ApiKeyRecord,
+    ) -> Result<(), PublishError> {
         let mut conn = self.redis.get().await?;
         self.set_key(&mut conn, key_hash, record).await
     }
 
-    async fn set_key(&self, conn: &mut deadpool_redis::Connection, key_hash: &str, record: &ApiKeyRecord) -> Result<(), PublishError> {
+    async fn set_key(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        key_hash: &str,
+        record: &ApiKeyRecord,
+    ) -> Result<(), PublishError> {
         let body = serde_json::to_string(record).expect("key record serialises");
-        let message = serde_json::to_string(&ConfigMessage::Key { key_hash: key_hash.to_string() }).expect("config message serialises");
+        let message = serde_json::to_string(&ConfigMessage::Key {
+            key_hash: key_hash.to_string(),
+        })
+        .expect("config message serialises");
         let _: () = redis::pipe()
             .set(self.keys.api_key(key_hash), body)
             .ignore()
@@ -108,19 +129,36 @@ impl Publisher {
         Ok(())
     }
 
-    async fn build(&self, tenant_id: i64) -> Result<(Snapshot, Vec<(String, ApiKeyRecord)>), PublishError> {
+    async fn build(
+        &self,
+        tenant_id: i64,
+    ) -> Result<(Snapshot, Vec<(String, ApiKeyRecord)>), PublishError> {
         let mut tx = self.db.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY").execute(&mut *tx).await?;
-        let tenant = tenants::by_id(&mut *tx, tenant_id).await?.ok_or(PublishError::NoTenant(tenant_id))?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let tenant = tenants::by_id(&mut *tx, tenant_id)
+            .await?
+            .ok_or(PublishError::NoTenant(tenant_id))?;
         let targets = config::targets(&mut *tx, tenant_id).await?;
-        let routes: BTreeMap<_, _> = config::routes(&mut *tx, tenant_id).await?.into_iter().map(|r| (r.name.clone(), r)).collect();
+        let routes: BTreeMap<_, _> = config::routes(&mut *tx, tenant_id)
+            .await?
+            .into_iter()
+            .map(|r| (r.name.clone(), r))
+            .collect();
         let guardrails = config::guardrails(&mut *tx, tenant_id).await?;
-        let referenced: BTreeSet<&str> = targets.values().filter_map(|t| t.auth.secret_name()).collect();
+        let referenced: BTreeSet<&str> = targets
+            .values()
+            .filter_map(|t| t.auth.secret_name())
+            .collect();
         let mut sealed_secrets = BTreeMap::new();
         for row in secrets::sealed(&mut *tx, tenant_id).await? {
             if let (true, Some(sealed)) = (referenced.contains(row.name.as_str()), row.sealed()) {
                 let reference = format!("{}{}", shield_core::target::SECRET_REF_SCHEME, row.name);
-                sealed_secrets.insert(reference, SnapshotSecret::from_sealed(&sealed, row.bindings.clone()));
+                sealed_secrets.insert(
+                    reference,
+                    SnapshotSecret::from_sealed(&sealed, row.bindings.clone()),
+                );
             }
         }
         let key_records = keys::list(&mut *tx, tenant_id)
@@ -133,7 +171,15 @@ impl Publisher {
             .collect();
         tx.commit().await?;
         let now = chrono::Utc::now().timestamp();
-        let snapshot = Snapshot::new(tenant.slug, tenant.config_version, now, targets, routes, guardrails, sealed_secrets);
+        let snapshot = Snapshot::new(
+            tenant.slug,
+            tenant.config_version,
+            now,
+            targets,
+            routes,
+            guardrails,
+            sealed_secrets,
+        );
         Ok((snapshot, key_records))
     }
 
@@ -157,7 +203,9 @@ impl Publisher {
     }
 
     async fn retry_dirty(&self) {
-        let pending: Vec<i64> = std::mem::take(&mut *self.dirty.lock().expect("dirty set lock")).into_iter().collect();
+        let pending: Vec<i64> = std::mem::take(&mut *self.dirty.lock().expect("dirty set lock"))
+            .into_iter()
+            .collect();
         for tenant_id in pending {
             if let Err(err) = self.publish(tenant_id).await {
                 tracing::debug!(tenant_id, error = %err, "republish still failing");

@@ -18,7 +18,10 @@ pub struct Settings {
 }
 
 fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
 }
 
 impl Settings {
@@ -29,8 +32,12 @@ impl Settings {
             proxy_addr: env_or("SHIELD_PROXY_ADDR", "127.0.0.1:8080"),
             admin_addr: env_or("SHIELD_ADMIN_ADDR", "127.0.0.1:8081"),
             redis_prefix: env_or("SHIELD_REDIS_PREFIX", ""),
-            jwt_secret: std::env::var("SHIELD_JWT_SECRET").ok().filter(|v| !v.is_empty()),
-            vault_key: std::env::var("SHIELD_VAULT_KEY").ok().filter(|v| !v.is_empty()),
+            jwt_secret: std::env::var("SHIELD_JWT_SECRET")
+                .ok()
+                .filter(|v| !v.is_empty()),
+            vault_key: std::env::var("SHIELD_VAULT_KEY")
+                .ok()
+                .filter(|v| !v.is_empty()),
         }
     }
 
@@ -38,9 +45,11 @@ impl Settings {
     /// development ones in `.shield/`.
     pub fn from_env(generate: bool) -> anyhow::Result<Settings> {
         let mut settings = Settings::from_env_without_secrets();
-        if generate {
-            settings.jwt_secret.get_or_insert(crate::demo::dev_secret("jwt_secret")?);
-            settings.vault_key.get_or_insert(crate::demo::dev_secret("vault_key")?);
+        if generate && settings.jwt_secret.is_none() {
+            settings.jwt_secret = Some(crate::demo::dev_secret("jwt_secret")?);
+        }
+        if generate && settings.vault_key.is_none() {
+            settings.vault_key = Some(crate::demo::dev_secret("vault_key")?);
         }
         Ok(settings)
     }
@@ -48,13 +57,17 @@ impl Settings {
     pub fn jwt_secret(&self) -> anyhow::Result<String> {
         match &self.jwt_secret {
             Some(s) => Ok(s.clone()),
-            None => bail!("SHIELD_JWT_SECRET is not set (32+ random bytes; `shield up` generates one in .shield/)"),
+            None => bail!(
+                "SHIELD_JWT_SECRET is not set (32+ random bytes; `shield up` generates one in .shield/)"
+            ),
         }
     }
 
     pub fn keyring(&self) -> anyhow::Result<Keyring> {
         let Some(key) = &self.vault_key else {
-            bail!("SHIELD_VAULT_KEY is not set (base64 of 32 random bytes, e.g. `openssl rand -base64 32`)")
+            bail!(
+                "SHIELD_VAULT_KEY is not set (base64 of 32 random bytes, e.g. `openssl rand -base64 32`)"
+            )
         };
         Keyring::from_base64(key, 1).context("SHIELD_VAULT_KEY")
     }

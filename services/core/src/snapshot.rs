@@ -41,12 +41,21 @@ pub struct SnapshotSecret {
 
 impl SnapshotSecret {
     pub fn from_sealed(sealed: &Sealed, bindings: Vec<String>) -> Self {
-        SnapshotSecret { ciphertext: B64.encode(&sealed.ciphertext), nonce: B64.encode(sealed.nonce), key_version: sealed.key_version, bindings }
+        SnapshotSecret {
+            ciphertext: B64.encode(&sealed.ciphertext),
+            nonce: B64.encode(sealed.nonce),
+            key_version: sealed.key_version,
+            bindings,
+        }
     }
 
     pub fn sealed(&self) -> Option<Sealed> {
         let nonce: [u8; NONCE_LEN] = B64.decode(&self.nonce).ok()?.try_into().ok()?;
-        Some(Sealed { ciphertext: B64.decode(&self.ciphertext).ok()?, nonce, key_version: self.key_version })
+        Some(Sealed {
+            ciphertext: B64.decode(&self.ciphertext).ok()?,
+            nonce,
+            key_version: self.key_version,
+        })
     }
 }
 
@@ -61,7 +70,16 @@ impl Snapshot {
         guardrails: GuardrailPolicy,
         secrets: BTreeMap<String, SnapshotSecret>,
     ) -> Snapshot {
-        let mut snapshot = Snapshot { tenant, version, digest: String::new(), published_at, targets, routes, guardrails, secrets };
+        let mut snapshot = Snapshot {
+            tenant,
+            version,
+            digest: String::new(),
+            published_at,
+            targets,
+            routes,
+            guardrails,
+            secrets,
+        };
         snapshot.digest = snapshot.compute_digest();
         snapshot
     }
@@ -102,7 +120,10 @@ pub fn key_hash(key: &str) -> String {
 pub const API_KEY_PREFIX: &str = "sk-shield-";
 
 pub fn format_api_key(random: &[u8; 32]) -> String {
-    format!("{API_KEY_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random))
+    format!(
+        "{API_KEY_PREFIX}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random)
+    )
 }
 
 #[cfg(test)]
@@ -111,12 +132,36 @@ mod tests {
 
     #[test]
     fn digest_depends_on_content_only() {
-        let a = Snapshot::new("t".into(), 1, 100, BTreeMap::new(), BTreeMap::new(), GuardrailPolicy::default(), BTreeMap::new());
-        let b = Snapshot::new("t".into(), 2, 200, BTreeMap::new(), BTreeMap::new(), GuardrailPolicy::default(), BTreeMap::new());
+        let a = Snapshot::new(
+            "t".into(),
+            1,
+            100,
+            BTreeMap::new(),
+            BTreeMap::new(),
+            GuardrailPolicy::default(),
+            BTreeMap::new(),
+        );
+        let b = Snapshot::new(
+            "t".into(),
+            2,
+            200,
+            BTreeMap::new(),
+            BTreeMap::new(),
+            GuardrailPolicy::default(),
+            BTreeMap::new(),
+        );
         assert_eq!(a.digest, b.digest);
         let mut policy = GuardrailPolicy::default();
         policy.tools.kill_switch = true;
-        let c = Snapshot::new("t".into(), 3, 300, BTreeMap::new(), BTreeMap::new(), policy, BTreeMap::new());
+        let c = Snapshot::new(
+            "t".into(),
+            3,
+            300,
+            BTreeMap::new(),
+            BTreeMap::new(),
+            policy,
+            BTreeMap::new(),
+        );
         assert_ne!(a.digest, c.digest);
     }
 
@@ -127,6 +172,11 @@ mod tests {
         assert_eq!(key.len(), 10 + 43);
         assert_eq!(key_hash(&key).len(), 64);
         let msg: ConfigMessage = serde_json::from_str(r#"{"key_hash":"ab"}"#).unwrap();
-        assert_eq!(msg, ConfigMessage::Key { key_hash: "ab".into() });
+        assert_eq!(
+            msg,
+            ConfigMessage::Key {
+                key_hash: "ab".into()
+            }
+        );
     }
 }

@@ -84,14 +84,21 @@ pub struct Auth {
 
 impl Default for Auth {
     fn default() -> Self {
-        Auth { mode: AuthMode::None, header: defaults::auth_header(), scheme: defaults::auth_scheme(), secret_ref: None }
+        Auth {
+            mode: AuthMode::None,
+            header: defaults::auth_header(),
+            scheme: defaults::auth_scheme(),
+            secret_ref: None,
+        }
     }
 }
 
 impl Auth {
     /// The secret name a vault reference points at (`shield://openai_prod` → `openai_prod`).
     pub fn secret_name(&self) -> Option<&str> {
-        self.secret_ref.as_deref().and_then(|r| r.strip_prefix(SECRET_REF_SCHEME))
+        self.secret_ref
+            .as_deref()
+            .and_then(|r| r.strip_prefix(SECRET_REF_SCHEME))
     }
 }
 

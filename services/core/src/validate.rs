@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::FieldError;
 use crate::error::Problems;
 use crate::guardrails::GUARDRAIL_NAMES;
 use crate::names;
@@ -12,7 +13,6 @@ use crate::profile::{PROFILE_KEYS, Requirement};
 use crate::route::{AtLimit, Route, Strategy};
 use crate::target::{AuthMode, Flavor, SECRET_REF_SCHEME, Target};
 use crate::url_safety;
-use crate::FieldError;
 
 /// The vault as validation sees it: secret name → the hosts it is bound to.
 pub type SecretBindings = BTreeMap<String, Vec<String>>;
@@ -25,10 +25,21 @@ const MAX_EXTRA_BODY_BYTES: usize = 16 * 1024;
 /// Body fields `extra_body` may not set: Shield owns them.
 const RESERVED_BODY_FIELDS: [&str; 4] = ["model", "messages", "stream", "x_shield"];
 /// Header names a credential may not be sent in: they frame the request itself.
-const RESERVED_HEADERS: [&str; 6] = ["host", "content-length", "transfer-encoding", "connection", "content-type", "x-shield-hop"];
+const RESERVED_HEADERS: [&str; 6] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "content-type",
+    "x-shield-hop",
+];
 
 /// Checks a target about to be stored under `id`. `secrets` is the tenant's vault.
-pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) -> Result<(), Vec<FieldError>> {
+pub fn validate_target(
+    id: &str,
+    target: &mut Target,
+    secrets: &SecretBindings,
+) -> Result<(), Vec<FieldError>> {
     let mut p = Problems::default();
     if let Err(why) = names::check_target_id(id) {
         p.push("id", why);
@@ -36,7 +47,10 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
     if target.id.is_empty() {
         target.id = id.to_string();
     } else if target.id != id {
-        p.push("id", format!("{:?} does not match the id in the path ({id:?})", target.id));
+        p.push(
+            "id",
+            format!("{:?} does not match the id in the path ({id:?})", target.id),
+        );
     }
     if target.name.is_empty() {
         target.name = id.to_string();
@@ -46,8 +60,15 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
 
     let host = match url_safety::parse_outbound_url(&target.base_url) {
         Ok(url) => {
-            if let Some(why) = url_safety::url_private_reason(&url).filter(|_| !target.allow_private) {
-                p.push("base_url", format!("host is {why}; set allow_private: true (needs registry:write) to use it"));
+            if let Some(why) =
+                url_safety::url_private_reason(&url).filter(|_| !target.allow_private)
+            {
+                p.push(
+                    "base_url",
+                    format!(
+                        "host is {why}; set allow_private: true (needs registry:write) to use it"
+                    ),
+                );
             }
             url_safety::binding_host(&url)
         }
@@ -66,8 +87,13 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
                 p.push("azure.api_version", "is required for flavor azure");
             }
         }
-        (Flavor::Azure, None) => p.push("azure", "is required for flavor azure ({deployment, api_version})"),
-        (Flavor::Openai, Some(azure)) if !azure.deployment.is_empty() || !azure.api_version.is_empty() => {
+        (Flavor::Azure, None) => p.push(
+            "azure",
+            "is required for flavor azure ({deployment, api_version})",
+        ),
+        (Flavor::Openai, Some(azure))
+            if !azure.deployment.is_empty() || !azure.api_version.is_empty() =>
+        {
             p.push("azure", "is only for flavor azure");
         }
         _ => {}
@@ -75,9 +101,16 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
 
     check_auth(&mut p, target, host.as_deref(), secrets);
 
-    for (field, value) in [("timeout_s", target.timeout_s), ("first_byte_timeout_s", target.first_byte_timeout_s), ("idle_timeout_s", target.idle_timeout_s)] {
+    for (field, value) in [
+        ("timeout_s", target.timeout_s),
+        ("first_byte_timeout_s", target.first_byte_timeout_s),
+        ("idle_timeout_s", target.idle_timeout_s),
+    ] {
         if !(1..=MAX_TIMEOUT_S).contains(&value) {
-            p.push(field, format!("must be between 1 and {MAX_TIMEOUT_S} seconds"));
+            p.push(
+                field,
+                format!("must be between 1 and {MAX_TIMEOUT_S} seconds"),
+            );
         }
     }
     if target.first_byte_timeout_s > target.timeout_s {
@@ -88,14 +121,20 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
         if price.currency != "USD" {
             p.push("price.currency", "only USD is supported");
         }
-        for (field, amount) in [("price.input_per_mtok", price.input_per_mtok), ("price.output_per_mtok", price.output_per_mtok)] {
+        for (field, amount) in [
+            ("price.input_per_mtok", price.input_per_mtok),
+            ("price.output_per_mtok", price.output_per_mtok),
+        ] {
             if amount.micros() < 0 {
                 p.push(field, "must not be negative");
             }
         }
     }
     if let Some(caps) = &target.capabilities {
-        for (field, value) in [("capabilities.context_window", caps.context_window), ("capabilities.max_output_tokens", caps.max_output_tokens)] {
+        for (field, value) in [
+            ("capabilities.context_window", caps.context_window),
+            ("capabilities.max_output_tokens", caps.max_output_tokens),
+        ] {
             if value == Some(0) {
                 p.push(field, "must be positive (omit it when unknown)");
             }
@@ -109,21 +148,31 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
             ("tool_profile", &profile.tool_profile),
             ("log_profile", &profile.log_profile),
         ] {
-            if let Some(value) = value {
-                if value.trim().is_empty() || value.len() > 64 {
-                    p.push(format!("profile.{key}"), "must be 1-64 characters");
-                }
+            if let Some(value) = value
+                && (value.trim().is_empty() || value.len() > 64)
+            {
+                p.push(format!("profile.{key}"), "must be 1-64 characters");
             }
         }
     }
     if let Some(extra) = &target.extra_body {
         for key in RESERVED_BODY_FIELDS {
             if extra.contains_key(key) {
-                p.push(format!("extra_body.{key}"), "is set by Shield and may not be overridden");
+                p.push(
+                    format!("extra_body.{key}"),
+                    "is set by Shield and may not be overridden",
+                );
             }
         }
-        if serde_json::to_vec(extra).map(|v| v.len()).unwrap_or(usize::MAX) > MAX_EXTRA_BODY_BYTES {
-            p.push("extra_body", format!("must be at most {MAX_EXTRA_BODY_BYTES} bytes of JSON"));
+        if serde_json::to_vec(extra)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX)
+            > MAX_EXTRA_BODY_BYTES
+        {
+            p.push(
+                "extra_body",
+                format!("must be at most {MAX_EXTRA_BODY_BYTES} bytes of JSON"),
+            );
         }
     }
     p.into_result()
@@ -132,30 +181,49 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
 fn check_auth(p: &mut Problems, target: &Target, host: Option<&str>, secrets: &SecretBindings) {
     let auth = &target.auth;
     if !names::is_header_token(&auth.header) {
-        p.push("auth.header", format!("{:?} is not a valid header name", auth.header));
+        p.push(
+            "auth.header",
+            format!("{:?} is not a valid header name", auth.header),
+        );
     } else if RESERVED_HEADERS.contains(&auth.header.to_ascii_lowercase().as_str()) {
-        p.push("auth.header", format!("{:?} cannot carry a credential", auth.header));
+        p.push(
+            "auth.header",
+            format!("{:?} cannot carry a credential", auth.header),
+        );
     }
     if !auth.scheme.is_empty() && !names::is_header_token(&auth.scheme) {
-        p.push("auth.scheme", format!("{:?} is not a valid auth scheme (a single token such as Bearer, or empty)", auth.scheme));
+        p.push(
+            "auth.scheme",
+            format!(
+                "{:?} is not a valid auth scheme (a single token such as Bearer, or empty)",
+                auth.scheme
+            ),
+        );
     }
     match auth.mode {
         AuthMode::Vault => {
             let Some(reference) = &auth.secret_ref else {
-                p.push("auth.secret_ref", format!("is required for mode vault ({SECRET_REF_SCHEME}<secret name>)"));
+                p.push(
+                    "auth.secret_ref",
+                    format!("is required for mode vault ({SECRET_REF_SCHEME}<secret name>)"),
+                );
                 return;
             };
             let Some(name) = auth.secret_name() else {
-                p.push("auth.secret_ref", format!("{reference:?} must look like {SECRET_REF_SCHEME}<secret name>"));
+                p.push(
+                    "auth.secret_ref",
+                    format!("{reference:?} must look like {SECRET_REF_SCHEME}<secret name>"),
+                );
                 return;
             };
             match secrets.get(name) {
                 None => p.push("auth.secret_ref", format!("secret {name:?} does not exist; create it with PUT /v1/tenant/me/secrets/{name}")),
                 Some(bindings) => {
-                    if let Some(host) = host {
-                        if !bindings.iter().any(|b| b.eq_ignore_ascii_case(host)) {
-                            p.push("auth.secret_ref", format!("secret {name:?} is not bound to host {host:?} (bound to: {})", bindings.join(", ")));
-                        }
+                    if let Some(host) = host
+                        && !bindings.iter().any(|b| b.eq_ignore_ascii_case(host))
+                    {
+                        let bound = bindings.join(", ");
+                        p.push("auth.secret_ref", format!("secret {name:?} is not bound to host {host:?} (bound to: {bound})"));
                     }
                 }
             }
@@ -179,7 +247,11 @@ fn text_field(p: &mut Problems, field: &str, value: &str) {
 }
 
 /// Checks a route about to be stored under `name` against the tenant's targets.
-pub fn validate_route(name: &str, route: &mut Route, targets: &BTreeMap<String, Target>) -> Result<(), Vec<FieldError>> {
+pub fn validate_route(
+    name: &str,
+    route: &mut Route,
+    targets: &BTreeMap<String, Target>,
+) -> Result<(), Vec<FieldError>> {
     let mut p = Problems::default();
     if let Err(why) = names::check_route_name(name) {
         p.push("name", why);
@@ -187,27 +259,44 @@ pub fn validate_route(name: &str, route: &mut Route, targets: &BTreeMap<String, 
     if route.name.is_empty() {
         route.name = name.to_string();
     } else if route.name != name {
-        p.push("name", format!("{:?} does not match the name in the path ({name:?})", route.name));
+        p.push(
+            "name",
+            format!(
+                "{:?} does not match the name in the path ({name:?})",
+                route.name
+            ),
+        );
     }
 
     if route.targets.is_empty() {
         p.push("targets", "must list at least one target");
     }
     if route.targets.len() > crate::MAX_TARGETS_PER_TENANT {
-        p.push("targets", format!("must list at most {} targets", crate::MAX_TARGETS_PER_TENANT));
+        p.push(
+            "targets",
+            format!(
+                "must list at most {} targets",
+                crate::MAX_TARGETS_PER_TENANT
+            ),
+        );
     }
     let mut seen = BTreeSet::new();
     for (i, id) in route.targets.iter().enumerate() {
         if !seen.insert(id.as_str()) {
             p.push(format!("targets[{i}]"), format!("{id:?} is listed twice"));
         } else if !targets.contains_key(id) {
-            p.push(format!("targets[{i}]"), format!("target {id:?} does not exist"));
+            p.push(
+                format!("targets[{i}]"),
+                format!("target {id:?} does not exist"),
+            );
         }
     }
     let listed: BTreeSet<&str> = route.targets.iter().map(String::as_str).collect();
 
     match (&route.weights, route.strategy) {
-        (Some(_), strategy) if strategy != Strategy::Weighted => p.push("weights", "are only for strategy weighted"),
+        (Some(_), strategy) if strategy != Strategy::Weighted => {
+            p.push("weights", "are only for strategy weighted")
+        }
         (None, Strategy::Weighted) => p.push("weights", "are required for strategy weighted"),
         (Some(weights), _) => {
             for (id, weight) in weights {
@@ -227,10 +316,16 @@ pub fn validate_route(name: &str, route: &mut Route, targets: &BTreeMap<String, 
 
     let failover = &route.failover;
     if !(1..=MAX_ATTEMPTS).contains(&failover.max_attempts) {
-        p.push("failover.max_attempts", format!("must be between 1 and {MAX_ATTEMPTS}"));
+        p.push(
+            "failover.max_attempts",
+            format!("must be between 1 and {MAX_ATTEMPTS}"),
+        );
     }
     if !(1..=MAX_TIMEOUT_S).contains(&failover.deadline_s) {
-        p.push("failover.deadline_s", format!("must be between 1 and {MAX_TIMEOUT_S} seconds"));
+        p.push(
+            "failover.deadline_s",
+            format!("must be between 1 and {MAX_TIMEOUT_S} seconds"),
+        );
     }
     let mut classes = BTreeSet::new();
     for (i, class) in failover.on.iter().enumerate() {
@@ -245,10 +340,14 @@ pub fn validate_route(name: &str, route: &mut Route, targets: &BTreeMap<String, 
     for (i, rule) in route.rules.iter().enumerate() {
         let at = format!("rules[{i}]");
         match (&rule.use_targets, &rule.deny) {
-            (Some(_), Some(_)) => p.push(&at, "has both use and deny; a rule either narrows or refuses"),
-            (None, None) if rule.when.location_required.is_none() => {
-                p.push(&at, "needs use, deny or when.location_required; otherwise it does nothing")
-            }
+            (Some(_), Some(_)) => p.push(
+                &at,
+                "has both use and deny; a rule either narrows or refuses",
+            ),
+            (None, None) if rule.when.location_required.is_none() => p.push(
+                &at,
+                "needs use, deny or when.location_required; otherwise it does nothing",
+            ),
             _ => {}
         }
         if let Some(use_targets) = &rule.use_targets {
@@ -257,30 +356,47 @@ pub fn validate_route(name: &str, route: &mut Route, targets: &BTreeMap<String, 
             }
             for (j, id) in use_targets.iter().enumerate() {
                 if !listed.contains(id.as_str()) {
-                    p.push(format!("{at}.use[{j}]"), format!("{id:?} is not one of the route's targets (use may only narrow)"));
+                    p.push(
+                        format!("{at}.use[{j}]"),
+                        format!("{id:?} is not one of the route's targets (use may only narrow)"),
+                    );
                 }
             }
         }
-        if let Some(reason) = &rule.deny {
-            if reason.trim().is_empty() || reason.len() > 500 {
-                p.push(format!("{at}.deny"), "must be a reason of 1-500 characters");
-            }
+        if let Some(reason) = &rule.deny
+            && (reason.trim().is_empty() || reason.len() > 500)
+        {
+            p.push(format!("{at}.deny"), "must be a reason of 1-500 characters");
         }
         let when = &rule.when;
         if let Some(flagged) = &when.flagged {
             for (j, name) in flagged.iter().enumerate() {
                 if !GUARDRAIL_NAMES.contains(&name.as_str()) {
-                    p.push(format!("{at}.when.flagged[{j}]"), format!("{name:?} is not a guardrail (one of: {})", GUARDRAIL_NAMES.join(", ")));
+                    p.push(
+                        format!("{at}.when.flagged[{j}]"),
+                        format!(
+                            "{name:?} is not a guardrail (one of: {})",
+                            GUARDRAIL_NAMES.join(", ")
+                        ),
+                    );
                 }
             }
         }
-        for (key, values) in [("flagged", &when.flagged), ("data_class", &when.data_class), ("agent", &when.agent), ("role", &when.role)] {
+        for (key, values) in [
+            ("flagged", &when.flagged),
+            ("data_class", &when.data_class),
+            ("agent", &when.agent),
+            ("role", &when.role),
+        ] {
             if let Some(values) = values {
                 if values.is_empty() {
                     p.push(format!("{at}.when.{key}"), "must list at least one value");
                 }
                 if values.iter().any(|v| v.trim().is_empty() || v.len() > 128) {
-                    p.push(format!("{at}.when.{key}"), "values must be 1-128 characters");
+                    p.push(
+                        format!("{at}.when.{key}"),
+                        "values must be 1-128 characters",
+                    );
                 }
             }
         }
@@ -298,11 +414,17 @@ pub fn validate_route(name: &str, route: &mut Route, targets: &BTreeMap<String, 
         }
         for (i, id) in budget.fallback_targets.iter().enumerate() {
             if !listed.contains(id.as_str()) {
-                p.push(format!("budget.fallback_targets[{i}]"), format!("{id:?} is not one of the route's targets"));
+                p.push(
+                    format!("budget.fallback_targets[{i}]"),
+                    format!("{id:?} is not one of the route's targets"),
+                );
             }
         }
         if budget.at_limit == AtLimit::Fallback && budget.fallback_targets.is_empty() {
-            p.push("budget.fallback_targets", "are required for at_limit fallback (use at_limit block to refuse instead)");
+            p.push(
+                "budget.fallback_targets",
+                "are required for at_limit fallback (use at_limit block to refuse instead)",
+            );
         }
     }
 
@@ -310,7 +432,10 @@ pub fn validate_route(name: &str, route: &mut Route, targets: &BTreeMap<String, 
         for (key, requirement) in required {
             let field = format!("required_profile.{key}");
             if !PROFILE_KEYS.contains(&key.as_str()) {
-                p.push(&field, format!("is not a profile key (one of: {})", PROFILE_KEYS.join(", ")));
+                p.push(
+                    &field,
+                    format!("is not a profile key (one of: {})", PROFILE_KEYS.join(", ")),
+                );
                 continue;
             }
             let shape_ok = match requirement {
@@ -319,15 +444,27 @@ pub fn validate_route(name: &str, route: &mut Route, targets: &BTreeMap<String, 
                 Requirement::AnyOf(values) => key != "zdr" && !values.is_empty(),
             };
             if !shape_ok {
-                let want = if key == "zdr" { "true or false" } else { "a value or a non-empty list of values" };
+                let want = if key == "zdr" {
+                    "true or false"
+                } else {
+                    "a value or a non-empty list of values"
+                };
                 p.push(&field, format!("must be {want}"));
             }
         }
         for id in &route.targets {
-            let Some(target) = targets.get(id) else { continue };
+            let Some(target) = targets.get(id) else {
+                continue;
+            };
             let unmet = target.profile.clone().unwrap_or_default().unmet(required);
             for key in unmet {
-                p.push(format!("required_profile.{key}"), format!("target {id:?} does not satisfy it (its profile {})", describe(target, key)));
+                p.push(
+                    format!("required_profile.{key}"),
+                    format!(
+                        "target {id:?} does not satisfy it (its profile {})",
+                        describe(target, key)
+                    ),
+                );
             }
         }
     }
@@ -335,7 +472,11 @@ pub fn validate_route(name: &str, route: &mut Route, targets: &BTreeMap<String, 
 }
 
 fn describe(target: &Target, key: &str) -> String {
-    let value = target.profile.as_ref().and_then(|profile| serde_json::to_value(profile).ok()).and_then(|v| v.get(key).cloned());
+    let value = target
+        .profile
+        .as_ref()
+        .and_then(|profile| serde_json::to_value(profile).ok())
+        .and_then(|v| v.get(key).cloned());
     match value {
         Some(v) => format!("has {key} = {v}"),
         None => format!("does not declare {key}"),
@@ -351,7 +492,11 @@ pub fn routes_broken_by<'r>(target: &Target, routes: &'r [Route]) -> Vec<(&'r st
         .filter(|route| route.targets.iter().any(|t| t == &target.id))
         .filter_map(|route| {
             let required = route.required_profile.as_ref()?;
-            let unmet: Vec<String> = profile.unmet(required).into_iter().map(str::to_string).collect();
+            let unmet: Vec<String> = profile
+                .unmet(required)
+                .into_iter()
+                .map(str::to_string)
+                .collect();
             (!unmet.is_empty()).then_some((route.name.as_str(), unmet))
         })
         .collect()
@@ -359,7 +504,11 @@ pub fn routes_broken_by<'r>(target: &Target, routes: &'r [Route]) -> Vec<(&'r st
 
 /// Routes that list `target_id`.
 pub fn routes_using<'r>(target_id: &str, routes: &'r [Route]) -> Vec<&'r str> {
-    routes.iter().filter(|r| r.targets.iter().any(|t| t == target_id)).map(|r| r.name.as_str()).collect()
+    routes
+        .iter()
+        .filter(|r| r.targets.iter().any(|t| t == target_id))
+        .map(|r| r.name.as_str())
+        .collect()
 }
 
 #[cfg(test)]

@@ -14,12 +14,19 @@ fn completion(body: &Value) -> Value {
     let last = body
         .get("messages")
         .and_then(Value::as_array)
-        .and_then(|m| m.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user")))
+        .and_then(|m| {
+            m.iter()
+                .rev()
+                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        })
         .and_then(|m| m.get("content"))
         .and_then(Value::as_str)
         .unwrap_or("");
     let content = format!("mock answer to: {last}");
-    let prompt_chars: usize = body.get("messages").map(|m| m.to_string().len()).unwrap_or(0);
+    let prompt_chars: usize = body
+        .get("messages")
+        .map(|m| m.to_string().len())
+        .unwrap_or(0);
     let (input, output) = (prompt_chars.div_ceil(4), content.len().div_ceil(4));
     json!({
         "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model,
@@ -51,5 +58,15 @@ async fn healthz() -> HttpResponse {
 
 pub async fn serve(addr: &str) -> std::io::Result<()> {
     tracing::info!(%addr, "mock LLM listening");
-    HttpServer::new(|| App::new().service(chat).service(chat_status).service(models).service(healthz)).workers(2).bind(addr)?.run().await
+    HttpServer::new(|| {
+        App::new()
+            .service(chat)
+            .service(chat_status)
+            .service(models)
+            .service(healthz)
+    })
+    .workers(2)
+    .bind(addr)?
+    .run()
+    .await
 }

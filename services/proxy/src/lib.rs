@@ -12,7 +12,8 @@ async fn healthz() -> HttpResponse {
 
 #[get("/readyz")]
 async fn readyz() -> HttpResponse {
-    HttpResponse::ServiceUnavailable().json(json!({"status": "unavailable", "reason": "the data plane is not implemented yet"}))
+    HttpResponse::ServiceUnavailable()
+        .json(json!({"status": "unavailable", "reason": "the data plane is not implemented yet"}))
 }
 
 async fn not_implemented() -> HttpResponse {
@@ -24,5 +25,13 @@ async fn not_implemented() -> HttpResponse {
 
 pub async fn serve(addr: &str) -> std::io::Result<()> {
     tracing::info!(%addr, "proxy listening (skeleton)");
-    HttpServer::new(|| App::new().service(healthz).service(readyz).default_service(web::to(not_implemented))).bind(addr)?.run().await
+    HttpServer::new(|| {
+        App::new()
+            .service(healthz)
+            .service(readyz)
+            .default_service(web::to(not_implemented))
+    })
+    .bind(addr)?
+    .run()
+    .await
 }

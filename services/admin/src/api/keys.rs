@@ -47,7 +47,9 @@ pub struct KeyList {
 #[get("/v1/tenant/me/keys")]
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
-    Ok(HttpResponse::Ok().json(KeyList { keys: keys::list(&state.db, tenant.id).await? }))
+    Ok(HttpResponse::Ok().json(KeyList {
+        keys: keys::list(&state.db, tenant.id).await?,
+    }))
 }
 
 #[utoipa::path(post, path = "/v1/tenant/me/keys", tag = "keys", security(("bearer" = ["config:write"])), request_body = CreateKey,
@@ -80,20 +82,41 @@ pub async fn create(state: State, principal: Principal, body: Body) -> ApiResult
 #[utoipa::path(delete, path = "/v1/tenant/me/keys/{id}", tag = "keys", security(("bearer" = ["config:write"])),
     params(("id" = Uuid, Path)), responses((status = 204), (status = 404)))]
 #[delete("/v1/tenant/me/keys/{id}")]
-pub async fn revoke(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
+pub async fn revoke(
+    state: State,
+    principal: Principal,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
     let id = id.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let not_found = || ApiError::NotFound(format!("key {id} does not exist"));
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
     let mut tx = state.db.begin().await?;
     tenants::begin_write(&mut tx, tenant.id).await?;
-    let before = keys::get(&mut *tx, tenant.id, id).await?.ok_or_else(not_found)?;
-    let meta = keys::revoke(&mut *tx, tenant.id, id).await?.ok_or_else(not_found)?;
+    let before = keys::get(&mut *tx, tenant.id, id)
+        .await?
+        .ok_or_else(not_found)?;
+    let meta = keys::revoke(&mut *tx, tenant.id, id)
+        .await?
+        .ok_or_else(not_found)?;
     if before.revoked_at.is_none() {
-        audit::record(&mut *tx, tenant.id, principal.actor(), Action::KeyRevoked, &id.to_string(), None, None).await?;
+        audit::record(
+            &mut *tx,
+            tenant.id,
+            principal.actor(),
+            Action::KeyRevoked,
+            &id.to_string(),
+            None,
+            None,
+        )
+        .await?;
     }
     tx.commit().await?;
-    if let Err(err) = state.publisher.publish_key(&meta.key_hash, &key_record(&tenant.slug, &meta)).await {
+    if let Err(err) = state
+        .publisher
+        .publish_key(&meta.key_hash, &key_record(&tenant.slug, &meta))
+        .await
+    {
         tracing::warn!(error = %err, "revocation not published yet; the republisher will retry");
         state.publisher.after_write(tenant.id).await;
     }

@@ -30,12 +30,20 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 pub fn configure(cfg: &mut web::ServiceConfig) {
     let openapi = crate::openapi::ApiDoc::openapi();
     cfg.app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
-        .app_data(web::PathConfig::default().error_handler(|err, _| ApiError::BadRequest(format!("bad path: {err}")).into()))
-        .app_data(web::QueryConfig::default().error_handler(|err, _| ApiError::BadRequest(format!("bad query: {err}")).into()))
+        .app_data(
+            web::PathConfig::default()
+                .error_handler(|err, _| ApiError::BadRequest(format!("bad path: {err}")).into()),
+        )
+        .app_data(
+            web::QueryConfig::default()
+                .error_handler(|err, _| ApiError::BadRequest(format!("bad query: {err}")).into()),
+        )
         .service(ops::healthz)
         .service(ops::readyz)
         .service(ops::openapi_json)
-        .service(utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}").url("/docs/openapi.json", openapi))
+        .service(
+            utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}").url("/docs/openapi.json", openapi),
+        )
         .service(login::login)
         .service(tenants::create)
         .service(tenants::list)
@@ -57,7 +65,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(guardrails::get)
         .service(guardrails::put)
         .service(audit::list)
-        .default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::NotFound("no such endpoint; see /docs".into())) }));
+        .default_service(web::to(|| async {
+            Err::<HttpResponse, _>(ApiError::NotFound("no such endpoint; see /docs".into()))
+        }));
 }
 
 /// A request body read whole, up to [`MAX_BODY_BYTES`]; a larger one is refused with 413.
@@ -74,12 +84,19 @@ impl actix_web::FromRequest for Body {
     type Error = ApiError;
     type Future = futures_util::future::LocalBoxFuture<'static, Result<Body, ApiError>>;
 
-    fn from_request(req: &actix_web::HttpRequest, payload: &mut actix_web::dev::Payload) -> Self::Future {
+    fn from_request(
+        req: &actix_web::HttpRequest,
+        payload: &mut actix_web::dev::Payload,
+    ) -> Self::Future {
         let bytes = web::Bytes::from_request(req, payload);
         Box::pin(async move {
-            bytes.await.map(Body).map_err(|err| match err.as_error::<actix_web::error::PayloadError>() {
-                Some(actix_web::error::PayloadError::Overflow) => ApiError::PayloadTooLarge(MAX_BODY_BYTES),
-                _ => ApiError::BadRequest(format!("could not read the body: {err}")),
+            bytes.await.map(Body).map_err(|err| {
+                match err.as_error::<actix_web::error::PayloadError>() {
+                    Some(actix_web::error::PayloadError::Overflow) => {
+                        ApiError::PayloadTooLarge(MAX_BODY_BYTES)
+                    }
+                    _ => ApiError::BadRequest(format!("could not read the body: {err}")),
+                }
             })
         })
     }

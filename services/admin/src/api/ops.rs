@@ -19,7 +19,8 @@ pub async fn healthz() -> HttpResponse {
 pub async fn readyz(state: State) -> HttpResponse {
     match sqlx::query("SELECT 1").execute(&state.db).await {
         Ok(_) => HttpResponse::Ok().json(json!({"status": "ready"})),
-        Err(_) => HttpResponse::ServiceUnavailable().json(json!({"status": "unavailable", "reason": "Postgres is unreachable"})),
+        Err(_) => HttpResponse::ServiceUnavailable()
+            .json(json!({"status": "unavailable", "reason": "Postgres is unreachable"})),
     }
 }
 

@@ -23,16 +23,24 @@ pub struct RouteList {
 #[get("/v1/tenant/me/gateway/routes")]
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    Ok(HttpResponse::Ok().json(RouteList { routes: config::routes(&state.db, tenant.id).await? }))
+    Ok(HttpResponse::Ok().json(RouteList {
+        routes: config::routes(&state.db, tenant.id).await?,
+    }))
 }
 
 #[utoipa::path(get, path = "/v1/tenant/me/gateway/routes/{name}", tag = "routes", security(("bearer" = ["tenant:read"])),
     params(("name" = String, Path, description = "percent-encoded: shield%2Fcheap")), responses((status = 200, body = Route), (status = 404)))]
 #[get("/v1/tenant/me/gateway/routes/{name}")]
-pub async fn get(state: State, principal: Principal, name: web::Path<String>) -> ApiResult<HttpResponse> {
+pub async fn get(
+    state: State,
+    principal: Principal,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    let route = config::route(&state.db, tenant.id, &name).await?.ok_or_else(|| not_found(&name))?;
+    let route = config::route(&state.db, tenant.id, &name)
+        .await?
+        .ok_or_else(|| not_found(&name))?;
     Ok(HttpResponse::Ok().json(route))
 }
 
@@ -41,38 +49,81 @@ pub async fn get(state: State, principal: Principal, name: web::Path<String>) ->
     responses((status = 200, body = Route, description = "replaced"), (status = 201, body = Route, description = "created"),
         (status = 422, description = "validation error naming the field")))]
 #[put("/v1/tenant/me/gateway/routes/{name}")]
-pub async fn put(state: State, principal: Principal, name: web::Path<String>, body: Body) -> ApiResult<HttpResponse> {
+pub async fn put(
+    state: State,
+    principal: Principal,
+    name: web::Path<String>,
+    body: Body,
+) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let mut route: Route = decode(&body)?;
     let mut tx = state.db.begin().await?;
     tenants::begin_write(&mut tx, tenant.id).await?;
-    validate_route(&name, &mut route, &config::targets(&mut *tx, tenant.id).await?)?;
+    validate_route(
+        &name,
+        &mut route,
+        &config::targets(&mut *tx, tenant.id).await?,
+    )?;
     let before = config::route(&mut *tx, tenant.id, &name).await?;
-    if before.is_none() && config::route_count(&mut *tx, tenant.id).await? >= MAX_ROUTES_PER_TENANT as i64 {
-        return Err(ApiError::validation("name", format!("a tenant has at most {MAX_ROUTES_PER_TENANT} routes")));
+    if before.is_none()
+        && config::route_count(&mut *tx, tenant.id).await? >= MAX_ROUTES_PER_TENANT as i64
+    {
+        return Err(ApiError::validation(
+            "name",
+            format!("a tenant has at most {MAX_ROUTES_PER_TENANT} routes"),
+        ));
     }
     route.updated_at = chrono::Utc::now().timestamp();
     route.updated_by = principal.actor().to_string();
     let created = config::put_route(&mut *tx, tenant.id, &route).await?;
     let before_digest = before.map(|r| digest(&serde_json::json!(r)));
-    audit::record(&mut *tx, tenant.id, principal.actor(), Action::RouteSet, &name, before_digest, Some(digest(&serde_json::json!(route)))).await?;
+    audit::record(
+        &mut *tx,
+        tenant.id,
+        principal.actor(),
+        Action::RouteSet,
+        &name,
+        before_digest,
+        Some(digest(&serde_json::json!(route))),
+    )
+    .await?;
     tx.commit().await?;
     state.publisher.after_write(tenant.id).await;
-    Ok(if created { HttpResponse::Created() } else { HttpResponse::Ok() }.json(route))
+    Ok(if created {
+        HttpResponse::Created()
+    } else {
+        HttpResponse::Ok()
+    }
+    .json(route))
 }
 
 #[utoipa::path(delete, path = "/v1/tenant/me/gateway/routes/{name}", tag = "routes", security(("bearer" = ["config:write"])),
     params(("name" = String, Path)), responses((status = 204), (status = 404)))]
 #[delete("/v1/tenant/me/gateway/routes/{name}")]
-pub async fn delete(state: State, principal: Principal, name: web::Path<String>) -> ApiResult<HttpResponse> {
+pub async fn delete(
+    state: State,
+    principal: Principal,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let mut tx = state.db.begin().await?;
     tenants::begin_write(&mut tx, tenant.id).await?;
-    let before = config::route(&mut *tx, tenant.id, &name).await?.ok_or_else(|| not_found(&name))?;
+    let before = config::route(&mut *tx, tenant.id, &name)
+        .await?
+        .ok_or_else(|| not_found(&name))?;
     config::delete_route(&mut *tx, tenant.id, &name).await?;
-    audit::record(&mut *tx, tenant.id, principal.actor(), Action::RouteDeleted, &name, Some(digest(&serde_json::json!(before))), None).await?;
+    audit::record(
+        &mut *tx,
+        tenant.id,
+        principal.actor(),
+        Action::RouteDeleted,
+        &name,
+        Some(digest(&serde_json::json!(before))),
+        None,
+    )
+    .await?;
     tx.commit().await?;
     state.publisher.after_write(tenant.id).await;
     Ok(HttpResponse::NoContent().finish())

@@ -38,16 +38,24 @@ const MAX_BINDINGS: usize = 20;
 #[get("/v1/tenant/me/secrets")]
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    Ok(HttpResponse::Ok().json(SecretList { secrets: secrets::list(&state.db, tenant.id).await? }))
+    Ok(HttpResponse::Ok().json(SecretList {
+        secrets: secrets::list(&state.db, tenant.id).await?,
+    }))
 }
 
 #[utoipa::path(get, path = "/v1/tenant/me/secrets/{name}", tag = "secrets", security(("bearer" = ["tenant:read"])),
     params(("name" = String, Path)), responses((status = 200, body = SecretMeta), (status = 404)))]
 #[get("/v1/tenant/me/secrets/{name}")]
-pub async fn get(state: State, principal: Principal, name: web::Path<String>) -> ApiResult<HttpResponse> {
+pub async fn get(
+    state: State,
+    principal: Principal,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    let meta = secrets::get(&state.db, tenant.id, &name).await?.ok_or_else(|| not_found(&name))?;
+    let meta = secrets::get(&state.db, tenant.id, &name)
+        .await?
+        .ok_or_else(|| not_found(&name))?;
     Ok(HttpResponse::Ok().json(meta))
 }
 
@@ -57,7 +65,12 @@ pub async fn get(state: State, principal: Principal, name: web::Path<String>) ->
     responses((status = 200, body = SecretMeta, description = "replaced"), (status = 201, body = SecretMeta, description = "created"),
         (status = 409, description = "a target using it would lose its binding"), (status = 422)))]
 #[put("/v1/tenant/me/secrets/{name}")]
-pub async fn put(state: State, principal: Principal, name: web::Path<String>, body: Body) -> ApiResult<HttpResponse> {
+pub async fn put(
+    state: State,
+    principal: Principal,
+    name: web::Path<String>,
+    body: Body,
+) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     check_secret_name(&name).map_err(|why| ApiError::validation("name", why))?;
@@ -74,52 +87,118 @@ pub async fn put(state: State, principal: Principal, name: web::Path<String>, bo
         .map(|(id, host)| format!("{id} ({host})"))
         .collect();
     if !unbound.is_empty() {
-        let message = format!("targets would lose their binding to secret {name:?}: {}", unbound.join(", "));
-        return Err(ApiError::Conflict { message, key: "targets", names: unbound });
+        let message = format!(
+            "targets would lose their binding to secret {name:?}: {}",
+            unbound.join(", ")
+        );
+        return Err(ApiError::Conflict {
+            message,
+            key: "targets",
+            names: unbound,
+        });
     }
-    let sealed = state.keyring.seal(&secret_aad(&tenant.slug, &name), request.value.as_bytes(), random::bytes());
+    let sealed = state.keyring.seal(
+        &secret_aad(&tenant.slug, &name),
+        request.value.as_bytes(),
+        random::bytes(),
+    );
     let existed = secrets::get(&mut *tx, tenant.id, &name).await?;
-    let (meta, created) = secrets::put(&mut *tx, tenant.id, &name, &sealed, &bindings, hint(&request.value).as_deref()).await?;
+    let (meta, created) = secrets::put(
+        &mut *tx,
+        tenant.id,
+        &name,
+        &sealed,
+        &bindings,
+        hint(&request.value).as_deref(),
+    )
+    .await?;
     // The digests cover metadata only: a hash of a secret value could be guessed offline.
-    let before = existed.map(|m| digest(&serde_json::json!({"bindings": m.bindings, "updated_at": m.updated_at})));
-    let after = digest(&serde_json::json!({"bindings": meta.bindings, "updated_at": meta.updated_at}));
-    audit::record(&mut *tx, tenant.id, principal.actor(), Action::SecretSet, &name, before, Some(after)).await?;
+    let before = existed
+        .map(|m| digest(&serde_json::json!({"bindings": m.bindings, "updated_at": m.updated_at})));
+    let after =
+        digest(&serde_json::json!({"bindings": meta.bindings, "updated_at": meta.updated_at}));
+    audit::record(
+        &mut *tx,
+        tenant.id,
+        principal.actor(),
+        Action::SecretSet,
+        &name,
+        before,
+        Some(after),
+    )
+    .await?;
     tx.commit().await?;
     state.publisher.after_write(tenant.id).await;
-    Ok(if created { HttpResponse::Created() } else { HttpResponse::Ok() }.json(meta))
+    Ok(if created {
+        HttpResponse::Created()
+    } else {
+        HttpResponse::Ok()
+    }
+    .json(meta))
 }
 
 /// Refused (409) while a target references the secret.
 #[utoipa::path(delete, path = "/v1/tenant/me/secrets/{name}", tag = "secrets", security(("bearer" = ["config:write"])),
     params(("name" = String, Path)), responses((status = 204), (status = 404), (status = 409, description = "used by targets (named)")))]
 #[delete("/v1/tenant/me/secrets/{name}")]
-pub async fn delete(state: State, principal: Principal, name: web::Path<String>) -> ApiResult<HttpResponse> {
+pub async fn delete(
+    state: State,
+    principal: Principal,
+    name: web::Path<String>,
+) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let mut tx = state.db.begin().await?;
     tenants::begin_write(&mut tx, tenant.id).await?;
-    let users: Vec<String> = targets_using(&mut tx, tenant.id, &name).await?.into_iter().map(|(id, _)| id).collect();
+    let users: Vec<String> = targets_using(&mut tx, tenant.id, &name)
+        .await?
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
     if !users.is_empty() {
-        let message = format!("secret {name:?} is used by targets: {}; change their auth first", users.join(", "));
-        return Err(ApiError::Conflict { message, key: "targets", names: users });
+        let message = format!(
+            "secret {name:?} is used by targets: {}; change their auth first",
+            users.join(", ")
+        );
+        return Err(ApiError::Conflict {
+            message,
+            key: "targets",
+            names: users,
+        });
     }
     if !secrets::delete(&mut *tx, tenant.id, &name).await? {
         return Err(not_found(&name));
     }
-    audit::record(&mut *tx, tenant.id, principal.actor(), Action::SecretDeleted, &name, None, None).await?;
+    audit::record(
+        &mut *tx,
+        tenant.id,
+        principal.actor(),
+        Action::SecretDeleted,
+        &name,
+        None,
+        None,
+    )
+    .await?;
     tx.commit().await?;
     state.publisher.after_write(tenant.id).await;
     Ok(HttpResponse::NoContent().finish())
 }
 
 /// Targets whose vault reference names `secret`, with the host each needs bound.
-async fn targets_using(tx: &mut sqlx::PgConnection, tenant_id: i64, secret: &str) -> Result<Vec<(String, String)>, ApiError> {
+async fn targets_using(
+    tx: &mut sqlx::PgConnection,
+    tenant_id: i64,
+    secret: &str,
+) -> Result<Vec<(String, String)>, ApiError> {
     Ok(config::targets(&mut *tx, tenant_id)
         .await?
         .into_values()
         .filter(|t| t.auth.secret_name() == Some(secret))
         .map(|t| {
-            let host = url_safety::parse_outbound_url(&t.base_url).ok().and_then(|u| url_safety::binding_host(&u)).unwrap_or_default();
+            let host = url_safety::parse_outbound_url(&t.base_url)
+                .ok()
+                .and_then(|u| url_safety::binding_host(&u))
+                .unwrap_or_default();
             (t.id, host)
         })
         .collect())
@@ -127,22 +206,32 @@ async fn targets_using(tx: &mut sqlx::PgConnection, tenant_id: i64, secret: &str
 
 fn check_value(value: &str) -> Result<(), ApiError> {
     if value.is_empty() || value.len() > MAX_VALUE_BYTES {
-        return Err(ApiError::validation("value", format!("must be 1-{MAX_VALUE_BYTES} bytes")));
+        return Err(ApiError::validation(
+            "value",
+            format!("must be 1-{MAX_VALUE_BYTES} bytes"),
+        ));
     }
     // A credential ends up in a header: CR/LF or other control characters would be injection.
     if value.chars().any(char::is_control) {
-        return Err(ApiError::validation("value", "must not contain control characters (it is sent as a header value)"));
+        return Err(ApiError::validation(
+            "value",
+            "must not contain control characters (it is sent as a header value)",
+        ));
     }
     Ok(())
 }
 
 fn normalise_bindings(bindings: Vec<String>) -> Result<Vec<String>, ApiError> {
     if bindings.is_empty() || bindings.len() > MAX_BINDINGS {
-        return Err(ApiError::validation("bindings", format!("must list 1-{MAX_BINDINGS} hosts the secret may be sent to")));
+        return Err(ApiError::validation(
+            "bindings",
+            format!("must list 1-{MAX_BINDINGS} hosts the secret may be sent to"),
+        ));
     }
     let mut out: Vec<String> = Vec::with_capacity(bindings.len());
     for (i, binding) in bindings.into_iter().enumerate() {
-        check_binding(&binding).map_err(|why| ApiError::validation(format!("bindings[{i}]"), why))?;
+        check_binding(&binding)
+            .map_err(|why| ApiError::validation(format!("bindings[{i}]"), why))?;
         let binding = binding.to_ascii_lowercase();
         if !out.contains(&binding) {
             out.push(binding);
@@ -153,8 +242,12 @@ fn normalise_bindings(bindings: Vec<String>) -> Result<Vec<String>, ApiError> {
 
 fn without_value(err: shield_core::parse::DecodeError) -> ApiError {
     match err {
-        shield_core::parse::DecodeError::Invalid(field) if field.field == "value" => ApiError::validation("value", "must be a string"),
-        shield_core::parse::DecodeError::Malformed(_) => ApiError::BadRequest("malformed JSON body".into()),
+        shield_core::parse::DecodeError::Invalid(field) if field.field == "value" => {
+            ApiError::validation("value", "must be a string")
+        }
+        shield_core::parse::DecodeError::Malformed(_) => {
+            ApiError::BadRequest("malformed JSON body".into())
+        }
         other => other.into(),
     }
 }

@@ -37,13 +37,26 @@ pub struct TenantList {
 pub async fn create(state: State, principal: Principal, body: Body) -> ApiResult<HttpResponse> {
     principal.require(Scope::Operator)?;
     let request: CreateTenant = decode(&body)?;
-    let created = provision::create_tenant(&state.db, &request.slug, &request.name, &request.admin_email, principal.actor()).await?;
-    Ok(HttpResponse::Created().json(TenantCreated { tenant: created.tenant.slug, admin_email: created.admin_email, password: created.password }))
+    let created = provision::create_tenant(
+        &state.db,
+        &request.slug,
+        &request.name,
+        &request.admin_email,
+        principal.actor(),
+    )
+    .await?;
+    Ok(HttpResponse::Created().json(TenantCreated {
+        tenant: created.tenant.slug,
+        admin_email: created.admin_email,
+        password: created.password,
+    }))
 }
 
 #[utoipa::path(get, path = "/v1/admin/tenants", tag = "operator", security(("bearer" = ["operator"])), responses((status = 200, body = TenantList)))]
 #[get("/v1/admin/tenants")]
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     principal.require(Scope::Operator)?;
-    Ok(HttpResponse::Ok().json(TenantList { tenants: tenants::list(&state.db).await? }))
+    Ok(HttpResponse::Ok().json(TenantList {
+        tenants: tenants::list(&state.db).await?,
+    }))
 }

@@ -23,7 +23,13 @@ pub async fn by_email(db: impl PgExecutor<'_>, email: &str) -> sqlx::Result<Opti
 }
 
 /// Inserts a user; `false` when the e-mail is taken.
-pub async fn insert(db: impl PgExecutor<'_>, tenant_id: Option<i64>, email: &str, password_hash: &str, role: &str) -> sqlx::Result<bool> {
+pub async fn insert(
+    db: impl PgExecutor<'_>,
+    tenant_id: Option<i64>,
+    email: &str,
+    password_hash: &str,
+    role: &str,
+) -> sqlx::Result<bool> {
     let done = sqlx::query(
         "INSERT INTO admin_users (id, tenant_id, email, password_hash, role) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (email) DO NOTHING",
     )
@@ -37,7 +43,15 @@ pub async fn insert(db: impl PgExecutor<'_>, tenant_id: Option<i64>, email: &str
     Ok(done.rows_affected() == 1)
 }
 
-pub async fn set_password(db: impl PgExecutor<'_>, email: &str, password_hash: &str) -> sqlx::Result<()> {
-    sqlx::query("UPDATE admin_users SET password_hash = $2 WHERE email = $1").bind(email.to_lowercase()).bind(password_hash).execute(db).await?;
+pub async fn set_password(
+    db: impl PgExecutor<'_>,
+    email: &str,
+    password_hash: &str,
+) -> sqlx::Result<()> {
+    sqlx::query("UPDATE admin_users SET password_hash = $2 WHERE email = $1")
+        .bind(email.to_lowercase())
+        .bind(password_hash)
+        .execute(db)
+        .await?;
     Ok(())
 }
