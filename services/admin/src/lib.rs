@@ -15,6 +15,7 @@ pub mod publish;
 pub mod random;
 pub mod rate_limit;
 pub mod repo;
+pub mod write;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,6 +13,7 @@ use crate::repo::audit::{self, Action};
 use crate::repo::keys::{self, KeyMeta, NewKey};
 use crate::repo::tenants::{self, Tenant};
 use crate::repo::users;
+use crate::write::ConfigWrite;
 
 pub struct CreatedTenant {
     pub tenant: Tenant,
@@ -131,10 +132,9 @@ pub async fn create_key(
     let key = format_api_key(&random::bytes::<32>());
     let hash = key_hash(&key);
     let prefix = &key[..API_KEY_PREFIX.len() + 4];
-    let mut tx = db.begin().await?;
-    tenants::begin_write(&mut tx, tenant.id).await?;
+    let mut write = ConfigWrite::begin(db, publisher, tenant, actor).await?;
     let meta = keys::insert(
-        &mut *tx,
+        write.conn(),
         tenant.id,
         NewKey {
             name,
@@ -145,23 +145,11 @@ pub async fn create_key(
         },
     )
     .await?;
-    audit::record(
-        &mut *tx,
-        tenant.id,
-        actor,
-        Action::KeyCreated,
-        &meta.id.to_string(),
-        None,
-        None,
-    )
-    .await?;
-    tx.commit().await?;
-    if let Err(err) = publisher
-        .publish_key(&hash, &key_record(&tenant.slug, &meta))
-        .await
-    {
-        tracing::warn!(error = %err, "key not published yet; the republisher will retry");
-        publisher.after_write(tenant.id).await;
-    }
+    write
+        .commit(Action::KeyCreated, &meta.id.to_string(), None, None)
+        .await?;
+    publisher
+        .key_changed(tenant.id, &hash, &key_record(&tenant.slug, &meta))
+        .await;
     Ok(CreatedKey { meta, key })
 }

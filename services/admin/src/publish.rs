@@ -67,15 +67,29 @@ impl Publisher {
     /// Publishes after a committed write. Never fails the caller: on error the tenant is
     /// retried in the background.
     pub async fn after_write(&self, tenant_id: i64) {
-        if let Err(err) = self.publish(tenant_id).await {
+        if let Err(err) = self.publish(tenant_id, false).await {
             tracing::warn!(tenant_id, error = %err, "snapshot not published yet; will retry");
             self.dirty.lock().expect("dirty set lock").insert(tenant_id);
         }
     }
 
-    /// Builds the tenant's snapshot from one consistent read and publishes it with its keys.
-    pub async fn publish(&self, tenant_id: i64) -> Result<(), PublishError> {
-        let (snapshot, key_records) = self.build(tenant_id).await?;
+    /// Publishes a key record after a key was created or revoked, so a revocation reaches
+    /// proxies at once; on failure the tenant is fully republished in the background.
+    pub async fn key_changed(&self, tenant_id: i64, key_hash: &str, record: &ApiKeyRecord) {
+        let published = match self.redis.get().await {
+            Ok(mut conn) => self.set_key(&mut conn, key_hash, record).await,
+            Err(err) => Err(err.into()),
+        };
+        if let Err(err) = published {
+            tracing::warn!(tenant_id, error = %err, "key not published yet; will retry");
+            self.dirty.lock().expect("dirty set lock").insert(tenant_id);
+        }
+    }
+
+    /// Publishes the tenant's snapshot; with `with_keys`, every API key record too (for
+    /// convergence, when Redis may have lost them).
+    pub async fn publish(&self, tenant_id: i64, with_keys: bool) -> Result<(), PublishError> {
+        let (snapshot, key_records) = self.build(tenant_id, with_keys).await?;
         let mut conn = self.redis.get().await?;
         let message = serde_json::to_string(&ConfigMessage::Tenant {
             tenant: snapshot.tenant.clone(),
@@ -96,16 +110,6 @@ impl Publisher {
             self.set_key(&mut conn, &hash, &record).await?;
         }
         Ok(())
-    }
-
-    /// Publishes one API key record and announces it, so a revocation reaches proxies at once.
-    pub async fn publish_key(
-        &self,
-        key_hash: &str,
-        record: &ApiKeyRecord,
-    ) -> Result<(), PublishError> {
-        let mut conn = self.redis.get().await?;
-        self.set_key(&mut conn, key_hash, record).await
     }
 
     async fn set_key(
@@ -132,6 +136,7 @@ impl Publisher {
     async fn build(
         &self,
         tenant_id: i64,
+        with_keys: bool,
     ) -> Result<(Snapshot, Vec<(String, ApiKeyRecord)>), PublishError> {
         let mut tx = self.db.begin().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -161,8 +166,12 @@ impl Publisher {
                 );
             }
         }
-        let key_records = keys::list(&mut *tx, tenant_id)
-            .await?
+        let all_keys = if with_keys {
+            keys::list(&mut *tx, tenant_id).await?
+        } else {
+            Vec::new()
+        };
+        let key_records = all_keys
             .into_iter()
             .map(|k| {
                 let record = key_record(&tenant.slug, &k);
@@ -195,7 +204,7 @@ impl Publisher {
                 .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
                 .and_then(|v| v.get("version").and_then(|v| v.as_i64()));
             if stored_version.is_none_or(|v| v < tenant.config_version) {
-                self.publish(tenant.id).await?;
+                self.publish(tenant.id, true).await?;
                 republished += 1;
             }
         }
@@ -207,7 +216,7 @@ impl Publisher {
             .into_iter()
             .collect();
         for tenant_id in pending {
-            if let Err(err) = self.publish(tenant_id).await {
+            if let Err(err) = self.publish(tenant_id, true).await {
                 tracing::debug!(tenant_id, error = %err, "republish still failing");
                 self.dirty.lock().expect("dirty set lock").insert(tenant_id);
             } else {

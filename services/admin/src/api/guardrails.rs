@@ -7,8 +7,9 @@ use shield_core::guardrails::GuardrailPolicy;
 use super::{Body, State, decode};
 use crate::auth::{Principal, Scope};
 use crate::error::ApiResult;
-use crate::repo::audit::{self, Action};
-use crate::repo::{config, digest, tenants};
+use crate::repo::audit::Action;
+use crate::repo::config;
+use crate::write::{ConfigWrite, digest_of};
 
 #[utoipa::path(get, path = "/v1/tenant/me/guardrails", tag = "guardrails", security(("bearer" = ["tenant:read"])),
     responses((status = 200, body = GuardrailPolicy)))]
@@ -25,21 +26,17 @@ pub async fn put(state: State, principal: Principal, body: Body) -> ApiResult<Ht
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let policy: GuardrailPolicy = decode(&body)?;
     policy.validate()?;
-    let mut tx = state.db.begin().await?;
-    tenants::begin_write(&mut tx, tenant.id).await?;
-    let before = config::guardrails(&mut *tx, tenant.id).await?;
-    config::put_guardrails(&mut *tx, tenant.id, &policy).await?;
-    audit::record(
-        &mut *tx,
-        tenant.id,
-        principal.actor(),
-        Action::GuardrailsSet,
-        "guardrails",
-        Some(digest(&serde_json::json!(before))),
-        Some(digest(&serde_json::json!(policy))),
-    )
-    .await?;
-    tx.commit().await?;
-    state.publisher.after_write(tenant.id).await;
+    let mut write =
+        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let before = config::guardrails(write.conn(), tenant.id).await?;
+    config::put_guardrails(write.conn(), tenant.id, &policy).await?;
+    write
+        .commit(
+            Action::GuardrailsSet,
+            "guardrails",
+            Some(digest_of(&before)),
+            Some(digest_of(&policy)),
+        )
+        .await?;
     Ok(HttpResponse::Ok().json(policy))
 }

@@ -11,9 +11,9 @@ use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
 use crate::provision;
 use crate::publish::key_record;
-use crate::repo::audit::{self, Action};
+use crate::repo::audit::Action;
 use crate::repo::keys::{self, KeyMeta};
-use crate::repo::tenants;
+use crate::write::ConfigWrite;
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -91,34 +91,23 @@ pub async fn revoke(
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let not_found = || ApiError::NotFound(format!("key {id} does not exist"));
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
-    let mut tx = state.db.begin().await?;
-    tenants::begin_write(&mut tx, tenant.id).await?;
-    let before = keys::get(&mut *tx, tenant.id, id)
+    let mut write =
+        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let before = keys::get(write.conn(), tenant.id, id)
         .await?
         .ok_or_else(not_found)?;
-    let meta = keys::revoke(&mut *tx, tenant.id, id)
+    if before.revoked_at.is_some() {
+        return Ok(HttpResponse::NoContent().finish()); // already revoked: nothing changes
+    }
+    let meta = keys::revoke(write.conn(), tenant.id, id)
         .await?
         .ok_or_else(not_found)?;
-    if before.revoked_at.is_none() {
-        audit::record(
-            &mut *tx,
-            tenant.id,
-            principal.actor(),
-            Action::KeyRevoked,
-            &id.to_string(),
-            None,
-            None,
-        )
+    write
+        .commit(Action::KeyRevoked, &id.to_string(), None, None)
         .await?;
-    }
-    tx.commit().await?;
-    if let Err(err) = state
+    state
         .publisher
-        .publish_key(&meta.key_hash, &key_record(&tenant.slug, &meta))
-        .await
-    {
-        tracing::warn!(error = %err, "revocation not published yet; the republisher will retry");
-        state.publisher.after_write(tenant.id).await;
-    }
+        .key_changed(tenant.id, &meta.key_hash, &key_record(&tenant.slug, &meta))
+        .await;
     Ok(HttpResponse::NoContent().finish())
 }

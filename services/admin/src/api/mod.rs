@@ -27,6 +27,15 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     Ok(shield_core::parse::decode(body)?)
 }
 
+/// 201 with the body when the write created the object, 200 when it replaced one.
+pub fn created_or_replaced(created: bool, body: impl serde::Serialize) -> HttpResponse {
+    if created {
+        HttpResponse::Created().json(body)
+    } else {
+        HttpResponse::Ok().json(body)
+    }
+}
+
 pub fn configure(cfg: &mut web::ServiceConfig) {
     let openapi = crate::openapi::ApiDoc::openapi();
     cfg.app_data(web::PayloadConfig::new(MAX_BODY_BYTES))

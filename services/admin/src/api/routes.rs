@@ -7,11 +7,12 @@ use shield_core::MAX_ROUTES_PER_TENANT;
 use shield_core::route::Route;
 use shield_core::validate::validate_route;
 
-use super::{Body, State, decode};
+use super::{Body, State, created_or_replaced, decode};
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
-use crate::repo::audit::{self, Action};
-use crate::repo::{config, digest, tenants};
+use crate::repo::audit::Action;
+use crate::repo::config;
+use crate::write::{ConfigWrite, digest_of};
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct RouteList {
@@ -58,16 +59,16 @@ pub async fn put(
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let mut route: Route = decode(&body)?;
-    let mut tx = state.db.begin().await?;
-    tenants::begin_write(&mut tx, tenant.id).await?;
+    let mut write =
+        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
     validate_route(
         &name,
         &mut route,
-        &config::targets(&mut *tx, tenant.id).await?,
+        &config::targets(write.conn(), tenant.id).await?,
     )?;
-    let before = config::route(&mut *tx, tenant.id, &name).await?;
+    let before = config::route(write.conn(), tenant.id, &name).await?;
     if before.is_none()
-        && config::route_count(&mut *tx, tenant.id).await? >= MAX_ROUTES_PER_TENANT as i64
+        && config::route_count(write.conn(), tenant.id).await? >= MAX_ROUTES_PER_TENANT as i64
     {
         return Err(ApiError::validation(
             "name",
@@ -76,26 +77,16 @@ pub async fn put(
     }
     route.updated_at = chrono::Utc::now().timestamp();
     route.updated_by = principal.actor().to_string();
-    let created = config::put_route(&mut *tx, tenant.id, &route).await?;
-    let before_digest = before.map(|r| digest(&serde_json::json!(r)));
-    audit::record(
-        &mut *tx,
-        tenant.id,
-        principal.actor(),
-        Action::RouteSet,
-        &name,
-        before_digest,
-        Some(digest(&serde_json::json!(route))),
-    )
-    .await?;
-    tx.commit().await?;
-    state.publisher.after_write(tenant.id).await;
-    Ok(if created {
-        HttpResponse::Created()
-    } else {
-        HttpResponse::Ok()
-    }
-    .json(route))
+    let created = config::put_route(write.conn(), tenant.id, &route).await?;
+    write
+        .commit(
+            Action::RouteSet,
+            &name,
+            before.as_ref().map(digest_of),
+            Some(digest_of(&route)),
+        )
+        .await?;
+    Ok(created_or_replaced(created, route))
 }
 
 #[utoipa::path(delete, path = "/v1/tenant/me/gateway/routes/{name}", tag = "routes", security(("bearer" = ["config:write"])),
@@ -108,24 +99,15 @@ pub async fn delete(
 ) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
-    let mut tx = state.db.begin().await?;
-    tenants::begin_write(&mut tx, tenant.id).await?;
-    let before = config::route(&mut *tx, tenant.id, &name)
+    let mut write =
+        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let before = config::route(write.conn(), tenant.id, &name)
         .await?
         .ok_or_else(|| not_found(&name))?;
-    config::delete_route(&mut *tx, tenant.id, &name).await?;
-    audit::record(
-        &mut *tx,
-        tenant.id,
-        principal.actor(),
-        Action::RouteDeleted,
-        &name,
-        Some(digest(&serde_json::json!(before))),
-        None,
-    )
-    .await?;
-    tx.commit().await?;
-    state.publisher.after_write(tenant.id).await;
+    config::delete_route(write.conn(), tenant.id, &name).await?;
+    write
+        .commit(Action::RouteDeleted, &name, Some(digest_of(&before)), None)
+        .await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

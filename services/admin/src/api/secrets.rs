@@ -8,13 +8,14 @@ use shield_core::names::check_secret_name;
 use shield_core::url_safety::{self, check_binding};
 use shield_core::vault::{hint, secret_aad};
 
-use super::{Body, State};
+use super::{Body, State, created_or_replaced};
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
 use crate::random;
-use crate::repo::audit::{self, Action};
+use crate::repo::audit::Action;
+use crate::repo::config;
 use crate::repo::secrets::{self, SecretMeta};
-use crate::repo::{config, digest, tenants};
+use crate::write::{ConfigWrite, digest_of};
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -78,9 +79,9 @@ pub async fn put(
     check_value(&request.value)?;
     let bindings = normalise_bindings(request.bindings)?;
 
-    let mut tx = state.db.begin().await?;
-    tenants::begin_write(&mut tx, tenant.id).await?;
-    let unbound: Vec<String> = targets_using(&mut tx, tenant.id, &name)
+    let mut write =
+        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let unbound: Vec<String> = targets_using(write.conn(), tenant.id, &name)
         .await?
         .into_iter()
         .filter(|(_, host)| !bindings.iter().any(|b| b == host))
@@ -102,9 +103,9 @@ pub async fn put(
         request.value.as_bytes(),
         random::bytes(),
     );
-    let existed = secrets::get(&mut *tx, tenant.id, &name).await?;
+    let existed = secrets::get(write.conn(), tenant.id, &name).await?;
     let (meta, created) = secrets::put(
-        &mut *tx,
+        write.conn(),
         tenant.id,
         &name,
         &sealed,
@@ -113,28 +114,18 @@ pub async fn put(
     )
     .await?;
     // The digests cover metadata only: a hash of a secret value could be guessed offline.
-    let before = existed
-        .map(|m| digest(&serde_json::json!({"bindings": m.bindings, "updated_at": m.updated_at})));
-    let after =
-        digest(&serde_json::json!({"bindings": meta.bindings, "updated_at": meta.updated_at}));
-    audit::record(
-        &mut *tx,
-        tenant.id,
-        principal.actor(),
-        Action::SecretSet,
-        &name,
-        before,
-        Some(after),
-    )
-    .await?;
-    tx.commit().await?;
-    state.publisher.after_write(tenant.id).await;
-    Ok(if created {
-        HttpResponse::Created()
-    } else {
-        HttpResponse::Ok()
-    }
-    .json(meta))
+    let metadata = |m: &SecretMeta| {
+        digest_of(&serde_json::json!({"bindings": m.bindings, "updated_at": m.updated_at}))
+    };
+    write
+        .commit(
+            Action::SecretSet,
+            &name,
+            existed.as_ref().map(metadata),
+            Some(metadata(&meta)),
+        )
+        .await?;
+    Ok(created_or_replaced(created, meta))
 }
 
 /// Refused (409) while a target references the secret.
@@ -148,9 +139,9 @@ pub async fn delete(
 ) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
-    let mut tx = state.db.begin().await?;
-    tenants::begin_write(&mut tx, tenant.id).await?;
-    let users: Vec<String> = targets_using(&mut tx, tenant.id, &name)
+    let mut write =
+        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let users: Vec<String> = targets_using(write.conn(), tenant.id, &name)
         .await?
         .into_iter()
         .map(|(id, _)| id)
@@ -166,31 +157,22 @@ pub async fn delete(
             names: users,
         });
     }
-    if !secrets::delete(&mut *tx, tenant.id, &name).await? {
+    if !secrets::delete(write.conn(), tenant.id, &name).await? {
         return Err(not_found(&name));
     }
-    audit::record(
-        &mut *tx,
-        tenant.id,
-        principal.actor(),
-        Action::SecretDeleted,
-        &name,
-        None,
-        None,
-    )
-    .await?;
-    tx.commit().await?;
-    state.publisher.after_write(tenant.id).await;
+    write
+        .commit(Action::SecretDeleted, &name, None, None)
+        .await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
 /// Targets whose vault reference names `secret`, with the host each needs bound.
 async fn targets_using(
-    tx: &mut sqlx::PgConnection,
+    conn: &mut sqlx::PgConnection,
     tenant_id: i64,
     secret: &str,
 ) -> Result<Vec<(String, String)>, ApiError> {
-    Ok(config::targets(&mut *tx, tenant_id)
+    Ok(config::targets(conn, tenant_id)
         .await?
         .into_values()
         .filter(|t| t.auth.secret_name() == Some(secret))

@@ -11,11 +11,12 @@ use shield_core::target::Target;
 use shield_core::url_safety;
 use shield_core::validate::{routes_broken_by, routes_using, validate_target};
 
-use super::{Body, State, decode};
+use super::{Body, State, created_or_replaced, decode};
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
-use crate::repo::audit::{self, Action};
-use crate::repo::{config, digest, secrets, tenants};
+use crate::repo::audit::Action;
+use crate::repo::{config, secrets};
+use crate::write::{ConfigWrite, digest_of};
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct TargetList {
@@ -70,23 +71,23 @@ pub async fn put(
         principal.require(Scope::RegistryWrite)?;
     }
     check_resolved_hosts(&target).await?;
-    let mut tx = state.db.begin().await?;
-    tenants::begin_write(&mut tx, tenant.id).await?;
+    let mut write =
+        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
     validate_target(
         &id,
         &mut target,
-        &secrets::bindings(&mut *tx, tenant.id).await?,
+        &secrets::bindings(write.conn(), tenant.id).await?,
     )?;
-    let before = config::target(&mut *tx, tenant.id, &id).await?;
+    let before = config::target(write.conn(), tenant.id, &id).await?;
     if before.is_none()
-        && config::target_count(&mut *tx, tenant.id).await? >= MAX_TARGETS_PER_TENANT as i64
+        && config::target_count(write.conn(), tenant.id).await? >= MAX_TARGETS_PER_TENANT as i64
     {
         return Err(ApiError::validation(
             "id",
             format!("a tenant has at most {MAX_TARGETS_PER_TENANT} targets"),
         ));
     }
-    let broken = routes_broken_by(&target, &config::routes(&mut *tx, tenant.id).await?)
+    let broken = routes_broken_by(&target, &config::routes(write.conn(), tenant.id).await?)
         .into_iter()
         .map(|(route, keys)| format!("{route} ({})", keys.join(", ")))
         .collect::<Vec<_>>();
@@ -103,26 +104,16 @@ pub async fn put(
     }
     target.updated_at = chrono::Utc::now().timestamp();
     target.updated_by = principal.actor().to_string();
-    let created = config::put_target(&mut *tx, tenant.id, &target).await?;
-    let before_digest = before.map(|t| digest(&serde_json::json!(t)));
-    audit::record(
-        &mut *tx,
-        tenant.id,
-        principal.actor(),
-        Action::TargetSet,
-        &id,
-        before_digest,
-        Some(digest(&serde_json::json!(target))),
-    )
-    .await?;
-    tx.commit().await?;
-    state.publisher.after_write(tenant.id).await;
-    Ok(if created {
-        HttpResponse::Created()
-    } else {
-        HttpResponse::Ok()
-    }
-    .json(target))
+    let created = config::put_target(write.conn(), tenant.id, &target).await?;
+    write
+        .commit(
+            Action::TargetSet,
+            &id,
+            before.as_ref().map(digest_of),
+            Some(digest_of(&target)),
+        )
+        .await?;
+    Ok(created_or_replaced(created, target))
 }
 
 /// Refused with 409 while a route lists the target.
@@ -136,12 +127,12 @@ pub async fn delete(
 ) -> ApiResult<HttpResponse> {
     let id = id.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
-    let mut tx = state.db.begin().await?;
-    tenants::begin_write(&mut tx, tenant.id).await?;
-    let before = config::target(&mut *tx, tenant.id, &id)
+    let mut write =
+        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let before = config::target(write.conn(), tenant.id, &id)
         .await?
         .ok_or_else(|| not_found(&id))?;
-    let routes = config::routes(&mut *tx, tenant.id).await?;
+    let routes = config::routes(write.conn(), tenant.id).await?;
     let using: Vec<String> = routes_using(&id, &routes)
         .into_iter()
         .map(str::to_string)
@@ -157,19 +148,10 @@ pub async fn delete(
             names: using,
         });
     }
-    config::delete_target(&mut *tx, tenant.id, &id).await?;
-    audit::record(
-        &mut *tx,
-        tenant.id,
-        principal.actor(),
-        Action::TargetDeleted,
-        &id,
-        Some(digest(&serde_json::json!(before))),
-        None,
-    )
-    .await?;
-    tx.commit().await?;
-    state.publisher.after_write(tenant.id).await;
+    config::delete_target(write.conn(), tenant.id, &id).await?;
+    write
+        .commit(Action::TargetDeleted, &id, Some(digest_of(&before)), None)
+        .await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
