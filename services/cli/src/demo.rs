@@ -67,10 +67,7 @@ pub async fn up(demo: bool) -> anyhow::Result<()> {
     let settings = Settings::from_env(true)?;
     let config = settings.admin_config()?;
     let admin = actix_web::rt::spawn(shield_admin::serve(config.clone(), db.clone()));
-    let proxy = actix_web::rt::spawn({
-        let addr = settings.proxy_addr.clone();
-        async move { shield_proxy::serve(&addr).await }
-    });
+    let proxy = actix_web::rt::spawn(shield_proxy::serve(settings.proxy_config()?));
     let mock = demo.then(|| {
         let addr = mock_addr();
         actix_web::rt::spawn(async move { shield_mock_llm::serve(&addr).await })
@@ -169,7 +166,7 @@ async fn seed(settings: &Settings, db: &sqlx::PgPool, jwt_secret: &str) -> anyho
     let puts = [
         (
             format!("{base}/targets/mock-primary"),
-            json!({"name": "Mock (always failing: 503)", "base_url": format!("http://{mock}/status/503/v1"),
+            json!({"name": "Mock (always failing: 503)", "base_url": format!("http://{mock}/mock/status:503/v1"),
             "model": "mock-large", "auth": {"mode": "none"}, "location": "cloud", "allow_private": true,
             "price": {"input_per_mtok": 2.5, "output_per_mtok": 10.0}}),
         ),

@@ -139,8 +139,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Proxy => {
-            let settings = Settings::from_env_without_secrets();
-            shield_proxy::serve(&settings.proxy_addr).await?;
+            let config = Settings::from_env(false)?.proxy_config()?;
+            shield_proxy::serve(config).await?;
             Ok(())
         }
         Command::Migrate => {

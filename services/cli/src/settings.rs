@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use shield_admin::AdminConfig;
+use shield_proxy::ProxyConfig;
 use shield_core::keys::RedisKeys;
 use shield_core::vault::Keyring;
 
@@ -22,6 +23,13 @@ fn env_or(name: &str, default: &str) -> String {
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| default.to_string())
+}
+
+fn env_parse<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
+    match std::env::var(name).ok().filter(|v| !v.is_empty()) {
+        None => Ok(default),
+        Some(text) => text.trim().parse().map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {text:?}")),
+    }
 }
 
 impl Settings {
@@ -74,6 +82,36 @@ impl Settings {
 
     pub fn redis_keys(&self) -> RedisKeys {
         RedisKeys::new(self.redis_prefix.clone())
+    }
+
+    pub fn proxy_config(&self) -> anyhow::Result<ProxyConfig> {
+        let cache_s: u64 = env_parse("SHIELD_LLM_ROUTING_CACHE_S", 10)?;
+        if cache_s == 0 {
+            bail!("SHIELD_LLM_ROUTING_CACHE_S must be at least 1");
+        }
+        let routing = env_or("SHIELD_LLM_ROUTING", "1");
+        let routing_enabled = match routing.as_str() {
+            "1" | "true" | "on" => true,
+            "0" | "false" | "off" => false,
+            other => bail!("SHIELD_LLM_ROUTING must be 1 or 0, not {other:?}"),
+        };
+        let default_upstream = match std::env::var("SHIELD_DEFAULT_UPSTREAM_URL").ok().filter(|v| !v.is_empty()) {
+            None => None,
+            Some(text) => Some(
+                shield_core::url_safety::parse_outbound_url(&text)
+                    .map_err(|why| anyhow::anyhow!("SHIELD_DEFAULT_UPSTREAM_URL {why}"))?,
+            ),
+        };
+        Ok(ProxyConfig {
+            addr: self.proxy_addr.clone(),
+            redis_url: self.redis_url.clone(),
+            redis_keys: self.redis_keys(),
+            cache_every: Duration::from_secs(cache_s),
+            routing_enabled,
+            default_upstream,
+            max_hops: env_parse("SHIELD_MAX_HOPS", 3)?,
+            keyring: self.keyring()?,
+        })
     }
 
     pub fn admin_config(&self) -> anyhow::Result<AdminConfig> {

@@ -1,33 +1,95 @@
-//! shield-mock-llm: an OpenAI-compatible fake upstream for tests and the demo.
+//! shield-mock-llm: an OpenAI-compatible fake upstream for tests, the demo and the benchmark.
 //!
-//! `POST /v1/chat/completions` answers a completion that echoes the last user message, with
-//! usage computed at 4 characters per token. Faults are chosen by a path prefix so a target's
-//! `base_url` alone selects the behaviour: `/status/{code}/v1/chat/completions` answers that
-//! status in OpenAI error shape. (Latency, hangs, resets and broken streams arrive with the
-//! data-plane issue.)
+//! The behaviour is chosen by the URL, so a target's `base_url` alone selects it:
+//!
+//! * `POST /v1/chat/completions` — a completion echoing the last user message.
+//! * `POST /mock/{scenario}/v1/chat/completions` — `scenario` is `;`-separated directives:
+//!   `id:TAG` (names the scenario: sequences count per scenario, the log can be filtered by it),
+//!   `status:503` (answer that status in OpenAI error shape), `seq:503-503-200` (the n-th call
+//!   gets the n-th status, then the last one forever), `delay:MS`, `hang` (never answer),
+//!   `reset` (send the status line, then drop the connection mid-body), `retry-after:S`,
+//!   `err:CODE` (the error body's `code`, e.g. `insufficient_quota`), `usage:P-C` (reported
+//!   prompt/completion tokens), `body:garbage` (a 200 that is not JSON), `body:nochoices`
+//!   (a 200 JSON without `choices`).
+//! * `GET /v1/models`, `GET /mock/{scenario}/v1/models`.
+//! * `GET /_mock/requests[?id=TAG]` — the requests received (method, path, headers, body),
+//!   oldest first; `DELETE /_mock/requests` clears the log. The log keeps the last 10,000.
 
-use actix_web::{App, HttpResponse, HttpServer, get, http::StatusCode, post, web};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::web::{self, Bytes};
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
+use serde::Serialize;
 use serde_json::{Value, json};
 
-fn completion(body: &Value) -> Value {
+const LOG_CAPACITY: usize = 10_000;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    pub headers: BTreeMap<String, String>,
+    pub body: String,
+}
+
+#[derive(Default)]
+struct MockState {
+    log: Mutex<VecDeque<Received>>,
+    calls: Mutex<HashMap<String, usize>>,
+}
+
+/// One scenario, parsed from the path segment.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Scenario {
+    id: Option<String>,
+    statuses: Vec<u16>,
+    delay: Option<Duration>,
+    hang: bool,
+    reset: bool,
+    retry_after: Option<String>,
+    error_code: Option<String>,
+    usage: Option<(u64, u64)>,
+    body: Option<String>,
+}
+
+impl Scenario {
+    fn parse(spec: &str) -> Scenario {
+        let mut s = Scenario::default();
+        for directive in spec.split(';').filter(|d| !d.is_empty()) {
+            let (name, value) = directive.split_once(':').unwrap_or((directive, ""));
+            match name {
+                "id" => s.id = Some(value.to_string()),
+                "status" => s.statuses = value.parse().map(|v| vec![v]).unwrap_or_default(),
+                "seq" => s.statuses = value.split('-').filter_map(|v| v.parse().ok()).collect(),
+                "delay" => s.delay = value.parse().ok().map(Duration::from_millis),
+                "hang" => s.hang = true,
+                "reset" => s.reset = true,
+                "retry-after" => s.retry_after = Some(value.to_string()),
+                "err" => s.error_code = Some(value.to_string()),
+                "usage" => s.usage = value.split_once('-').and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?))),
+                "body" => s.body = Some(value.to_string()),
+                _ => {}
+            }
+        }
+        s
+    }
+}
+
+fn completion(body: &Value, usage: Option<(u64, u64)>) -> Value {
     let model = body.get("model").and_then(Value::as_str).unwrap_or("mock");
     let last = body
         .get("messages")
         .and_then(Value::as_array)
-        .and_then(|m| {
-            m.iter()
-                .rev()
-                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-        })
+        .and_then(|m| m.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user")))
         .and_then(|m| m.get("content"))
         .and_then(Value::as_str)
         .unwrap_or("");
     let content = format!("mock answer to: {last}");
-    let prompt_chars: usize = body
-        .get("messages")
-        .map(|m| m.to_string().len())
-        .unwrap_or(0);
-    let (input, output) = (prompt_chars.div_ceil(4), content.len().div_ceil(4));
+    let prompt_chars = body.get("messages").map(|m| m.to_string().len()).unwrap_or(0) as u64;
+    let (input, output) = usage.unwrap_or((prompt_chars.div_ceil(4), (content.len() as u64).div_ceil(4)));
     json!({
         "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
@@ -35,38 +97,117 @@ fn completion(body: &Value) -> Value {
     })
 }
 
-#[post("/v1/chat/completions")]
-async fn chat(body: web::Json<Value>) -> HttpResponse {
-    HttpResponse::Ok().json(completion(&body))
+fn record(state: &MockState, req: &HttpRequest, body: &Bytes) {
+    let headers = req.headers().iter().map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).to_string())).collect();
+    let path = match req.query_string() {
+        "" => req.path().to_string(),
+        q => format!("{}?{q}", req.path()),
+    };
+    let entry = Received { method: req.method().to_string(), path, headers, body: String::from_utf8_lossy(body).to_string() };
+    let mut log = state.log.lock().expect("mock log");
+    if log.len() == LOG_CAPACITY {
+        log.pop_front();
+    }
+    log.push_back(entry);
 }
 
-#[post("/status/{code}/v1/chat/completions")]
-async fn chat_status(code: web::Path<u16>) -> HttpResponse {
-    let status = StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    HttpResponse::build(status).json(json!({"error": {"message": format!("mock failure {status}"), "type": "mock_error", "code": null, "param": null}}))
+/// `/mock/{scenario}/rest` → (scenario, rest); plain paths have the empty scenario.
+fn split_path(path: &str) -> (Scenario, String, &str) {
+    match path.strip_prefix("/mock/").and_then(|rest| rest.split_once('/')) {
+        Some((spec, rest)) => (Scenario::parse(spec), spec.to_string(), &path[path.len() - rest.len() - 1..]),
+        None => (Scenario::default(), String::new(), path),
+    }
 }
 
-#[get("/v1/models")]
-async fn models() -> HttpResponse {
-    HttpResponse::Ok().json(json!({"object": "list", "data": [{"id": "mock-1", "object": "model", "owned_by": "shield-mock"}]}))
+async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> HttpResponse {
+    if req.path() == "/_mock/requests" {
+        return requests(&req, &state);
+    }
+    if req.path() == "/healthz" {
+        return HttpResponse::Ok().json(json!({"status": "ok"}));
+    }
+    record(&state, &req, &body);
+    let (scenario, spec, rest) = split_path(req.path());
+    let call = {
+        let mut calls = state.calls.lock().expect("mock calls");
+        let n = calls.entry(spec).or_insert(0);
+        *n += 1;
+        *n - 1
+    };
+    if let Some(delay) = scenario.delay {
+        tokio::time::sleep(delay).await;
+    }
+    if scenario.hang {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+    let status = scenario.statuses.get(call).or(scenario.statuses.last()).copied().unwrap_or(200);
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if scenario.reset {
+        let broken = futures_util::stream::once(async { Err::<Bytes, _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset)) });
+        return HttpResponse::build(status).content_type("application/json").streaming(broken);
+    }
+    let mut response = HttpResponse::build(status);
+    if let Some(retry_after) = &scenario.retry_after {
+        response.insert_header(("retry-after", retry_after.as_str()));
+    }
+    match (req.method().as_str(), rest) {
+        ("GET", "/v1/models") => response.json(json!({"object": "list", "data": [{"id": "mock-1", "object": "model", "owned_by": "shield-mock"}]})),
+        ("POST", "/v1/chat/completions") if !status.is_success() => {
+            let code = scenario.error_code.clone().map(Value::String).unwrap_or(Value::Null);
+            response.json(json!({"error": {"message": format!("mock failure {}", status.as_u16()), "type": "mock_error", "code": code, "param": null}}))
+        }
+        ("POST", "/v1/chat/completions") => match scenario.body.as_deref() {
+            Some("garbage") => response.content_type("application/json").body("this is not json"),
+            Some("nochoices") => response.json(json!({"id": "x", "object": "chat.completion"})),
+            _ => {
+                let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                response.json(completion(&request, scenario.usage))
+            }
+        },
+        _ => HttpResponse::NotFound().json(json!({"error": {"message": format!("mock has no {} {rest}", req.method()), "type": "not_found"}})),
+    }
 }
 
-#[get("/healthz")]
-async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(json!({"status": "ok"}))
+fn requests(req: &HttpRequest, state: &MockState) -> HttpResponse {
+    if req.method() == "DELETE" {
+        state.log.lock().expect("mock log").clear();
+        return HttpResponse::NoContent().finish();
+    }
+    let id = web::Query::<HashMap<String, String>>::from_query(req.query_string()).ok().and_then(|q| q.get("id").cloned());
+    let log = state.log.lock().expect("mock log");
+    let wanted = id.map(|id| format!("id:{id}"));
+    let matching: Vec<&Received> = log
+        .iter()
+        .filter(|r| wanted.as_ref().is_none_or(|w| r.path.split('/').nth(2).is_some_and(|spec| spec.split(';').any(|d| d == w))))
+        .collect();
+    HttpResponse::Ok().json(matching)
 }
 
 pub async fn serve(addr: &str) -> std::io::Result<()> {
+    let state = web::Data::new(MockState::default());
     tracing::info!(%addr, "mock LLM listening");
-    HttpServer::new(|| {
-        App::new()
-            .service(chat)
-            .service(chat_status)
-            .service(models)
-            .service(healthz)
+    HttpServer::new(move || {
+        App::new().app_data(state.clone()).app_data(web::PayloadConfig::new(64 * 1024 * 1024)).default_service(web::to(handle))
     })
-    .workers(2)
     .bind(addr)?
     .run()
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_parse() {
+        let s = Scenario::parse("id:t1;seq:503-200;delay:5;retry-after:7;err:insufficient_quota;usage:10-20");
+        assert_eq!(s.id.as_deref(), Some("t1"));
+        assert_eq!(s.statuses, vec![503, 200]);
+        assert_eq!(s.delay, Some(Duration::from_millis(5)));
+        assert_eq!(s.retry_after.as_deref(), Some("7"));
+        assert_eq!(s.usage, Some((10, 20)));
+        let (scenario, spec, rest) = split_path("/mock/status:503;id:x/v1/chat/completions");
+        assert_eq!((scenario.statuses, spec.as_str(), rest), (vec![503], "status:503;id:x", "/v1/chat/completions"));
+        assert_eq!(split_path("/v1/models").2, "/v1/models");
+    }
 }

@@ -1,37 +1,153 @@
-//! shield-proxy: the data plane. A skeleton until the data-plane issue lands: it serves
-//! liveness and readiness so `shield up` and docker-compose can run it, and answers every other
-//! path with an OpenAI-shaped 501 so no caller mistakes it for a working gateway.
+//! shield-proxy: the data plane. An OpenAI-compatible proxy that authenticates tenants by API
+//! key, resolves the route named by `model`, and calls the route's targets with failover.
+//!
+//! Layers, outermost first: request id (`X-Request-Id` on every answer) → handler
+//! ([`chat::chat_completions`], [`models::list`], health). No Redis or Postgres call on the
+//! request path once a key and a tenant are cached ([`cache`]); background tasks keep the
+//! caches fresh ([`sync`]). Never logs a key, a credential or a prompt.
 
-use actix_web::{App, HttpResponse, HttpServer, get, web};
+pub mod auth;
+pub mod body;
+pub mod cache;
+pub mod chat;
+pub mod config;
+pub mod default_path;
+pub mod dispatch;
+pub mod egress;
+pub mod error;
+pub mod models;
+pub mod sync;
+pub mod tenant;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use actix_web::dev::Service;
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::{App, HttpMessage, HttpResponse, HttpServer, get, web};
 use serde_json::json;
+
+pub use config::ProxyConfig;
+
+use crate::cache::Caches;
+use crate::tenant::TenantConfig;
+
+pub struct ProxyState {
+    pub config: ProxyConfig,
+    pub caches: Arc<Caches>,
+    pub egress: egress::Egress,
+    /// Unix second of the last "taking the default path because the config is unavailable"
+    /// log line (seed §7: logged once per minute).
+    default_path_logged: AtomicU64,
+}
+
+impl ProxyState {
+    pub fn new(config: ProxyConfig, redis: deadpool_redis::Pool) -> ProxyState {
+        let caches = Arc::new(Caches::new(redis, config.redis_keys.clone(), config.keyring.clone(), config.cache_every));
+        ProxyState { config, caches, egress: egress::Egress::default(), default_path_logged: AtomicU64::new(0) }
+    }
+
+    /// The tenant's configuration, or `None` for the default path: no snapshot published, or
+    /// none cached while Redis is unreachable (logged once per minute).
+    pub async fn tenant_config(&self, tenant: &str) -> Option<Arc<TenantConfig>> {
+        match self.caches.tenant(tenant).await {
+            Ok(config) => config,
+            Err(err) => {
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                let last = self.default_path_logged.load(Ordering::Relaxed);
+                if now >= last + 60 && self.default_path_logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                    tracing::warn!(tenant, error = %err, "routing configuration unavailable; calls take the default path");
+                }
+                None
+            }
+        }
+    }
+}
 
 #[get("/healthz")]
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
+/// Ready once Redis has answered at least once (config source reachable or cache warm).
 #[get("/readyz")]
-async fn readyz() -> HttpResponse {
-    HttpResponse::ServiceUnavailable()
-        .json(json!({"status": "unavailable", "reason": "the data plane is not implemented yet"}))
+async fn readyz(state: web::Data<ProxyState>) -> HttpResponse {
+    if state.caches.is_ready() {
+        HttpResponse::Ok().json(json!({"status": "ready"}))
+    } else {
+        HttpResponse::ServiceUnavailable().json(json!({"status": "unavailable", "reason": "Redis has not answered yet"}))
+    }
 }
 
-async fn not_implemented() -> HttpResponse {
-    HttpResponse::NotImplemented().json(json!({"error": {
-        "message": "the Shield data plane is not implemented in this build",
-        "type": "not_implemented", "code": "not_implemented", "param": null,
-    }}))
+async fn not_found() -> HttpResponse {
+    HttpResponse::NotFound().json(error::openai_error("no such endpoint", "invalid_request_error", "not_found", serde_json::Value::Null))
 }
 
-pub async fn serve(addr: &str) -> std::io::Result<()> {
-    tracing::info!(%addr, "proxy listening (skeleton)");
-    HttpServer::new(|| {
+/// A request id: the caller's `X-Request-Id` when it is short and printable, else a fresh one
+/// (a per-process random prefix and a counter: unique, and free of syscalls per request).
+fn request_id(inbound: Option<&HeaderValue>) -> HeaderValue {
+    if let Some(value) = inbound.filter(|v| (1..=128).contains(&v.len()) && v.to_str().is_ok_and(|s| s.bytes().all(|b| b.is_ascii_graphic()))) {
+        return value.clone();
+    }
+    static PREFIX: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let id = format!("{:016x}{:016x}", *PREFIX, COUNTER.fetch_add(1, Ordering::Relaxed));
+    HeaderValue::from_str(&id).expect("hex is a valid header value")
+}
+
+#[derive(Clone)]
+pub struct RequestId(pub HeaderValue);
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(chat::chat_completions).service(models::list).service(healthz).service(readyz).default_service(web::to(not_found));
+}
+
+/// `redis://user:pass@host:port/db` → `host:port`, for log lines.
+pub fn redacted(url: &str) -> String {
+    url::Url::parse(url).ok().map(|u| format!("{}:{}", u.host_str().unwrap_or("?"), u.port().unwrap_or(6379))).unwrap_or_else(|| "?".into())
+}
+
+pub fn redis_pool(url: &str) -> Result<deadpool_redis::Pool, String> {
+    let mut cfg = deadpool_redis::Config::from_url(url);
+    cfg.pool = Some(deadpool_redis::PoolConfig {
+        max_size: 32,
+        timeouts: deadpool_redis::Timeouts {
+            wait: Some(Duration::from_secs(2)),
+            create: Some(Duration::from_secs(2)),
+            recycle: Some(Duration::from_secs(2)),
+        },
+        ..Default::default()
+    });
+    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1)).map_err(|e| format!("invalid REDIS_URL: {e}"))
+}
+
+/// Runs the proxy until the process is stopped. Starts whether or not Redis is up.
+pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
+    let redis = redis_pool(&config.redis_url).map_err(std::io::Error::other)?;
+    let state = web::Data::new(ProxyState::new(config.clone(), redis));
+    sync::spawn(state.caches.clone(), config.redis_url.clone(), config.cache_every);
+    tracing::info!(addr = %config.addr, routing = config.routing_enabled, "proxy listening");
+    let request_id_header = HeaderName::from_static("x-request-id");
+    HttpServer::new(move || {
+        let request_id_header = request_id_header.clone();
         App::new()
-            .service(healthz)
-            .service(readyz)
-            .default_service(web::to(not_implemented))
+            .app_data(state.clone())
+            .wrap_fn(move |req, srv| {
+                let id = request_id(req.headers().get(&request_id_header));
+                req.extensions_mut().insert(RequestId(id.clone()));
+                let response = srv.call(req);
+                let header = request_id_header.clone();
+                async move {
+                    let mut response = response.await?;
+                    response.headers_mut().insert(header, id);
+                    Ok(response)
+                }
+            })
+            .configure(configure)
     })
-    .bind(addr)?
+    .backlog(4096)
+    .bind(&config.addr)?
     .run()
     .await
 }

@@ -1,0 +1,158 @@
+//! What happened to one attempt, as a failure class of ROUTING.md's table, and what a route
+//! does about it. The classifier reads status, headers' meaning and the provider's error body;
+//! it never sees a secret.
+
+use serde::Serialize;
+
+use crate::route::FailoverOn;
+
+/// ROUTING.md "Failure classes". `Ok` is not a failure; every other variant is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    Timeout,
+    Connect,
+    RateLimited,
+    QuotaExhausted,
+    ServerError,
+    BadResponse,
+    CredentialUnavailable,
+    UnsafeUrl,
+    ContextLength,
+    ClientError,
+}
+
+impl Class {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Timeout => "timeout",
+            Class::Connect => "connect",
+            Class::RateLimited => "rate_limited",
+            Class::QuotaExhausted => "quota_exhausted",
+            Class::ServerError => "server_error",
+            Class::BadResponse => "bad_response",
+            Class::CredentialUnavailable => "credential_unavailable",
+            Class::UnsafeUrl => "unsafe_url",
+            Class::ContextLength => "context_length",
+            Class::ClientError => "client_error",
+        }
+    }
+
+    /// Whether a route with `on` moves on to the next eligible target after this failure.
+    pub fn fails_over(self, on: &[FailoverOn]) -> bool {
+        let listed = |class| on.contains(&class);
+        match self {
+            Class::Timeout => listed(FailoverOn::Timeout),
+            Class::Connect => listed(FailoverOn::Connect),
+            Class::RateLimited => listed(FailoverOn::RateLimited),
+            Class::QuotaExhausted => listed(FailoverOn::RateLimited) || listed(FailoverOn::PaymentRequired),
+            Class::ServerError => listed(FailoverOn::ServerError),
+            // A 2xx that is not a completion, or a failure detected before sending: always
+            // move on (ROUTING.md).
+            Class::BadResponse | Class::CredentialUnavailable | Class::UnsafeUrl => true,
+            Class::ContextLength => listed(FailoverOn::ContextLength),
+            // Seed §7: the request or credential is wrong; another target would fail the same
+            // way or leak a bad request further.
+            Class::ClientError => false,
+        }
+    }
+
+    /// Whether the failure counts against the target's circuit breaker.
+    pub fn is_breaker_failure(self) -> bool {
+        !matches!(self, Class::ContextLength | Class::ClientError)
+    }
+}
+
+/// Classifies an upstream HTTP answer that is not a success. `body` is the provider's error
+/// body (possibly not JSON).
+pub fn classify_status(status: u16, body: &[u8]) -> Class {
+    let code = error_code(body);
+    let says = |needle: &str| code.as_deref().is_some_and(|c| c.contains(needle));
+    match status {
+        402 => Class::QuotaExhausted,
+        429 if says("insufficient_quota") || says("quota") => Class::QuotaExhausted,
+        429 => Class::RateLimited,
+        400 | 413 | 422 if says("context_length") || says("maximum context") || says("too many tokens") => Class::ContextLength,
+        500..=599 => Class::ServerError,
+        // A redirect is not followed (egress policy) and is not a completion.
+        300..=399 => Class::BadResponse,
+        _ => Class::ClientError,
+    }
+}
+
+/// The provider's machine-readable error, lower-cased: `error.code`, `error.type`, and for
+/// bodies without either, `error.message` (vLLM puts the reason only there).
+fn error_code(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let error = value.get("error").unwrap_or(&value);
+    let mut parts = Vec::new();
+    for key in ["code", "type", "message"] {
+        match error.get(key) {
+            Some(serde_json::Value::String(s)) => parts.push(s.to_ascii_lowercase()),
+            Some(serde_json::Value::Number(n)) => parts.push(n.to_string()),
+            _ => {}
+        }
+    }
+    if let serde_json::Value::String(s) = error {
+        parts.push(s.to_ascii_lowercase());
+    }
+    (!parts.is_empty()).then(|| parts.join(" "))
+}
+
+/// Whether a 2xx body is a chat completion: a JSON object with a `choices` array.
+pub fn is_completion(body: &serde_json::Value) -> bool {
+    body.get("choices").is_some_and(serde_json::Value::is_array)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_provider_bodies() {
+        let openai_quota = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+        let openai_rate = br#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
+        let openai_context = br#"{"error":{"message":"This model's maximum context length is 8192 tokens","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+        let azure_context = br#"{"error":{"code":"context_length_exceeded","message":"This model's maximum context length is 4096 tokens.","param":"messages","type":"invalid_request_error"}}"#;
+        let vllm_context = br#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens","type":"BadRequestError","param":null,"code":400}"#;
+        let openrouter_credits = br#"{"error":{"code":402,"message":"Insufficient credits"}}"#;
+        let cases: [(u16, &[u8], Class); 12] = [
+            (429, openai_quota, Class::QuotaExhausted),
+            (429, openai_rate, Class::RateLimited),
+            (429, b"slow down", Class::RateLimited),
+            (402, openrouter_credits, Class::QuotaExhausted),
+            (400, openai_context, Class::ContextLength),
+            (400, azure_context, Class::ContextLength),
+            (400, vllm_context, Class::ContextLength),
+            (400, br#"{"error":{"message":"bad","type":"invalid_request_error"}}"#, Class::ClientError),
+            (403, br#"{"error":{"message":"quota of something"}}"#, Class::ClientError),
+            (503, b"<html>unavailable</html>", Class::ServerError),
+            (301, b"", Class::BadResponse),
+            (404, b"", Class::ClientError),
+        ];
+        for (status, body, want) in cases {
+            assert_eq!(classify_status(status, body), want, "{status} {}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn failover_follows_the_route() {
+        let default = crate::route::Failover::default().on;
+        assert!(Class::ServerError.fails_over(&default));
+        assert!(Class::RateLimited.fails_over(&default));
+        assert!(Class::QuotaExhausted.fails_over(&default));
+        assert!(!Class::ContextLength.fails_over(&default));
+        assert!(!Class::ClientError.fails_over(&default));
+        assert!(Class::BadResponse.fails_over(&[]));
+        assert!(!Class::ServerError.fails_over(&[FailoverOn::Timeout]));
+        assert!(Class::QuotaExhausted.fails_over(&[FailoverOn::PaymentRequired]));
+        assert!(Class::ContextLength.fails_over(&[FailoverOn::ContextLength]));
+    }
+
+    #[test]
+    fn completions() {
+        assert!(is_completion(&serde_json::json!({"choices": []})));
+        assert!(!is_completion(&serde_json::json!({"error": {"message": "x"}})));
+        assert!(!is_completion(&serde_json::json!([1])));
+    }
+}

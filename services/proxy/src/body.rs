@@ -1,0 +1,126 @@
+//! The caller's request body: read under a size limit, parsed once, and re-serialised for each
+//! target without copying (the target's `model` and `extra_body` are written on the fly).
+
+use actix_web::web::{self, Bytes};
+use futures_util::StreamExt;
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::{Map, Value};
+
+use crate::error::ProxyError;
+
+/// Chat requests with images can be large; beyond this a body is refused with 413.
+pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// Fields only Shield reads; never sent upstream (ROUTING.md "body hygiene").
+const SHIELD_ONLY: [&str; 4] = ["x_shield", "prompt", "system", "run_id"];
+
+pub async fn read(mut payload: web::Payload) -> Result<Bytes, ProxyError> {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ProxyError::BadRequest(format!("could not read the request body: {e}")))?;
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(ProxyError::TooLarge(MAX_BODY_BYTES));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// A chat request: a JSON object with a string `model`.
+pub struct ChatRequest {
+    pub fields: Map<String, Value>,
+    pub model: String,
+}
+
+impl ChatRequest {
+    pub fn parse(body: &[u8]) -> Result<ChatRequest, ProxyError> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| ProxyError::BadRequest(format!("malformed JSON body: {e}")))?;
+        let Value::Object(fields) = value else {
+            return Err(ProxyError::BadRequest("the body must be a JSON object".into()));
+        };
+        let model = match fields.get("model") {
+            Some(Value::String(model)) if !model.is_empty() => model.clone(),
+            Some(_) => return Err(ProxyError::BadRequest("`model` must be a non-empty string".into())),
+            None => return Err(ProxyError::BadRequest("missing required field `model`".into())),
+        };
+        Ok(ChatRequest { fields, model })
+    }
+
+    pub fn stream(&self) -> bool {
+        self.fields.get("stream").and_then(Value::as_bool).unwrap_or(false)
+    }
+
+    /// Checks what a routed call needs beyond `model`.
+    pub fn check_routable(&self) -> Result<(), ProxyError> {
+        match self.fields.get("messages") {
+            Some(Value::Array(messages)) if !messages.is_empty() => Ok(()),
+            Some(_) => Err(ProxyError::BadRequest("`messages` must be a non-empty array".into())),
+            None => Err(ProxyError::BadRequest("missing required field `messages`".into())),
+        }
+    }
+
+    /// The body for one target: the caller's fields minus Shield-only ones, `model` set to the
+    /// target's, `extra_body` merged over the rest.
+    pub fn upstream_body(&self, model: &str, extra: Option<&Map<String, Value>>) -> Vec<u8> {
+        serde_json::to_vec(&UpstreamBody { fields: &self.fields, model, extra }).unwrap_or_default()
+    }
+}
+
+struct UpstreamBody<'a> {
+    fields: &'a Map<String, Value>,
+    model: &'a str,
+    extra: Option<&'a Map<String, Value>>,
+}
+
+impl Serialize for UpstreamBody<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let overridden = |key: &str| key == "model" || SHIELD_ONLY.contains(&key) || self.extra.is_some_and(|e| e.contains_key(key));
+        let mut map = serializer.serialize_map(None)?;
+        for (key, value) in self.fields.iter().filter(|(k, _)| !overridden(k)) {
+            map.serialize_entry(key, value)?;
+        }
+        map.serialize_entry("model", self.model)?;
+        for (key, value) in self.extra.into_iter().flatten() {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn upstream_body_hygiene() {
+        let request = ChatRequest::parse(
+            json!({"model": "smart", "messages": [{"role": "user", "content": "hi"}], "x_shield": {"a": 1}, "prompt": "p",
+                "system": "s", "run_id": "r", "temperature": 0.2, "provider": {"order": ["x"]}})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+        let extra = json!({"provider": {"order": ["openai"]}}).as_object().cloned();
+        let body: Value = serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref())).unwrap();
+        assert_eq!(
+            body,
+            json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2, "provider": {"order": ["openai"]}})
+        );
+    }
+
+    #[test]
+    fn parse_errors_name_the_problem() {
+        for (body, want) in [
+            (&b"{nope"[..], "malformed JSON"),
+            (b"[1]", "JSON object"),
+            (b"{}", "missing required field `model`"),
+            (br#"{"model": 3}"#, "non-empty string"),
+        ] {
+            let err = ChatRequest::parse(body).err().unwrap().to_string();
+            assert!(err.contains(want), "{err}");
+        }
+        let no_messages = ChatRequest::parse(br#"{"model": "m"}"#).unwrap();
+        assert!(no_messages.check_routable().unwrap_err().to_string().contains("messages"));
+    }
+}

@@ -1,0 +1,247 @@
+//! In-process caches of API keys and tenant configuration, read from Redis.
+//!
+//! The request path reads memory only once an entry is cached; the first request for a key or
+//! a tenant fetches it once. A background refresher re-reads every cached entry every
+//! `SHIELD_LLM_ROUTING_CACHE_S` (stale-while-revalidate) and `gw_config` messages refresh an
+//! entry at once. When Redis is away, cached entries keep serving.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use shield_core::keys::RedisKeys;
+use shield_core::snapshot::{ApiKeyRecord, ConfigMessage, Snapshot};
+use shield_core::vault::Keyring;
+
+use crate::tenant::TenantConfig;
+
+/// How long a Redis read may take before the store counts as unreachable.
+const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Unknown keys are remembered at most this many; beyond, they are forgotten first, so random
+/// keys cannot grow memory without bound.
+const MAX_UNKNOWN_KEYS: usize = 100_000;
+
+#[derive(Debug, thiserror::Error)]
+#[error("Redis is unreachable: {0}")]
+pub struct StoreDown(String);
+
+pub enum KeyLookup {
+    Valid(Arc<ApiKeyRecord>),
+    Invalid,
+    /// Not cached and Redis cannot be asked: fail closed with 503, never a misleading 401.
+    Unavailable,
+}
+
+#[derive(Clone)]
+enum KeyEntry {
+    Known(Arc<ApiKeyRecord>),
+    Unknown(Instant),
+}
+
+#[derive(Clone)]
+enum TenantEntry {
+    Loaded(Arc<TenantConfig>),
+    /// The tenant has published no snapshot: it has no routes.
+    Absent,
+}
+
+pub struct Caches {
+    redis: deadpool_redis::Pool,
+    pub redis_keys: RedisKeys,
+    keyring: Keyring,
+    every: Duration,
+    api_keys: RwLock<HashMap<String, KeyEntry>>,
+    tenants: RwLock<HashMap<String, TenantEntry>>,
+    /// Redis has answered at least once (readiness).
+    ready: AtomicBool,
+    unknown_keys: AtomicU64,
+}
+
+impl Caches {
+    pub fn new(redis: deadpool_redis::Pool, redis_keys: RedisKeys, keyring: Keyring, every: Duration) -> Caches {
+        Caches {
+            redis,
+            redis_keys,
+            keyring,
+            every,
+            api_keys: RwLock::default(),
+            tenants: RwLock::default(),
+            ready: AtomicBool::new(false),
+            unknown_keys: AtomicU64::new(0),
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    fn answered(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// Resolves a key by its SHA-256 hex.
+    pub async fn key(&self, hash: &str) -> KeyLookup {
+        let cached = self.api_keys.read().expect("key cache lock").get(hash).cloned();
+        match cached {
+            Some(KeyEntry::Known(record)) => return if record.revoked { KeyLookup::Invalid } else { KeyLookup::Valid(record) },
+            Some(KeyEntry::Unknown(at)) if at.elapsed() < self.every => return KeyLookup::Invalid,
+            _ => {}
+        }
+        match self.fetch_key(hash).await {
+            Ok(Some(record)) => {
+                let record = Arc::new(record);
+                self.api_keys.write().expect("key cache lock").insert(hash.to_string(), KeyEntry::Known(record.clone()));
+                if record.revoked { KeyLookup::Invalid } else { KeyLookup::Valid(record) }
+            }
+            Ok(None) => {
+                let mut keys = self.api_keys.write().expect("key cache lock");
+                if self.unknown_keys.fetch_add(1, Ordering::Relaxed) as usize >= MAX_UNKNOWN_KEYS {
+                    keys.retain(|_, entry| matches!(entry, KeyEntry::Known(_)));
+                    self.unknown_keys.store(0, Ordering::Relaxed);
+                }
+                keys.insert(hash.to_string(), KeyEntry::Unknown(Instant::now()));
+                KeyLookup::Invalid
+            }
+            Err(_) => KeyLookup::Unavailable,
+        }
+    }
+
+    /// The tenant's configuration: `Ok(None)` when it has published none; `Err` when it is not
+    /// cached and Redis cannot be asked.
+    pub async fn tenant(&self, tenant: &str) -> Result<Option<Arc<TenantConfig>>, StoreDown> {
+        let cached = self.tenants.read().expect("tenant cache lock").get(tenant).cloned();
+        match cached {
+            Some(TenantEntry::Loaded(config)) => Ok(Some(config)),
+            Some(TenantEntry::Absent) => Ok(None),
+            None => {
+                let entry = self.load_tenant(tenant).await?;
+                self.tenants.write().expect("tenant cache lock").insert(tenant.to_string(), entry.clone());
+                Ok(match entry {
+                    TenantEntry::Loaded(config) => Some(config),
+                    TenantEntry::Absent => None,
+                })
+            }
+        }
+    }
+
+    async fn load_tenant(&self, tenant: &str) -> Result<TenantEntry, StoreDown> {
+        Ok(match self.fetch_snapshot(tenant).await? {
+            Some(snapshot) => TenantEntry::Loaded(Arc::new(TenantConfig::build(snapshot, &self.keyring))),
+            None => TenantEntry::Absent,
+        })
+    }
+
+    async fn get(&self, key: String) -> Result<Option<String>, StoreDown> {
+        let read = async {
+            let mut conn = self.redis.get().await.map_err(|e| StoreDown(e.to_string()))?;
+            conn.get::<_, Option<String>>(key).await.map_err(|e| StoreDown(e.to_string()))
+        };
+        let value = tokio::time::timeout(STORE_TIMEOUT, read).await.map_err(|_| StoreDown("timed out".into()))??;
+        self.answered();
+        Ok(value)
+    }
+
+    async fn fetch_key(&self, hash: &str) -> Result<Option<ApiKeyRecord>, StoreDown> {
+        let text = self.get(self.redis_keys.api_key(hash)).await?;
+        Ok(text.and_then(|t| match serde_json::from_str(&t) {
+            Ok(record) => Some(record),
+            Err(err) => {
+                tracing::error!(error = %err, "unreadable key record in Redis; treating the key as unknown");
+                None
+            }
+        }))
+    }
+
+    async fn fetch_snapshot(&self, tenant: &str) -> Result<Option<Snapshot>, StoreDown> {
+        let text = self.get(self.redis_keys.snapshot(tenant)).await?;
+        match text.map(|t| serde_json::from_str::<Snapshot>(&t)) {
+            None => Ok(None),
+            Some(Ok(snapshot)) => Ok(Some(snapshot)),
+            Some(Err(err)) => Err(StoreDown(format!("unreadable snapshot for {tenant}: {err}"))),
+        }
+    }
+
+    /// Re-reads one tenant; keeps the cached entry when Redis cannot be asked.
+    async fn refresh_tenant(&self, tenant: &str, min_version: Option<i64>) {
+        let cached_version = match self.tenants.read().expect("tenant cache lock").get(tenant) {
+            Some(TenantEntry::Loaded(config)) => Some(config.snapshot.version),
+            Some(TenantEntry::Absent) => None,
+            None if min_version.is_some() => return, // not a tenant this process serves
+            None => None,
+        };
+        if let (Some(cached), Some(wanted)) = (cached_version, min_version)
+            && cached >= wanted
+        {
+            return;
+        }
+        match self.fetch_snapshot(tenant).await {
+            Ok(Some(snapshot)) if Some(snapshot.version) == cached_version => {}
+            Ok(fetched) => {
+                let entry = match fetched {
+                    Some(snapshot) => TenantEntry::Loaded(Arc::new(TenantConfig::build(snapshot, &self.keyring))),
+                    None => TenantEntry::Absent,
+                };
+                self.tenants.write().expect("tenant cache lock").insert(tenant.to_string(), entry);
+            }
+            Err(err) => tracing::debug!(tenant, error = %err, "snapshot refresh failed; serving the cached one"),
+        }
+    }
+
+    async fn refresh_key(&self, hash: &str) {
+        match self.fetch_key(hash).await {
+            Ok(Some(record)) => {
+                self.api_keys.write().expect("key cache lock").insert(hash.to_string(), KeyEntry::Known(Arc::new(record)));
+            }
+            Ok(None) => {
+                self.api_keys.write().expect("key cache lock").remove(hash);
+            }
+            Err(err) => tracing::debug!(error = %err, "key refresh failed; serving the cached one"),
+        }
+    }
+
+    /// Re-reads every cached key and tenant (the stale-while-revalidate half).
+    pub async fn refresh_all(&self) {
+        let keys: Vec<String> = self
+            .api_keys
+            .read()
+            .expect("key cache lock")
+            .iter()
+            .filter(|(_, e)| matches!(e, KeyEntry::Known(_)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for hash in keys {
+            self.refresh_key(&hash).await;
+        }
+        let tenants: Vec<String> = self.tenants.read().expect("tenant cache lock").keys().cloned().collect();
+        for tenant in tenants {
+            self.refresh_tenant(&tenant, None).await;
+        }
+    }
+
+    pub async fn on_message(&self, message: ConfigMessage) {
+        match message {
+            ConfigMessage::Tenant { tenant, version } => self.refresh_tenant(&tenant, Some(version)).await,
+            ConfigMessage::Key { key_hash } => {
+                let cached = self.api_keys.read().expect("key cache lock").contains_key(&key_hash);
+                if cached {
+                    self.refresh_key(&key_hash).await;
+                }
+            }
+        }
+    }
+
+    /// Answers whether Redis is reachable now (and marks readiness when it is).
+    pub async fn ping(&self) -> bool {
+        let ping = async {
+            let mut conn = self.redis.get().await.ok()?;
+            redis::cmd("PING").query_async::<String>(&mut *conn).await.ok()
+        };
+        let ok = tokio::time::timeout(STORE_TIMEOUT, ping).await.ok().flatten().is_some();
+        if ok {
+            self.answered();
+        }
+        ok
+    }
+}

@@ -1,0 +1,70 @@
+//! The data plane's errors, each with its HTTP status and OpenAI error `type`/`code`, rendered
+//! as `{"error": {"message", "type", "code", "param", ...}}` (API.md). Messages never carry a
+//! key or a prompt.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::{Value, json};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("{0}")]
+    InvalidApiKey(&'static str),
+    #[error("the API key cannot be verified right now (the configuration store is unreachable); retry shortly")]
+    AuthUnavailable,
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("request body is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("The model `{0}` does not exist")]
+    ModelNotFound(String),
+    #[error("streaming is not supported on routed models yet; send stream: false")]
+    StreamingNotSupported,
+    #[error("this request has passed through {0} Shield gateways (X-Shield-Hop); refusing to loop")]
+    LoopDetected(u32),
+    #[error("the default upstream failed: {0}")]
+    DefaultUpstream(String),
+}
+
+impl ProxyError {
+    fn kind_and_code(&self) -> (&'static str, &'static str) {
+        match self {
+            ProxyError::InvalidApiKey(_) => ("invalid_request_error", "invalid_api_key"),
+            ProxyError::AuthUnavailable => ("service_unavailable", "auth_unavailable"),
+            ProxyError::BadRequest(_) => ("invalid_request_error", "invalid_request"),
+            ProxyError::TooLarge(_) => ("invalid_request_error", "request_too_large"),
+            ProxyError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
+            ProxyError::StreamingNotSupported => ("invalid_request_error", "streaming_not_supported"),
+            ProxyError::LoopDetected(_) => ("invalid_request_error", "loop_detected"),
+            ProxyError::DefaultUpstream(_) => ("upstream_error", "upstream_error"),
+        }
+    }
+}
+
+impl ResponseError for ProxyError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ProxyError::InvalidApiKey(_) => StatusCode::UNAUTHORIZED,
+            ProxyError::AuthUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::BadRequest(_) | ProxyError::StreamingNotSupported => StatusCode::BAD_REQUEST,
+            ProxyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ProxyError::LoopDetected(_) => StatusCode::LOOP_DETECTED,
+            ProxyError::DefaultUpstream(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let (kind, code) = self.kind_and_code();
+        let param = match self {
+            ProxyError::ModelNotFound(_) => json!("model"),
+            _ => Value::Null,
+        };
+        HttpResponse::build(self.status_code()).json(openai_error(&self.to_string(), kind, code, param))
+    }
+}
+
+/// The OpenAI error body.
+pub fn openai_error(message: &str, kind: &str, code: &str, param: Value) -> Value {
+    json!({"error": {"message": message, "type": kind, "code": code, "param": param}})
+}
