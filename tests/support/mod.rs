@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod logs;
 pub mod process;
+pub mod stack;
 
 use std::net::TcpListener;
 

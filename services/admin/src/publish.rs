@@ -225,20 +225,32 @@ impl Publisher {
         }
     }
 
-    /// Runs until the process ends: dirty tenants every second, a full convergence at start
-    /// and every `every`.
+    /// The Redis server's `run_id`: it changes when Redis restarts (and may have lost data).
+    async fn redis_run_id(&self) -> Option<String> {
+        let mut conn = self.redis.get().await.ok()?;
+        let info: String = redis::cmd("INFO").arg("server").query_async(&mut *conn).await.ok()?;
+        info.lines().find_map(|l| l.strip_prefix("run_id:")).map(|id| id.trim().to_string())
+    }
+
+    /// Runs until the process ends. Every second: retry dirty tenants, and when Redis was away
+    /// or restarted since the last look (a new `run_id`), converge at once rather than waiting
+    /// for the periodic pass. A full convergence also runs at start and every `every`.
     pub fn spawn(self: Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let mut last_full: Option<tokio::time::Instant> = None;
+            let mut seen_run_id: Option<String> = None;
             let mut redis_down_logged = false;
             loop {
-                if last_full.is_none_or(|at| at.elapsed() >= every) {
+                let run_id = self.redis_run_id().await;
+                let redis_changed = run_id.is_some() && run_id != seen_run_id;
+                if redis_changed || last_full.is_none_or(|at| at.elapsed() >= every) {
                     match self.converge().await {
                         Ok(n) => {
                             if n > 0 {
                                 tracing::info!(republished = n, "republished lagging snapshots");
                             }
                             redis_down_logged = false;
+                            seen_run_id = run_id;
                             last_full = Some(tokio::time::Instant::now());
                         }
                         Err(err) => {

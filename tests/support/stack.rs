@@ -1,0 +1,230 @@
+//! A whole Shield deployment from the real binary: `shield mock-llm`, `shield admin` and
+//! `shield proxy` as child processes on free ports, with their own database and Redis prefix.
+//! Children are killed when the stack is dropped, even when the test fails.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+use shield_admin::auth::{Scope, Tokens};
+use tokio::process::{Child, Command};
+
+use crate::admin::{JWT_SECRET, vault_key};
+use crate::process::shield_bin;
+use crate::{DbName, eventually, free_port, redis_url, unique};
+
+pub struct StackOptions {
+    pub redis_url: String,
+    pub default_upstream: bool,
+    pub routing: bool,
+    pub start_admin: bool,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        StackOptions { redis_url: redis_url(), default_upstream: false, routing: true, start_admin: true }
+    }
+}
+
+pub struct Stack {
+    pub mock: String,
+    pub admin: String,
+    pub proxy: String,
+    pub prefix: String,
+    pub db: DbName,
+    pub tenant: String,
+    pub logs: PathBuf,
+    pub client: reqwest::Client,
+    env: Vec<(&'static str, String)>,
+    token: String,
+    children: Vec<Child>,
+}
+
+impl Stack {
+    pub async fn start() -> Stack {
+        Stack::start_with(StackOptions::default()).await
+    }
+
+    pub async fn start_with(options: StackOptions) -> Stack {
+        let logs = std::env::temp_dir().join(unique("shield-stack-"));
+        std::fs::create_dir_all(&logs).unwrap();
+        let mock = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", free_port());
+        let proxy = format!("127.0.0.1:{}", free_port());
+        let prefix = unique("st") + ":";
+        let db = DbName::reserve();
+        let mut env = vec![
+            ("DATABASE_URL", db.url.clone()),
+            ("REDIS_URL", options.redis_url.clone()),
+            ("SHIELD_REDIS_PREFIX", prefix.clone()),
+            ("SHIELD_ADMIN_ADDR", admin.clone()),
+            ("SHIELD_PROXY_ADDR", proxy.clone()),
+            ("SHIELD_JWT_SECRET", JWT_SECRET.to_string()),
+            ("SHIELD_VAULT_KEY", vault_key()),
+            ("SHIELD_LLM_ROUTING_CACHE_S", "1".into()),
+            ("SHIELD_LLM_ROUTING", if options.routing { "1" } else { "0" }.into()),
+            ("RUST_LOG", "info".into()),
+        ];
+        if options.default_upstream {
+            env.push(("SHIELD_DEFAULT_UPSTREAM_URL", format!("http://{mock}/mock/id:default/v1")));
+        }
+        let mut stack = Stack {
+            mock,
+            admin,
+            proxy,
+            prefix,
+            db,
+            tenant: String::new(),
+            logs,
+            client: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap(),
+            env,
+            token: String::new(),
+            children: Vec::new(),
+        };
+        let mock_addr = stack.mock.clone();
+        stack.spawn("mock-llm", &["mock-llm", "--addr", &mock_addr]);
+        // Migrate and create the tenant before the admin and proxy start.
+        let out = stack.command(&["migrate"]).output().await.unwrap();
+        assert!(out.status.success(), "migrate: {}", String::from_utf8_lossy(&out.stderr));
+        let slug = unique("t-")[..14].to_string();
+        let out = stack.command(&["tenant", "create", &slug, "--admin-email", &format!("owner@{slug}.example.com")]).output().await.unwrap();
+        assert!(out.status.success(), "tenant create: {}", String::from_utf8_lossy(&out.stderr));
+        stack.tenant = slug;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        stack.token = Tokens::new(JWT_SECRET)
+            .unwrap()
+            .issue("stack-test", Some(&stack.tenant), vec![Scope::TenantRead, Scope::ConfigWrite, Scope::RegistryWrite], Duration::from_secs(3600), now)
+            .0;
+        if options.start_admin {
+            stack.spawn("admin", &["admin"]);
+        }
+        stack.spawn("proxy", &["proxy"]);
+        let mock = stack.mock.clone();
+        eventually(30, "the mock to answer", || async { http_ok(&format!("http://{mock}/healthz")).await.then_some(()) }).await;
+        if options.start_admin {
+            let admin = stack.admin.clone();
+            eventually(30, "the admin to answer", || async { http_ok(&format!("http://{admin}/healthz")).await.then_some(()) }).await;
+        }
+        let proxy = stack.proxy.clone();
+        eventually(30, "the proxy to answer", || async { http_ok(&format!("http://{proxy}/healthz")).await.then_some(()) }).await;
+        stack
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(shield_bin());
+        cmd.args(args).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).kill_on_drop(true).stdin(Stdio::null());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    fn spawn(&mut self, name: &str, args: &[&str]) {
+        let log = std::fs::File::create(self.logs.join(format!("{name}.log"))).unwrap();
+        let child = self.command(args).stdout(Stdio::null()).stderr(log).spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
+        self.children.push(child);
+    }
+
+    /// Everything the children logged so far.
+    pub fn all_logs(&self) -> String {
+        ["mock-llm", "admin", "proxy"].iter().map(|n| std::fs::read_to_string(self.logs.join(format!("{n}.log"))).unwrap_or_default()).collect()
+    }
+
+    /// Kills the proxy (the last child) and starts it again with `extra` environment.
+    pub async fn restart_proxy(&mut self, extra: &[(&'static str, String)]) {
+        let mut old = self.children.pop().expect("proxy running");
+        let _ = old.kill().await;
+        self.env.extend(extra.iter().cloned());
+        self.spawn("proxy", &["proxy"]);
+        let proxy = self.proxy.clone();
+        eventually(30, "the proxy to answer", || async { http_ok(&format!("http://{proxy}/healthz")).await.then_some(()) }).await;
+    }
+
+    pub async fn admin_call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut request = self.client.request(method, format!("http://{}{path}", self.admin)).bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("admin answers");
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn put_target(&self, id: &str, body: Value) {
+        let (status, response) = self.admin_call(reqwest::Method::PUT, &format!("/v1/tenant/me/gateway/targets/{id}"), Some(body)).await;
+        assert!(status.is_success(), "PUT target {id}: {status} {response}");
+    }
+
+    /// A target on the mock with `scenario` directives (e.g. `status:503`); `id` tags its log.
+    pub async fn mock_target(&self, id: &str, scenario: &str, extra: Value) {
+        let mut body = json!({"base_url": format!("http://{}/mock/id:{id};{scenario}/v1", self.mock), "model": format!("model-{id}"),
+            "allow_private": true, "auth": {"mode": "none"}});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            body[k] = v.clone();
+        }
+        self.put_target(id, body).await;
+    }
+
+    pub async fn put_route(&self, name: &str, body: Value) {
+        let (status, response) = self.admin_call(reqwest::Method::PUT, &format!("/v1/tenant/me/gateway/routes/{}", name.replace('/', "%2F")), Some(body)).await;
+        assert!(status.is_success(), "PUT route {name}: {status} {response}");
+    }
+
+    pub async fn put_secret(&self, name: &str, value: &str, bindings: &[&str]) {
+        let (status, response) =
+            self.admin_call(reqwest::Method::PUT, &format!("/v1/tenant/me/secrets/{name}"), Some(json!({"value": value, "bindings": bindings}))).await;
+        assert!(status.is_success(), "PUT secret: {status} {response}");
+    }
+
+    /// A new API key for the tenant: (key, id).
+    pub async fn key(&self, role: Option<&str>) -> (String, String) {
+        let (status, body) = self.admin_call(reqwest::Method::POST, "/v1/tenant/me/keys", Some(json!({"name": "test", "role": role}))).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        (body["key"].as_str().unwrap().to_string(), body["id"].as_str().unwrap().to_string())
+    }
+
+    /// POST /v1/chat/completions with `key`; returns status, headers and the JSON body.
+    pub async fn chat(&self, key: &str, body: Value, headers: &[(&str, &str)]) -> (StatusCode, HeaderMap, Value) {
+        let mut request = self.client.post(format!("http://{}/v1/chat/completions", self.proxy)).bearer_auth(key).json(&body);
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().await.expect("proxy answers");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap_or_default();
+        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// What the mock received for targets tagged `id`.
+    pub async fn received(&self, id: &str) -> Vec<Value> {
+        let url = format!("http://{}/_mock/requests?id={id}", self.mock);
+        self.client.get(url).send().await.unwrap().json().await.unwrap()
+    }
+
+    /// Every request the mock received.
+    pub async fn received_all(&self) -> Vec<Value> {
+        self.client.get(format!("http://{}/_mock/requests", self.mock)).send().await.unwrap().json().await.unwrap()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.logs);
+    }
+}
+
+pub async fn http_ok(url: &str) -> bool {
+    reqwest::get(url).await.is_ok_and(|r| r.status().is_success())
+}
+
+/// A minimal chat body for `model`.
+pub fn chat_body(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hello"}]})
+}
