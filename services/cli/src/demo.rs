@@ -251,7 +251,8 @@ Try:
   TOKEN=$(curl -s http://{admin}/v1/auth/login -H 'content-type: application/json' \
     -d '{{"email":"{DEMO_EMAIL}","password":"{password}"}}' | sed 's/.*"token":"\([^"]*\)".*/\1/')
   curl -s http://{admin}/v1/tenant/me/gateway/routes -H "authorization: Bearer $TOKEN"
-  curl -s http://{proxy}/v1/chat/completions -H 'authorization: Bearer {key}' \
+  # model "smart": its first target answers 503, the second answers (X-Shield-Failovers: 1)
+  curl -si http://{proxy}/v1/chat/completions -H 'authorization: Bearer {key}' \
     -H 'content-type: application/json' -d '{{"model":"smart","messages":[{{"role":"user","content":"hi"}}]}}'
 "#,
         mock = mock_addr(),

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Shield's added latency and throughput against the mock LLM, in one run.
+
+Starts (release build) the mock LLM, an nginx reverse proxy in front of it (the proxy floor),
+and Shield (admin + proxy, real Postgres and Redis) routing to the mock through a route; then
+drives each with wrk at keep-alive concurrency 20 and prints RPS, p50 and p99 for each, and
+Shield's figures relative to the direct call and to the nginx floor.
+
+Usage: bench/run.sh [seconds per run, default 10]
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIELD = os.path.join(ROOT, "target", "release", "shield")
+DURATION = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+CONCURRENCY = 20
+BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url, seconds=30):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except Exception:
+            time.sleep(0.1)
+    sys.exit(f"{url} did not answer within {seconds} s")
+
+
+def request(method, url, token=None, body=None):
+    req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None)
+    req.add_header("content-type", "application/json")
+    if token:
+        req.add_header("authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=10) as response:
+        return json.loads(response.read() or b"null")
+
+
+def wrk(url, headers):
+    script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)
+    script.write('wrk.method = "POST"\n')
+    script.write(f"wrk.body = {json.dumps(BODY)}\n")
+    for name, value in headers.items():
+        script.write(f'wrk.headers["{name}"] = "{value}"\n')
+    script.close()
+    subprocess.run(["wrk", "-t2", f"-c{CONCURRENCY}", "-d2s", "-s", script.name, url], capture_output=True)  # warm-up
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{CONCURRENCY}", f"-d{DURATION}s", "--latency", "-s", script.name, url], capture_output=True, text=True
+    ).stdout
+    os.unlink(script.name)
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    pct = {p: to_ms(v) for p, v in re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M)}
+    return {"rps": rps, "p50": pct["50"], "p99": pct["99"], "non_2xx": int(errors.group(1)) if errors else 0}
+
+
+def to_ms(text):
+    number, unit = re.match(r"([\d.]+)(\w+)", text).groups()
+    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def main():
+    for tool in ("wrk", "nginx"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is missing: apt-get install -y wrk nginx-light")
+    work = tempfile.mkdtemp(prefix="shield-bench-")
+    ports = {name: free_port() for name in ("mock", "nginx", "admin", "proxy")}
+    db = f"shield_bench_{uuid.uuid4().hex[:12]}"
+    env = dict(
+        os.environ,
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{db}",
+        SHIELD_REDIS_PREFIX=f"bench{uuid.uuid4().hex[:8]}:",
+        SHIELD_ADMIN_ADDR=f"127.0.0.1:{ports['admin']}",
+        SHIELD_PROXY_ADDR=f"127.0.0.1:{ports['proxy']}",
+        SHIELD_JWT_SECRET="bench-jwt-secret-bench-jwt-secret-0123",
+        SHIELD_VAULT_KEY="AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+        RUST_LOG="warn",
+    )
+    children = []
+
+    def start(*args):
+        log = open(os.path.join(work, f"{args[0]}.log"), "w")
+        children.append(subprocess.Popen([SHIELD, *args], env=env, stdout=log, stderr=log))
+
+    try:
+        start("mock-llm", "--addr", f"127.0.0.1:{ports['mock']}")
+        subprocess.run([SHIELD, "migrate"], env=env, check=True, capture_output=True)
+        created = json.loads(subprocess.run([SHIELD, "tenant", "create", "bench", "--admin-email", "bench@example.com"],
+                                            env=env, check=True, capture_output=True, text=True).stdout)
+        token = subprocess.run([SHIELD, "token", "issue", "--tenant", created["tenant"], "--scopes",
+                                "tenant:read,config:write,registry:write"], env=env, check=True, capture_output=True, text=True).stdout.strip()
+        start("admin")
+        start("proxy")
+        wait_http(f"http://127.0.0.1:{ports['mock']}/healthz")
+        wait_http(f"http://127.0.0.1:{ports['admin']}/healthz")
+        wait_http(f"http://127.0.0.1:{ports['proxy']}/healthz")
+        admin = f"http://127.0.0.1:{ports['admin']}/v1/tenant/me"
+        request("PUT", f"{admin}/gateway/targets/mock", token, {
+            "base_url": f"http://127.0.0.1:{ports['mock']}/v1", "model": "mock-1", "allow_private": True, "auth": {"mode": "none"}})
+        request("PUT", f"{admin}/gateway/routes/bench", token, {"targets": ["mock"]})
+        key = request("POST", f"{admin}/keys", token, {"name": "bench"})["key"]
+
+        conf = os.path.join(work, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(f"""
+worker_processes 1; daemon off; pid {work}/nginx.pid; error_log {work}/nginx-error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  upstream mock {{ server 127.0.0.1:{ports['mock']}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{ports['nginx']};
+    location / {{ proxy_pass http://mock; proxy_http_version 1.1; proxy_set_header Connection ""; }}
+  }}
+}}
+""")
+        children.append(subprocess.Popen(["nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_http(f"http://127.0.0.1:{ports['nginx']}/healthz")
+
+        results = {
+            "direct": wrk(f"http://127.0.0.1:{ports['mock']}/v1/chat/completions", {"Content-Type": "application/json"}),
+            "nginx": wrk(f"http://127.0.0.1:{ports['nginx']}/v1/chat/completions", {"Content-Type": "application/json"}),
+            "shield": wrk(f"http://127.0.0.1:{ports['proxy']}/v1/chat/completions",
+                          {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}),
+        }
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        print(f"\nShield benchmark, {time.strftime('%Y-%m-%d')}, commit {commit}, {os.cpu_count()} cores, "
+              f"wrk -t2 -c{CONCURRENCY} -d{DURATION}s, keep-alive, POST /v1/chat/completions\n")
+        print(f"{'path':<8}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}")
+        for name, r in results.items():
+            print(f"{name:<8}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}")
+        d, n, s = results["direct"], results["nginx"], results["shield"]
+        print(f"\nshield added p50 over direct: {s['p50'] - d['p50']:+.3f} ms (target <= 0.5)")
+        print(f"shield added p99 over direct: {s['p99'] - d['p99']:+.3f} ms (target <= 1.0)")
+        print(f"shield throughput / nginx floor: {s['rps'] / n['rps']:.0%} (target >= 50%)")
+        print(f"shield throughput / direct: {s['rps'] / d['rps']:.0%}")
+        print(json.dumps({"date": time.strftime("%Y-%m-%d"), "commit": commit, **results}))
+    finally:
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'],
+                       capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
