@@ -370,10 +370,20 @@ async fn up_demo_seeds_a_working_tenant_and_is_idempotent() {
             .unwrap();
         assert_eq!(route["targets"], json!(["mock-primary", "mock-secondary"]));
         // The printed curl call: model `smart` fails over from the failing primary.
-        let proxy = &env.iter().find(|(k, _)| *k == "SHIELD_PROXY_ADDR").unwrap().1;
+        let proxy = &env
+            .iter()
+            .find(|(k, _)| *k == "SHIELD_PROXY_ADDR")
+            .unwrap()
+            .1;
         let body = json!({"model": "smart", "messages": [{"role": "user", "content": "hi"}]});
         let answer = eventually(10, "the proxy to answer", || async {
-            let response = client.post(format!("http://{proxy}/v1/chat/completions")).bearer_auth(&key).json(&body).send().await.ok()?;
+            let response = client
+                .post(format!("http://{proxy}/v1/chat/completions"))
+                .bearer_auth(&key)
+                .json(&body)
+                .send()
+                .await
+                .ok()?;
             response.status().is_success().then_some(response)
         })
         .await;

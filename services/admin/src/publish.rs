@@ -228,8 +228,14 @@ impl Publisher {
     /// The Redis server's `run_id`: it changes when Redis restarts (and may have lost data).
     async fn redis_run_id(&self) -> Option<String> {
         let mut conn = self.redis.get().await.ok()?;
-        let info: String = redis::cmd("INFO").arg("server").query_async(&mut *conn).await.ok()?;
-        info.lines().find_map(|l| l.strip_prefix("run_id:")).map(|id| id.trim().to_string())
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut *conn)
+            .await
+            .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_string())
     }
 
     /// Runs until the process ends. Every second: retry dirty tenants, and when Redis was away

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use shield_admin::AdminConfig;
-use shield_proxy::ProxyConfig;
 use shield_core::keys::RedisKeys;
 use shield_core::vault::Keyring;
+use shield_proxy::ProxyConfig;
 
 pub struct Settings {
     pub database_url: String,
@@ -28,7 +28,10 @@ fn env_or(name: &str, default: &str) -> String {
 fn env_parse<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
     match std::env::var(name).ok().filter(|v| !v.is_empty()) {
         None => Ok(default),
-        Some(text) => text.trim().parse().map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {text:?}")),
+        Some(text) => text
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {text:?}")),
     }
 }
 
@@ -95,7 +98,10 @@ impl Settings {
             "0" | "false" | "off" => false,
             other => bail!("SHIELD_LLM_ROUTING must be 1 or 0, not {other:?}"),
         };
-        let default_upstream = match std::env::var("SHIELD_DEFAULT_UPSTREAM_URL").ok().filter(|v| !v.is_empty()) {
+        let default_upstream = match std::env::var("SHIELD_DEFAULT_UPSTREAM_URL")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
             None => None,
             Some(text) => Some(
                 shield_core::url_safety::parse_outbound_url(&text)

@@ -45,7 +45,9 @@ impl Class {
             Class::Timeout => listed(FailoverOn::Timeout),
             Class::Connect => listed(FailoverOn::Connect),
             Class::RateLimited => listed(FailoverOn::RateLimited),
-            Class::QuotaExhausted => listed(FailoverOn::RateLimited) || listed(FailoverOn::PaymentRequired),
+            Class::QuotaExhausted => {
+                listed(FailoverOn::RateLimited) || listed(FailoverOn::PaymentRequired)
+            }
             Class::ServerError => listed(FailoverOn::ServerError),
             // A 2xx that is not a completion, or a failure detected before sending: always
             // move on (ROUTING.md).
@@ -72,7 +74,11 @@ pub fn classify_status(status: u16, body: &[u8]) -> Class {
         402 => Class::QuotaExhausted,
         429 if says("insufficient_quota") || says("quota") => Class::QuotaExhausted,
         429 => Class::RateLimited,
-        400 | 413 | 422 if says("context_length") || says("maximum context") || says("too many tokens") => Class::ContextLength,
+        400 | 413 | 422
+            if says("context_length") || says("maximum context") || says("too many tokens") =>
+        {
+            Class::ContextLength
+        }
         500..=599 => Class::ServerError,
         // A redirect is not followed (egress policy) and is not a completion.
         300..=399 => Class::BadResponse,
@@ -124,14 +130,27 @@ mod tests {
             (400, openai_context, Class::ContextLength),
             (400, azure_context, Class::ContextLength),
             (400, vllm_context, Class::ContextLength),
-            (400, br#"{"error":{"message":"bad","type":"invalid_request_error"}}"#, Class::ClientError),
-            (403, br#"{"error":{"message":"quota of something"}}"#, Class::ClientError),
+            (
+                400,
+                br#"{"error":{"message":"bad","type":"invalid_request_error"}}"#,
+                Class::ClientError,
+            ),
+            (
+                403,
+                br#"{"error":{"message":"quota of something"}}"#,
+                Class::ClientError,
+            ),
             (503, b"<html>unavailable</html>", Class::ServerError),
             (301, b"", Class::BadResponse),
             (404, b"", Class::ClientError),
         ];
         for (status, body, want) in cases {
-            assert_eq!(classify_status(status, body), want, "{status} {}", String::from_utf8_lossy(body));
+            assert_eq!(
+                classify_status(status, body),
+                want,
+                "{status} {}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 
@@ -152,7 +171,9 @@ mod tests {
     #[test]
     fn completions() {
         assert!(is_completion(&serde_json::json!({"choices": []})));
-        assert!(!is_completion(&serde_json::json!({"error": {"message": "x"}})));
+        assert!(!is_completion(
+            &serde_json::json!({"error": {"message": "x"}})
+        ));
         assert!(!is_completion(&serde_json::json!([1])));
     }
 }

@@ -56,7 +56,10 @@ pub fn plan(route: &Route, targets: &BTreeMap<String, Target>, facts: &Facts) ->
     for id in &route.targets {
         match admit(targets.get(id), facts) {
             Ok(()) => out.order.push(id.clone()),
-            Err(reason) => out.excluded.push(Excluded { target: id.clone(), reason }),
+            Err(reason) => out.excluded.push(Excluded {
+                target: id.clone(),
+                reason,
+            }),
         }
     }
     order(route.strategy, &mut out.order);
@@ -84,7 +87,10 @@ fn admit(target: Option<&Target>, facts: &Facts) -> Result<(), Exclusion> {
 /// inputs that arrive with the streaming and budget work; until then they keep route order.
 fn order(strategy: Strategy, _eligible: &mut [String]) {
     match strategy {
-        Strategy::Priority | Strategy::LowestLatency | Strategy::LowestCost | Strategy::Weighted => {}
+        Strategy::Priority
+        | Strategy::LowestLatency
+        | Strategy::LowestCost
+        | Strategy::Weighted => {}
     }
 }
 
@@ -106,17 +112,27 @@ mod tests {
         let targets: BTreeMap<String, Target> = [
             target("a", serde_json::json!({})),
             target("off", serde_json::json!({"enabled": false})),
-            target("vault", serde_json::json!({"auth": {"mode": "vault", "secret_ref": "shield://s"}})),
+            target(
+                "vault",
+                serde_json::json!({"auth": {"mode": "vault", "secret_ref": "shield://s"}}),
+            ),
             target("byok", serde_json::json!({"auth": {"mode": "passthrough"}})),
             target("b", serde_json::json!({})),
         ]
         .into_iter()
         .map(|t| (t.id.clone(), t))
         .collect();
-        let route: Route = from_json_field(br#"{"name": "r", "targets": ["b", "off", "vault", "byok", "ghost", "a"]}"#).unwrap();
+        let route: Route = from_json_field(
+            br#"{"name": "r", "targets": ["b", "off", "vault", "byok", "ghost", "a"]}"#,
+        )
+        .unwrap();
         let p = plan(&route, &targets, &Facts::default());
         assert_eq!(p.order, vec!["b", "a"]);
-        let reasons: Vec<(&str, Exclusion)> = p.excluded.iter().map(|e| (e.target.as_str(), e.reason)).collect();
+        let reasons: Vec<(&str, Exclusion)> = p
+            .excluded
+            .iter()
+            .map(|e| (e.target.as_str(), e.reason))
+            .collect();
         assert_eq!(
             reasons,
             vec![
@@ -126,7 +142,13 @@ mod tests {
                 ("ghost", Exclusion::Unknown)
             ]
         );
-        let facts = Facts { has_upstream_key: true, vault_ready: BTreeSet::from(["vault".to_string()]) };
-        assert_eq!(plan(&route, &targets, &facts).order, vec!["b", "vault", "byok", "a"]);
+        let facts = Facts {
+            has_upstream_key: true,
+            vault_ready: BTreeSet::from(["vault".to_string()]),
+        };
+        assert_eq!(
+            plan(&route, &targets, &facts).order,
+            vec!["b", "vault", "byok", "a"]
+        );
     }
 }

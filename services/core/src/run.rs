@@ -80,7 +80,14 @@ pub struct Run {
 
 impl Run {
     pub fn new(order: Vec<String>, max_attempts: u32, on: Vec<FailoverOn>) -> Run {
-        Run { order, next: 0, max_attempts, on, attempts: Vec::new(), halted: None }
+        Run {
+            order,
+            next: 0,
+            max_attempts,
+            on,
+            attempts: Vec::new(),
+            halted: None,
+        }
     }
 
     /// The next target to try, or why the run stops. `deadline_passed` is the caller's clock.
@@ -121,17 +128,32 @@ impl Run {
             Ok(()) => ("ok", None),
             Err(class) => ("failed", Some(class)),
         };
-        self.attempts.push(Attempt { n, target, model: model.to_string(), outcome, class, status, ms, committed: false });
+        self.attempts.push(Attempt {
+            n,
+            target,
+            model: model.to_string(),
+            outcome,
+            class,
+            status,
+            ms,
+            committed: false,
+        });
         match result {
             Ok(()) => self.halted = Some(Halt::Succeeded),
-            Err(class) if !class.fails_over(&self.on) => self.halted = Some(Halt::IneligibleFailure),
+            Err(class) if !class.fails_over(&self.on) => {
+                self.halted = Some(Halt::IneligibleFailure)
+            }
             Err(_) => {}
         }
     }
 
     /// Failed attempts after which another target was tried.
     pub fn failovers(&self) -> usize {
-        let failed = self.attempts.iter().filter(|a| a.outcome == "failed").count();
+        let failed = self
+            .attempts
+            .iter()
+            .filter(|a| a.outcome == "failed")
+            .count();
         match self.halted {
             Some(Halt::Succeeded) => failed,
             _ => failed.saturating_sub(1),

@@ -69,7 +69,11 @@ impl Scenario {
                 "reset" => s.reset = true,
                 "retry-after" => s.retry_after = Some(value.to_string()),
                 "err" => s.error_code = Some(value.to_string()),
-                "usage" => s.usage = value.split_once('-').and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?))),
+                "usage" => {
+                    s.usage = value
+                        .split_once('-')
+                        .and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?)))
+                }
                 "body" => s.body = Some(value.to_string()),
                 _ => {}
             }
@@ -83,13 +87,21 @@ fn completion(body: &Value, usage: Option<(u64, u64)>) -> Value {
     let last = body
         .get("messages")
         .and_then(Value::as_array)
-        .and_then(|m| m.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user")))
+        .and_then(|m| {
+            m.iter()
+                .rev()
+                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        })
         .and_then(|m| m.get("content"))
         .and_then(Value::as_str)
         .unwrap_or("");
     let content = format!("mock answer to: {last}");
-    let prompt_chars = body.get("messages").map(|m| m.to_string().len()).unwrap_or(0) as u64;
-    let (input, output) = usage.unwrap_or((prompt_chars.div_ceil(4), (content.len() as u64).div_ceil(4)));
+    let prompt_chars = body
+        .get("messages")
+        .map(|m| m.to_string().len())
+        .unwrap_or(0) as u64;
+    let (input, output) =
+        usage.unwrap_or((prompt_chars.div_ceil(4), (content.len() as u64).div_ceil(4)));
     json!({
         "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
@@ -98,12 +110,26 @@ fn completion(body: &Value, usage: Option<(u64, u64)>) -> Value {
 }
 
 fn record(state: &MockState, req: &HttpRequest, body: &Bytes) {
-    let headers = req.headers().iter().map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).to_string())).collect();
+    let headers = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).to_string(),
+            )
+        })
+        .collect();
     let path = match req.query_string() {
         "" => req.path().to_string(),
         q => format!("{}?{q}", req.path()),
     };
-    let entry = Received { method: req.method().to_string(), path, headers, body: String::from_utf8_lossy(body).to_string() };
+    let entry = Received {
+        method: req.method().to_string(),
+        path,
+        headers,
+        body: String::from_utf8_lossy(body).to_string(),
+    };
     let mut log = state.log.lock().expect("mock log");
     if log.len() == LOG_CAPACITY {
         log.pop_front();
@@ -113,8 +139,15 @@ fn record(state: &MockState, req: &HttpRequest, body: &Bytes) {
 
 /// `/mock/{scenario}/rest` → (scenario, rest); plain paths have the empty scenario.
 fn split_path(path: &str) -> (Scenario, String, &str) {
-    match path.strip_prefix("/mock/").and_then(|rest| rest.split_once('/')) {
-        Some((spec, rest)) => (Scenario::parse(spec), spec.to_string(), &path[path.len() - rest.len() - 1..]),
+    match path
+        .strip_prefix("/mock/")
+        .and_then(|rest| rest.split_once('/'))
+    {
+        Some((spec, rest)) => (
+            Scenario::parse(spec),
+            spec.to_string(),
+            &path[path.len() - rest.len() - 1..],
+        ),
         None => (Scenario::default(), String::new(), path),
     }
 }
@@ -140,11 +173,20 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     if scenario.hang {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
-    let status = scenario.statuses.get(call).or(scenario.statuses.last()).copied().unwrap_or(200);
+    let status = scenario
+        .statuses
+        .get(call)
+        .or(scenario.statuses.last())
+        .copied()
+        .unwrap_or(200);
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     if scenario.reset {
-        let broken = futures_util::stream::once(async { Err::<Bytes, _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset)) });
-        return HttpResponse::build(status).content_type("application/json").streaming(broken);
+        let broken = futures_util::stream::once(async {
+            Err::<Bytes, _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+        });
+        return HttpResponse::build(status)
+            .content_type("application/json")
+            .streaming(broken);
     }
     let mut response = HttpResponse::build(status);
     if let Some(retry_after) = &scenario.retry_after {
@@ -173,12 +215,21 @@ fn requests(req: &HttpRequest, state: &MockState) -> HttpResponse {
         state.log.lock().expect("mock log").clear();
         return HttpResponse::NoContent().finish();
     }
-    let id = web::Query::<HashMap<String, String>>::from_query(req.query_string()).ok().and_then(|q| q.get("id").cloned());
+    let id = web::Query::<HashMap<String, String>>::from_query(req.query_string())
+        .ok()
+        .and_then(|q| q.get("id").cloned());
     let log = state.log.lock().expect("mock log");
     let wanted = id.map(|id| format!("id:{id}"));
     let matching: Vec<&Received> = log
         .iter()
-        .filter(|r| wanted.as_ref().is_none_or(|w| r.path.split('/').nth(2).is_some_and(|spec| spec.split(';').any(|d| d == w))))
+        .filter(|r| {
+            wanted.as_ref().is_none_or(|w| {
+                r.path
+                    .split('/')
+                    .nth(2)
+                    .is_some_and(|spec| spec.split(';').any(|d| d == w))
+            })
+        })
         .collect();
     HttpResponse::Ok().json(matching)
 }
@@ -187,7 +238,10 @@ pub async fn serve(addr: &str) -> std::io::Result<()> {
     let state = web::Data::new(MockState::default());
     tracing::info!(%addr, "mock LLM listening");
     HttpServer::new(move || {
-        App::new().app_data(state.clone()).app_data(web::PayloadConfig::new(64 * 1024 * 1024)).default_service(web::to(handle))
+        App::new()
+            .app_data(state.clone())
+            .app_data(web::PayloadConfig::new(64 * 1024 * 1024))
+            .default_service(web::to(handle))
     })
     .bind(addr)?
     .run()
@@ -200,14 +254,19 @@ mod tests {
 
     #[test]
     fn scenarios_parse() {
-        let s = Scenario::parse("id:t1;seq:503-200;delay:5;retry-after:7;err:insufficient_quota;usage:10-20");
+        let s = Scenario::parse(
+            "id:t1;seq:503-200;delay:5;retry-after:7;err:insufficient_quota;usage:10-20",
+        );
         assert_eq!(s.id.as_deref(), Some("t1"));
         assert_eq!(s.statuses, vec![503, 200]);
         assert_eq!(s.delay, Some(Duration::from_millis(5)));
         assert_eq!(s.retry_after.as_deref(), Some("7"));
         assert_eq!(s.usage, Some((10, 20)));
         let (scenario, spec, rest) = split_path("/mock/status:503;id:x/v1/chat/completions");
-        assert_eq!((scenario.statuses, spec.as_str(), rest), (vec![503], "status:503;id:x", "/v1/chat/completions"));
+        assert_eq!(
+            (scenario.statuses, spec.as_str(), rest),
+            (vec![503], "status:503;id:x", "/v1/chat/completions")
+        );
         assert_eq!(split_path("/v1/models").2, "/v1/models");
     }
 }

@@ -17,7 +17,8 @@ const SHIELD_ONLY: [&str; 4] = ["x_shield", "prompt", "system", "run_id"];
 pub async fn read(mut payload: web::Payload) -> Result<Bytes, ProxyError> {
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ProxyError::BadRequest(format!("could not read the request body: {e}")))?;
+        let chunk = chunk
+            .map_err(|e| ProxyError::BadRequest(format!("could not read the request body: {e}")))?;
         if body.len() + chunk.len() > MAX_BODY_BYTES {
             return Err(ProxyError::TooLarge(MAX_BODY_BYTES));
         }
@@ -34,35 +35,58 @@ pub struct ChatRequest {
 
 impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<ChatRequest, ProxyError> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| ProxyError::BadRequest(format!("malformed JSON body: {e}")))?;
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| ProxyError::BadRequest(format!("malformed JSON body: {e}")))?;
         let Value::Object(fields) = value else {
-            return Err(ProxyError::BadRequest("the body must be a JSON object".into()));
+            return Err(ProxyError::BadRequest(
+                "the body must be a JSON object".into(),
+            ));
         };
         let model = match fields.get("model") {
             Some(Value::String(model)) if !model.is_empty() => model.clone(),
-            Some(_) => return Err(ProxyError::BadRequest("`model` must be a non-empty string".into())),
-            None => return Err(ProxyError::BadRequest("missing required field `model`".into())),
+            Some(_) => {
+                return Err(ProxyError::BadRequest(
+                    "`model` must be a non-empty string".into(),
+                ));
+            }
+            None => {
+                return Err(ProxyError::BadRequest(
+                    "missing required field `model`".into(),
+                ));
+            }
         };
         Ok(ChatRequest { fields, model })
     }
 
     pub fn stream(&self) -> bool {
-        self.fields.get("stream").and_then(Value::as_bool).unwrap_or(false)
+        self.fields
+            .get("stream")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
     }
 
     /// Checks what a routed call needs beyond `model`.
     pub fn check_routable(&self) -> Result<(), ProxyError> {
         match self.fields.get("messages") {
             Some(Value::Array(messages)) if !messages.is_empty() => Ok(()),
-            Some(_) => Err(ProxyError::BadRequest("`messages` must be a non-empty array".into())),
-            None => Err(ProxyError::BadRequest("missing required field `messages`".into())),
+            Some(_) => Err(ProxyError::BadRequest(
+                "`messages` must be a non-empty array".into(),
+            )),
+            None => Err(ProxyError::BadRequest(
+                "missing required field `messages`".into(),
+            )),
         }
     }
 
     /// The body for one target: the caller's fields minus Shield-only ones, `model` set to the
     /// target's, `extra_body` merged over the rest.
     pub fn upstream_body(&self, model: &str, extra: Option<&Map<String, Value>>) -> Vec<u8> {
-        serde_json::to_vec(&UpstreamBody { fields: &self.fields, model, extra }).unwrap_or_default()
+        serde_json::to_vec(&UpstreamBody {
+            fields: &self.fields,
+            model,
+            extra,
+        })
+        .unwrap_or_default()
     }
 }
 
@@ -74,7 +98,11 @@ struct UpstreamBody<'a> {
 
 impl Serialize for UpstreamBody<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let overridden = |key: &str| key == "model" || SHIELD_ONLY.contains(&key) || self.extra.is_some_and(|e| e.contains_key(key));
+        let overridden = |key: &str| {
+            key == "model"
+                || SHIELD_ONLY.contains(&key)
+                || self.extra.is_some_and(|e| e.contains_key(key))
+        };
         let mut map = serializer.serialize_map(None)?;
         for (key, value) in self.fields.iter().filter(|(k, _)| !overridden(k)) {
             map.serialize_entry(key, value)?;
@@ -101,8 +129,11 @@ mod tests {
             .as_bytes(),
         )
         .unwrap();
-        let extra = json!({"provider": {"order": ["openai"]}}).as_object().cloned();
-        let body: Value = serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref())).unwrap();
+        let extra = json!({"provider": {"order": ["openai"]}})
+            .as_object()
+            .cloned();
+        let body: Value =
+            serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref())).unwrap();
         assert_eq!(
             body,
             json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2, "provider": {"order": ["openai"]}})
@@ -121,6 +152,12 @@ mod tests {
             assert!(err.contains(want), "{err}");
         }
         let no_messages = ChatRequest::parse(br#"{"model": "m"}"#).unwrap();
-        assert!(no_messages.check_routable().unwrap_err().to_string().contains("messages"));
+        assert!(
+            no_messages
+                .check_routable()
+                .unwrap_err()
+                .to_string()
+                .contains("messages")
+        );
     }
 }

@@ -23,6 +23,9 @@ pub struct ProxyConfig {
 
 impl std::fmt::Debug for ProxyConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxyConfig").field("addr", &self.addr).field("routing_enabled", &self.routing_enabled).finish_non_exhaustive()
+        f.debug_struct("ProxyConfig")
+            .field("addr", &self.addr)
+            .field("routing_enabled", &self.routing_enabled)
+            .finish_non_exhaustive()
     }
 }

@@ -12,24 +12,50 @@ use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 
 use crate::ProxyState;
 use crate::dispatch::HOP_HEADER;
+use crate::egress::Egress;
 use crate::error::ProxyError;
 
 /// Today's path had a 300 s single attempt; a default call is bounded at 120 s (seed §2).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
-pub async fn forward(state: &ProxyState, model: &str, body: Bytes, next_hop: u32) -> Result<HttpResponse, ProxyError> {
-    let Some(base) = &state.config.default_upstream else { return Err(ProxyError::ModelNotFound(model.to_string())) };
+pub async fn forward(
+    state: &ProxyState,
+    egress: &Egress,
+    model: &str,
+    body: Bytes,
+    next_hop: u32,
+) -> Result<HttpResponse, ProxyError> {
+    let Some(base) = &state.config.default_upstream else {
+        return Err(ProxyError::ModelNotFound(model.to_string()));
+    };
     let url = chat_url(base);
     let mut headers = HeaderMap::with_capacity(2);
-    headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
-    headers.insert(HeaderName::from_static(HOP_HEADER), HeaderValue::from(next_hop));
-    let response = state.egress.relay(url, headers, body, DEFAULT_TIMEOUT).await.map_err(ProxyError::DefaultUpstream)?;
-    let status = StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    headers.insert(
+        ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    headers.insert(
+        HeaderName::from_static(HOP_HEADER),
+        HeaderValue::from(next_hop),
+    );
+    let response = egress
+        .relay(url, headers, body, DEFAULT_TIMEOUT)
+        .await
+        .map_err(ProxyError::DefaultUpstream)?;
+    let status =
+        StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut out = HttpResponse::build(status);
-    if let Some(content_type) = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
+    if let Some(content_type) = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
         out.insert_header(("content-type", content_type));
     }
-    Ok(out.streaming(futures_util::StreamExt::map(response.bytes_stream(), |chunk| chunk.map_err(std::io::Error::other))))
+    Ok(out.streaming(futures_util::StreamExt::map(
+        response.bytes_stream(),
+        |chunk| chunk.map_err(std::io::Error::other),
+    )))
 }
 
 pub fn chat_url(base: &url::Url) -> url::Url {

@@ -31,9 +31,17 @@ pub struct Routed {
 
 pub enum RoutedResult {
     /// A completion from `target`.
-    Answer { target: String, model: String, body: Map<String, Value> },
+    Answer {
+        target: String,
+        model: String,
+        body: Map<String, Value>,
+    },
     /// A class that does not fail over, with the upstream's status and error body.
-    Refused { target: String, status: u16, body: Option<Vec<u8>> },
+    Refused {
+        target: String,
+        status: u16,
+        body: Option<Vec<u8>>,
+    },
     /// Nothing usable: every attempt failed, none was possible, or the deadline passed.
     Unavailable,
 }
@@ -51,16 +59,25 @@ pub struct Call<'a> {
 pub async fn dispatch(egress: &Egress, call: Call<'_>) -> Routed {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(u64::from(call.route.failover.deadline_s));
-    let facts = Facts { has_upstream_key: call.upstream_key.is_some(), vault_ready: call.tenant.vault_ready.clone() };
+    let facts = Facts {
+        has_upstream_key: call.upstream_key.is_some(),
+        vault_ready: call.tenant.vault_ready.clone(),
+    };
     let planned = plan(call.route, &call.tenant.snapshot.targets, &facts);
-    let mut run = Run::new(planned.order, call.route.failover.max_attempts, call.route.failover.on.clone());
+    let mut run = Run::new(
+        planned.order,
+        call.route.failover.max_attempts,
+        call.route.failover.on.clone(),
+    );
     let mut last: Option<(String, String, Answer)> = None;
     let halt = loop {
         let id = match run.step(Instant::now() >= deadline) {
             Step::Try(id) => id,
             Step::Stop(halt) => break halt,
         };
-        let Some(target) = call.tenant.target(&id) else { break Halt::NoEligibleTarget };
+        let Some(target) = call.tenant.target(&id) else {
+            break Halt::NoEligibleTarget;
+        };
         let attempt_started = Instant::now();
         let remaining = deadline.saturating_duration_since(attempt_started);
         let answer = attempt(egress, &call, target, remaining).await;
@@ -73,33 +90,78 @@ pub async fn dispatch(egress: &Egress, call: Call<'_>) -> Routed {
         last = Some((id, target.model.clone(), answer));
     };
     let result = match (halt, last) {
-        (Halt::Succeeded, Some((target, model, Answer::Completion { body, .. }))) => RoutedResult::Answer { target, model, body },
-        (Halt::IneligibleFailure, Some((target, _, Answer::Failed { class: Class::ClientError | Class::ContextLength, status: Some(status), body }))) => {
-            RoutedResult::Refused { target, status, body }
+        (Halt::Succeeded, Some((target, model, Answer::Completion { body, .. }))) => {
+            RoutedResult::Answer {
+                target,
+                model,
+                body,
+            }
         }
+        (
+            Halt::IneligibleFailure,
+            Some((
+                target,
+                _,
+                Answer::Failed {
+                    class: Class::ClientError | Class::ContextLength,
+                    status: Some(status),
+                    body,
+                },
+            )),
+        ) => RoutedResult::Refused {
+            target,
+            status,
+            body,
+        },
         _ => RoutedResult::Unavailable,
     };
-    Routed { route: call.route.name.clone(), failovers: run.failovers(), attempts: run.attempts, excluded: planned.excluded, halt, result }
+    Routed {
+        route: call.route.name.clone(),
+        failovers: run.failovers(),
+        attempts: run.attempts,
+        excluded: planned.excluded,
+        halt,
+        result,
+    }
 }
 
 async fn attempt(egress: &Egress, call: &Call<'_>, target: &Target, remaining: Duration) -> Answer {
-    let failed = |class| Answer::Failed { class, status: None, body: None };
-    let Ok(url) = call.tenant.endpoint(&target.id) else { return failed(Class::UnsafeUrl) };
-    let Some(headers) = upstream_headers(call, target) else { return failed(Class::CredentialUnavailable) };
-    let body = call.request.upstream_body(&target.model, target.extra_body.as_ref());
+    let failed = |class| Answer::Failed {
+        class,
+        status: None,
+        body: None,
+    };
+    let Ok(url) = call.tenant.endpoint(&target.id) else {
+        return failed(Class::UnsafeUrl);
+    };
+    let Some(headers) = upstream_headers(call, target) else {
+        return failed(Class::CredentialUnavailable);
+    };
+    let body = call
+        .request
+        .upstream_body(&target.model, target.extra_body.as_ref());
     let timeout = remaining.min(Duration::from_secs(u64::from(target.timeout_s)));
-    egress.call(url, target.allow_private, headers, body, timeout).await
+    egress
+        .call(url, target.allow_private, headers, body, timeout)
+        .await
 }
 
 /// Headers for one target, built from scratch: the hop count and this target's credential.
 fn upstream_headers(call: &Call<'_>, target: &Target) -> Option<HeaderMap> {
     let mut headers = HeaderMap::with_capacity(3);
     headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
-    headers.insert(HeaderName::from_static(HOP_HEADER), HeaderValue::from(call.next_hop));
+    headers.insert(
+        HeaderName::from_static(HOP_HEADER),
+        HeaderValue::from(call.next_hop),
+    );
     let credential = match target.auth.mode {
         AuthMode::None => None,
         AuthMode::Vault => Some(call.tenant.vault_credential(&target.id)?.clone()),
-        AuthMode::Passthrough => Some(auth_header(&target.auth.header, &target.auth.scheme, call.upstream_key?)?),
+        AuthMode::Passthrough => Some(auth_header(
+            &target.auth.header,
+            &target.auth.scheme,
+            call.upstream_key?,
+        )?),
     };
     if let Some((name, value)) = credential {
         headers.insert(name, value);

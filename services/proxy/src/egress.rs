@@ -31,9 +31,14 @@ impl reqwest::dns::Resolve for GuardedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let host = name.as_str().to_string();
         Box::pin(async move {
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if let Some((ip, why)) = addrs.iter().find_map(|a| private_reason(a.ip()).map(|why| (a.ip(), why))) {
-                return Err(Box::new(UnsafeAddress { host, ip, why }) as Box<dyn std::error::Error + Send + Sync>);
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if let Some((ip, why)) = addrs
+                .iter()
+                .find_map(|a| private_reason(a.ip()).map(|why| (a.ip(), why)))
+            {
+                return Err(Box::new(UnsafeAddress { host, ip, why })
+                    as Box<dyn std::error::Error + Send + Sync>);
             }
             Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
         })
@@ -48,8 +53,14 @@ fn client(guarded: bool) -> Client {
         .connect_timeout(Duration::from_secs(10))
         .pool_max_idle_per_host(512)
         .pool_idle_timeout(Duration::from_secs(90));
-    let builder = if guarded { builder.dns_resolver(GuardedResolver) } else { builder };
-    builder.build().expect("the HTTP client configuration is static and valid")
+    let builder = if guarded {
+        builder.dns_resolver(GuardedResolver)
+    } else {
+        builder
+    };
+    builder
+        .build()
+        .expect("the HTTP client configuration is static and valid")
 }
 
 pub struct Egress {
@@ -59,30 +70,60 @@ pub struct Egress {
 
 impl Default for Egress {
     fn default() -> Self {
-        Egress { guarded: client(true), private_ok: client(false) }
+        Egress {
+            guarded: client(true),
+            private_ok: client(false),
+        }
     }
 }
 
 /// What one attempt produced.
 pub enum Answer {
     /// A 2xx whose body is a chat completion (a JSON object with `choices`).
-    Completion { status: u16, body: serde_json::Map<String, serde_json::Value> },
+    Completion {
+        status: u16,
+        body: serde_json::Map<String, serde_json::Value>,
+    },
     /// `body` is the upstream's error body, kept to explain a non-failover answer.
-    Failed { class: Class, status: Option<u16>, body: Option<Vec<u8>> },
+    Failed {
+        class: Class,
+        status: Option<u16>,
+        body: Option<Vec<u8>>,
+    },
 }
 
 impl Egress {
     /// One upstream call, bounded by `timeout` from send to the last body byte.
-    pub async fn call(&self, url: &Url, allow_private: bool, headers: HeaderMap, body: Vec<u8>, timeout: Duration) -> Answer {
+    pub async fn call(
+        &self,
+        url: &Url,
+        allow_private: bool,
+        headers: HeaderMap,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Answer {
         if !allow_private && url_private_reason(url).is_some() {
-            return Answer::Failed { class: Class::UnsafeUrl, status: None, body: None };
+            return Answer::Failed {
+                class: Class::UnsafeUrl,
+                status: None,
+                body: None,
+            };
         }
-        let client = if allow_private { &self.private_ok } else { &self.guarded };
-        let request = client.post(url.clone()).headers(headers).header(CONTENT_TYPE, HeaderValue::from_static("application/json")).body(body);
+        let client = if allow_private {
+            &self.private_ok
+        } else {
+            &self.guarded
+        };
+        let request = client
+            .post(url.clone())
+            .headers(headers)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .body(body);
         let exchange = async {
             let mut response = request.send().await?;
             let status = response.status().as_u16();
-            let mut bytes = Vec::with_capacity(response.content_length().unwrap_or(4096).min(1 << 20) as usize);
+            let mut bytes =
+                Vec::with_capacity(response.content_length().unwrap_or(4096).min(1 << 20) as usize);
             while let Some(chunk) = response.chunk().await? {
                 if bytes.len() + chunk.len() > MAX_UPSTREAM_BODY {
                     return Ok((status, None));
@@ -92,22 +133,57 @@ impl Egress {
             Ok::<_, reqwest::Error>((status, Some(bytes)))
         };
         match tokio::time::timeout(timeout, exchange).await {
-            Err(_) => Answer::Failed { class: Class::Timeout, status: None, body: None },
-            Ok(Err(err)) => Answer::Failed { class: transport_class(&err), status: None, body: None },
-            Ok(Ok((status, None))) => Answer::Failed { class: Class::BadResponse, status: Some(status), body: None },
-            Ok(Ok((status, Some(bytes)))) if (200..300).contains(&status) => match serde_json::from_slice::<serde_json::Value>(&bytes) {
-                Ok(serde_json::Value::Object(map)) if is_completion(&serde_json::Value::Object(map.clone())) => {
-                    Answer::Completion { status, body: map }
-                }
-                _ => Answer::Failed { class: Class::BadResponse, status: Some(status), body: None },
+            Err(_) => Answer::Failed {
+                class: Class::Timeout,
+                status: None,
+                body: None,
             },
-            Ok(Ok((status, Some(bytes)))) => Answer::Failed { class: classify_status(status, &bytes), status: Some(status), body: Some(bytes) },
+            Ok(Err(err)) => Answer::Failed {
+                class: transport_class(&err),
+                status: None,
+                body: None,
+            },
+            Ok(Ok((status, None))) => Answer::Failed {
+                class: Class::BadResponse,
+                status: Some(status),
+                body: None,
+            },
+            Ok(Ok((status, Some(bytes)))) if (200..300).contains(&status) => {
+                match serde_json::from_slice::<serde_json::Value>(&bytes) {
+                    Ok(serde_json::Value::Object(map))
+                        if is_completion(&serde_json::Value::Object(map.clone())) =>
+                    {
+                        Answer::Completion { status, body: map }
+                    }
+                    _ => Answer::Failed {
+                        class: Class::BadResponse,
+                        status: Some(status),
+                        body: None,
+                    },
+                }
+            }
+            Ok(Ok((status, Some(bytes)))) => Answer::Failed {
+                class: classify_status(status, &bytes),
+                status: Some(status),
+                body: Some(bytes),
+            },
         }
     }
 
     /// The default path: the body as sent, the answer as received.
-    pub async fn relay(&self, url: Url, headers: HeaderMap, body: actix_web::web::Bytes, timeout: Duration) -> Result<reqwest::Response, String> {
-        let request = self.private_ok.post(url).headers(headers).header(CONTENT_TYPE, HeaderValue::from_static("application/json")).body(body);
+    pub async fn relay(
+        &self,
+        url: Url,
+        headers: HeaderMap,
+        body: actix_web::web::Bytes,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, String> {
+        let request = self
+            .private_ok
+            .post(url)
+            .headers(headers)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .body(body);
         match tokio::time::timeout(timeout, request.send()).await {
             Err(_) => Err("timed out".into()),
             Ok(Err(err)) => Err(describe(&err)),
@@ -116,7 +192,14 @@ impl Egress {
     }
 
     pub async fn get_json(&self, url: Url, timeout: Duration) -> Option<serde_json::Value> {
-        let fetch = async { self.private_ok.get(url).send().await?.json::<serde_json::Value>().await };
+        let fetch = async {
+            self.private_ok
+                .get(url)
+                .send()
+                .await?
+                .json::<serde_json::Value>()
+                .await
+        };
         tokio::time::timeout(timeout, fetch).await.ok()?.ok()
     }
 }
@@ -129,7 +212,11 @@ fn transport_class(err: &reqwest::Error) -> Class {
         }
         source = e.source();
     }
-    if err.is_timeout() { Class::Timeout } else { Class::Connect }
+    if err.is_timeout() {
+        Class::Timeout
+    } else {
+        Class::Connect
+    }
 }
 
 /// A transport error in words, without URLs (they may carry a deployment name) or keys.

@@ -36,7 +36,6 @@ use crate::tenant::TenantConfig;
 pub struct ProxyState {
     pub config: ProxyConfig,
     pub caches: Arc<Caches>,
-    pub egress: egress::Egress,
     /// Unix second of the last "taking the default path because the config is unavailable"
     /// log line (seed §7: logged once per minute).
     default_path_logged: AtomicU64,
@@ -44,8 +43,17 @@ pub struct ProxyState {
 
 impl ProxyState {
     pub fn new(config: ProxyConfig, redis: deadpool_redis::Pool) -> ProxyState {
-        let caches = Arc::new(Caches::new(redis, config.redis_keys.clone(), config.keyring.clone(), config.cache_every));
-        ProxyState { config, caches, egress: egress::Egress::default(), default_path_logged: AtomicU64::new(0) }
+        let caches = Arc::new(Caches::new(
+            redis,
+            config.redis_keys.clone(),
+            config.keyring.clone(),
+            config.cache_every,
+        ));
+        ProxyState {
+            config,
+            caches,
+            default_path_logged: AtomicU64::new(0),
+        }
     }
 
     /// The tenant's configuration, or `None` for the default path: no snapshot published, or
@@ -54,9 +62,17 @@ impl ProxyState {
         match self.caches.tenant(tenant).await {
             Ok(config) => config,
             Err(err) => {
-                let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
                 let last = self.default_path_logged.load(Ordering::Relaxed);
-                if now >= last + 60 && self.default_path_logged.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                if now >= last + 60
+                    && self
+                        .default_path_logged
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
                     tracing::warn!(tenant, error = %err, "routing configuration unavailable; calls take the default path");
                 }
                 None
@@ -76,23 +92,38 @@ async fn readyz(state: web::Data<ProxyState>) -> HttpResponse {
     if state.caches.is_ready() {
         HttpResponse::Ok().json(json!({"status": "ready"}))
     } else {
-        HttpResponse::ServiceUnavailable().json(json!({"status": "unavailable", "reason": "Redis has not answered yet"}))
+        HttpResponse::ServiceUnavailable()
+            .json(json!({"status": "unavailable", "reason": "Redis has not answered yet"}))
     }
 }
 
 async fn not_found() -> HttpResponse {
-    HttpResponse::NotFound().json(error::openai_error("no such endpoint", "invalid_request_error", "not_found", serde_json::Value::Null))
+    HttpResponse::NotFound().json(error::openai_error(
+        "no such endpoint",
+        "invalid_request_error",
+        "not_found",
+        serde_json::Value::Null,
+    ))
 }
 
 /// A request id: the caller's `X-Request-Id` when it is short and printable, else a fresh one
 /// (a per-process random prefix and a counter: unique, and free of syscalls per request).
 fn request_id(inbound: Option<&HeaderValue>) -> HeaderValue {
-    if let Some(value) = inbound.filter(|v| (1..=128).contains(&v.len()) && v.to_str().is_ok_and(|s| s.bytes().all(|b| b.is_ascii_graphic()))) {
+    if let Some(value) = inbound.filter(|v| {
+        (1..=128).contains(&v.len())
+            && v.to_str()
+                .is_ok_and(|s| s.bytes().all(|b| b.is_ascii_graphic()))
+    }) {
         return value.clone();
     }
-    static PREFIX: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    static PREFIX: std::sync::LazyLock<u64> =
+        std::sync::LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let id = format!("{:016x}{:016x}", *PREFIX, COUNTER.fetch_add(1, Ordering::Relaxed));
+    let id = format!(
+        "{:016x}{:016x}",
+        *PREFIX,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
     HeaderValue::from_str(&id).expect("hex is a valid header value")
 }
 
@@ -100,12 +131,25 @@ fn request_id(inbound: Option<&HeaderValue>) -> HeaderValue {
 pub struct RequestId(pub HeaderValue);
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(chat::chat_completions).service(models::list).service(healthz).service(readyz).default_service(web::to(not_found));
+    cfg.service(chat::chat_completions)
+        .service(models::list)
+        .service(healthz)
+        .service(readyz)
+        .default_service(web::to(not_found));
 }
 
 /// `redis://user:pass@host:port/db` → `host:port`, for log lines.
 pub fn redacted(url: &str) -> String {
-    url::Url::parse(url).ok().map(|u| format!("{}:{}", u.host_str().unwrap_or("?"), u.port().unwrap_or(6379))).unwrap_or_else(|| "?".into())
+    url::Url::parse(url)
+        .ok()
+        .map(|u| {
+            format!(
+                "{}:{}",
+                u.host_str().unwrap_or("?"),
+                u.port().unwrap_or(6379)
+            )
+        })
+        .unwrap_or_else(|| "?".into())
 }
 
 pub fn redis_pool(url: &str) -> Result<deadpool_redis::Pool, String> {
@@ -119,20 +163,28 @@ pub fn redis_pool(url: &str) -> Result<deadpool_redis::Pool, String> {
         },
         ..Default::default()
     });
-    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1)).map_err(|e| format!("invalid REDIS_URL: {e}"))
+    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .map_err(|e| format!("invalid REDIS_URL: {e}"))
 }
 
 /// Runs the proxy until the process is stopped. Starts whether or not Redis is up.
 pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
     let redis = redis_pool(&config.redis_url).map_err(std::io::Error::other)?;
     let state = web::Data::new(ProxyState::new(config.clone(), redis));
-    sync::spawn(state.caches.clone(), config.redis_url.clone(), config.cache_every);
+    sync::spawn(
+        state.caches.clone(),
+        config.redis_url.clone(),
+        config.cache_every,
+    );
     tracing::info!(addr = %config.addr, routing = config.routing_enabled, "proxy listening");
     let request_id_header = HeaderName::from_static("x-request-id");
     HttpServer::new(move || {
         let request_id_header = request_id_header.clone();
         App::new()
             .app_data(state.clone())
+            // One HTTP client per worker thread: its pooled upstream connections live on the
+            // worker's own runtime, so an attempt never crosses threads.
+            .app_data(web::Data::new(egress::Egress::default()))
             .wrap_fn(move |req, srv| {
                 let id = request_id(req.headers().get(&request_id_header));
                 req.extensions_mut().insert(RequestId(id.clone()));

@@ -21,15 +21,26 @@ async fn refresher(caches: Arc<Caches>, redis_url: String, every: Duration) {
         let up = caches.ping().await;
         if up {
             if !was_up {
-                tracing::info!("Redis is reachable again at {}", crate::redacted(&redis_url));
+                tracing::info!(
+                    "Redis is reachable again at {}",
+                    crate::redacted(&redis_url)
+                );
             }
             caches.refresh_all().await;
         } else if was_up {
-            tracing::warn!("Redis is not reachable at {}; serving cached configuration and retrying", crate::redacted(&redis_url));
+            tracing::warn!(
+                "Redis is not reachable at {}; serving cached configuration and retrying",
+                crate::redacted(&redis_url)
+            );
         }
         was_up = up;
         // While Redis is down, retry sooner than the refresh interval.
-        tokio::time::sleep(if up { every } else { every.min(Duration::from_secs(1)) }).await;
+        tokio::time::sleep(if up {
+            every
+        } else {
+            every.min(Duration::from_secs(1))
+        })
+        .await;
     }
 }
 
@@ -54,7 +65,9 @@ async fn listen(caches: &Caches, redis_url: &str, channel: &str) -> redis::Redis
     caches.refresh_all().await;
     let mut messages = pubsub.on_message();
     while let Some(message) = messages.next().await {
-        let Ok(payload) = message.get_payload::<String>() else { continue };
+        let Ok(payload) = message.get_payload::<String>() else {
+            continue;
+        };
         match serde_json::from_str::<ConfigMessage>(&payload) {
             Ok(message) => caches.on_message(message).await,
             Err(err) => tracing::warn!(error = %err, "ignoring an unreadable gw_config message"),
