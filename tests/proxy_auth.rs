@@ -146,6 +146,7 @@ async fn redis_down_fails_closed_for_unknown_keys_and_keeps_serving_cached_ones(
     let mut redis = PrivateRedis::start();
     let stack = Stack::start_with(StackOptions {
         redis_url: redis.url(),
+        default_upstream: true,
         ..Default::default()
     })
     .await;
@@ -157,6 +158,11 @@ async fn redis_down_fails_closed_for_unknown_keys_and_keeps_serving_cached_ones(
         stack.chat(&cached, chat_body("smart"), &[]).await.0,
         StatusCode::OK
     );
+    // Another tenant whose key is cached (a refused request verified it) but whose
+    // configuration was never loaded.
+    let other = stack.other_tenant_key().await;
+    let (status, _, _) = stack.chat(&other, json!({"messages": []}), &[]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
 
     redis.stop();
     let (status, _, body) = stack.chat(&never_used, chat_body("smart"), &[]).await;
@@ -169,6 +175,16 @@ async fn redis_down_fails_closed_for_unknown_keys_and_keeps_serving_cached_ones(
         "a cached key and snapshot keep serving through the outage"
     );
     assert_eq!(headers.get("x-shield-route").unwrap(), "smart");
+    // Seed §7: a cold configuration with the store down takes the default path, logged.
+    let (status, headers, _) = stack.chat(&other, chat_body("smart"), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("x-shield-route").is_none());
+    assert_eq!(stack.received("default").await.len(), 1);
+    assert!(
+        stack
+            .all_logs()
+            .contains("routing configuration unavailable; calls take the default path")
+    );
 
     redis.restart();
     // Redis came back empty: the admin republishes, and the unknown key works again.

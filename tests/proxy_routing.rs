@@ -79,6 +79,7 @@ async fn availability_failures_fail_over_and_are_classified() {
         ("garbage", "body:garbage", "bad_response"),
         ("nochoices", "body:nochoices", "bad_response"),
         ("reset", "reset", "connect"),
+        ("redirect", "status:302", "bad_response"),
     ];
     for (id, scenario, _) in cases {
         if id != "refused" {

@@ -295,6 +295,38 @@ impl Stack {
         )
     }
 
+    /// An API key of a second tenant, made with the CLI.
+    pub async fn other_tenant_key(&self) -> String {
+        let slug = unique("o-")[..14].to_string();
+        let out = self
+            .command(&[
+                "tenant",
+                "create",
+                &slug,
+                "--admin-email",
+                &format!("owner@{slug}.example.com"),
+            ])
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = self
+            .command(&["key", "create", "--tenant", &slug, "--name", "other"])
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
     /// POST /v1/chat/completions with `key`; returns status, headers and the JSON body.
     pub async fn chat(
         &self,

@@ -229,3 +229,59 @@ fn describe(err: &reqwest::Error) -> String {
         "the connection broke".into()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    #[tokio::test]
+    async fn the_guarded_resolver_refuses_private_answers() {
+        use reqwest::dns::Resolve;
+        let refused = GuardedResolver
+            .resolve(reqwest::dns::Name::from_str("localhost").unwrap())
+            .await;
+        let err = refused.err().expect("localhost resolves to loopback");
+        assert!(err.to_string().contains("loopback"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_a_private_address_is_unsafe_at_call_time() {
+        // A name (not an IP literal) that resolves to loopback: the call-time DNS check, which
+        // is what defeats rebinding, must classify the attempt `unsafe_url` without connecting.
+        let err = client(true)
+            .get("http://localhost:9/v1")
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(transport_class(&err), Class::UnsafeUrl);
+        let err = client(false)
+            .get("http://127.0.0.1:9/v1")
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            transport_class(&err),
+            Class::Connect,
+            "with allow_private the same host is merely closed"
+        );
+    }
+
+    #[tokio::test]
+    async fn ip_literals_are_checked_before_any_connection() {
+        let url = Url::parse("http://10.255.255.1/v1/chat/completions").unwrap();
+        match Egress::default()
+            .call(
+                &url,
+                false,
+                HeaderMap::new(),
+                Vec::new(),
+                Duration::from_secs(5),
+            )
+            .await
+        {
+            Answer::Failed { class, .. } => assert_eq!(class, Class::UnsafeUrl),
+            Answer::Completion { .. } => panic!("a private literal was called"),
+        }
+    }
+}

@@ -144,3 +144,80 @@ pub fn auth_header(header: &str, scheme: &str, key: &str) -> Option<(HeaderName,
     value.set_sensitive(true);
     Some((name, value))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine;
+    use shield_core::snapshot::SnapshotSecret;
+    use std::collections::BTreeMap;
+
+    fn keyring() -> Keyring {
+        Keyring::from_base64(
+            &base64::engine::general_purpose::STANDARD.encode([3u8; 32]),
+            1,
+        )
+        .unwrap()
+    }
+
+    fn snapshot(bindings: &[&str], aad_tenant: &str) -> Snapshot {
+        let target: Target = shield_core::parse::from_json_field(
+            br#"{"id": "t", "base_url": "https://api.openai.com/v1", "model": "m", "auth": {"mode": "vault", "secret_ref": "shield://k"}}"#,
+        )
+        .unwrap();
+        let sealed = keyring().seal(&secret_aad(aad_tenant, "k"), b"sk-live", [9; 12]);
+        let secrets = BTreeMap::from([(
+            "shield://k".to_string(),
+            SnapshotSecret::from_sealed(&sealed, bindings.iter().map(|b| b.to_string()).collect()),
+        )]);
+        Snapshot::new(
+            "acme".into(),
+            1,
+            0,
+            BTreeMap::from([("t".to_string(), target)]),
+            BTreeMap::new(),
+            Default::default(),
+            secrets,
+        )
+    }
+
+    #[test]
+    fn a_vault_key_is_ready_only_for_a_bound_host_and_the_right_tenant() {
+        let config = TenantConfig::build(snapshot(&["api.openai.com"], "acme"), &keyring());
+        let (name, value) = config.vault_credential("t").expect("bound and decryptable");
+        assert_eq!(
+            (name.as_str(), value.to_str().unwrap()),
+            ("authorization", "Bearer sk-live")
+        );
+        assert!(value.is_sensitive());
+        assert!(
+            !format!("{config:?}").contains("sk-live"),
+            "Debug never shows a credential"
+        );
+        assert!(
+            TenantConfig::build(snapshot(&["evil.example.com"], "acme"), &keyring())
+                .vault_ready
+                .is_empty(),
+            "not bound to the host"
+        );
+        assert!(
+            TenantConfig::build(snapshot(&["api.openai.com"], "other"), &keyring())
+                .vault_ready
+                .is_empty(),
+            "sealed for another tenant"
+        );
+    }
+
+    #[test]
+    fn azure_urls() {
+        let target: Target = shield_core::parse::from_json_field(
+            br#"{"id": "az", "base_url": "https://x.openai.azure.com/", "flavor": "azure", "model": "m",
+                "azure": {"deployment": "gpt4o", "api_version": "2024-06-01"}, "auth": {"mode": "none"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            chat_url(&target).unwrap().as_str(),
+            "https://x.openai.azure.com/openai/deployments/gpt4o/chat/completions?api-version=2024-06-01"
+        );
+    }
+}
