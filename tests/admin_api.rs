@@ -12,103 +12,28 @@ const R: &str = "/v1/tenant/me/gateway/routes";
 /// Every tenant endpoint with the scope it needs (API.md's table).
 fn tenant_endpoints() -> Vec<(Method, &'static str, Scope, Option<Value>)> {
     vec![
-        (
-            Method::GET,
-            "/v1/tenant/me/gateway/targets",
-            Scope::TenantRead,
-            None,
-        ),
-        (
-            Method::GET,
-            "/v1/tenant/me/gateway/targets/x",
-            Scope::TenantRead,
-            None,
-        ),
-        (
-            Method::PUT,
-            "/v1/tenant/me/gateway/targets/x",
-            Scope::ConfigWrite,
-            Some(public_target("m")),
-        ),
-        (
-            Method::DELETE,
-            "/v1/tenant/me/gateway/targets/x",
-            Scope::ConfigWrite,
-            None,
-        ),
-        (
-            Method::GET,
-            "/v1/tenant/me/gateway/routes",
-            Scope::TenantRead,
-            None,
-        ),
-        (
-            Method::GET,
-            "/v1/tenant/me/gateway/routes/x",
-            Scope::TenantRead,
-            None,
-        ),
-        (
-            Method::PUT,
-            "/v1/tenant/me/gateway/routes/x",
-            Scope::ConfigWrite,
-            Some(json!({"targets": ["x"]})),
-        ),
-        (
-            Method::DELETE,
-            "/v1/tenant/me/gateway/routes/x",
-            Scope::ConfigWrite,
-            None,
-        ),
-        (
-            Method::GET,
-            "/v1/tenant/me/secrets",
-            Scope::TenantRead,
-            None,
-        ),
-        (
-            Method::GET,
-            "/v1/tenant/me/secrets/x",
-            Scope::TenantRead,
-            None,
-        ),
+        (Method::GET, "/v1/tenant/me/gateway/targets", Scope::TenantRead, None),
+        (Method::GET, "/v1/tenant/me/gateway/targets/x", Scope::TenantRead, None),
+        (Method::PUT, "/v1/tenant/me/gateway/targets/x", Scope::ConfigWrite, Some(public_target("m"))),
+        (Method::DELETE, "/v1/tenant/me/gateway/targets/x", Scope::ConfigWrite, None),
+        (Method::GET, "/v1/tenant/me/gateway/routes", Scope::TenantRead, None),
+        (Method::GET, "/v1/tenant/me/gateway/routes/x", Scope::TenantRead, None),
+        (Method::PUT, "/v1/tenant/me/gateway/routes/x", Scope::ConfigWrite, Some(json!({"targets": ["x"]}))),
+        (Method::DELETE, "/v1/tenant/me/gateway/routes/x", Scope::ConfigWrite, None),
+        (Method::GET, "/v1/tenant/me/secrets", Scope::TenantRead, None),
+        (Method::GET, "/v1/tenant/me/secrets/x", Scope::TenantRead, None),
         (
             Method::PUT,
             "/v1/tenant/me/secrets/x",
             Scope::ConfigWrite,
             Some(json!({"value": "v", "bindings": ["api.example.com"]})),
         ),
-        (
-            Method::DELETE,
-            "/v1/tenant/me/secrets/x",
-            Scope::ConfigWrite,
-            None,
-        ),
+        (Method::DELETE, "/v1/tenant/me/secrets/x", Scope::ConfigWrite, None),
         (Method::GET, "/v1/tenant/me/keys", Scope::ConfigWrite, None),
-        (
-            Method::POST,
-            "/v1/tenant/me/keys",
-            Scope::ConfigWrite,
-            Some(json!({"name": "k"})),
-        ),
-        (
-            Method::DELETE,
-            "/v1/tenant/me/keys/00000000-0000-0000-0000-000000000000",
-            Scope::ConfigWrite,
-            None,
-        ),
-        (
-            Method::GET,
-            "/v1/tenant/me/guardrails",
-            Scope::TenantRead,
-            None,
-        ),
-        (
-            Method::PUT,
-            "/v1/tenant/me/guardrails",
-            Scope::ConfigWrite,
-            Some(json!({})),
-        ),
+        (Method::POST, "/v1/tenant/me/keys", Scope::ConfigWrite, Some(json!({"name": "k"}))),
+        (Method::DELETE, "/v1/tenant/me/keys/00000000-0000-0000-0000-000000000000", Scope::ConfigWrite, None),
+        (Method::GET, "/v1/tenant/me/guardrails", Scope::TenantRead, None),
+        (Method::PUT, "/v1/tenant/me/guardrails", Scope::ConfigWrite, Some(json!({}))),
         (Method::GET, "/v1/tenant/me/audit", Scope::TenantRead, None),
     ]
 }
@@ -119,11 +44,8 @@ async fn every_endpoint_is_gated_401_then_403() {
     let (slug, ..) = admin.tenant().await;
     let expired = admin.expired(Some(&slug), &[Scope::TenantRead, Scope::ConfigWrite]);
     let forged = {
-        let (_, claims_sig) = admin
-            .owner(&slug)
-            .split_once('.')
-            .map(|(h, rest)| (h.to_string(), rest.to_string()))
-            .unwrap();
+        let (_, claims_sig) =
+            admin.owner(&slug).split_once('.').map(|(h, rest)| (h.to_string(), rest.to_string())).unwrap();
         format!("eyJhbGciOiJub25lIn0.{claims_sig}")
     };
     let mut endpoints = tenant_endpoints();
@@ -142,37 +64,17 @@ async fn every_endpoint_is_gated_401_then_403() {
             ("alg none", Some(forged.as_str())),
         ] {
             let (status, body) = admin.call(method.clone(), path, token, body.clone()).await;
-            assert_eq!(
-                status,
-                StatusCode::UNAUTHORIZED,
-                "{method} {path} with {what}: {body}"
-            );
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path} with {what}: {body}");
             assert_eq!(body["error"]["type"], "authentication_error");
         }
-        let others: Vec<Scope> = [
-            Scope::TenantRead,
-            Scope::ConfigWrite,
-            Scope::RegistryWrite,
-            Scope::Operator,
-        ]
-        .into_iter()
-        .filter(|s| *s != scope)
-        .collect();
+        let others: Vec<Scope> = [Scope::TenantRead, Scope::ConfigWrite, Scope::RegistryWrite, Scope::Operator]
+            .into_iter()
+            .filter(|s| *s != scope)
+            .collect();
         let token = admin.token(Some(&slug), &others);
-        let (status, response) = admin
-            .call(method.clone(), path, Some(&token), body.clone())
-            .await;
-        assert_eq!(
-            status,
-            StatusCode::FORBIDDEN,
-            "{method} {path} without {scope:?}: {response}"
-        );
-        assert!(
-            response["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains(scope.as_str())
-        );
+        let (status, response) = admin.call(method.clone(), path, Some(&token), body.clone()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path} without {scope:?}: {response}");
+        assert!(response["error"]["message"].as_str().unwrap().contains(scope.as_str()));
         let token = admin.token(Some(&slug), &[scope]);
         let (status, response) = admin.call(method.clone(), path, Some(&token), body).await;
         assert!(
@@ -181,85 +83,35 @@ async fn every_endpoint_is_gated_401_then_403() {
         );
     }
     let expired_message = admin.call(Method::GET, T, Some(&expired), None).await.1;
-    assert!(
-        expired_message["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("expired")
-    );
+    assert!(expired_message["error"]["message"].as_str().unwrap().contains("expired"));
 }
 
 #[actix_web::test]
 async fn login_gives_a_scoped_token_and_throttles_guessing() {
     let admin = Admin::start().await;
     let (slug, email, password) = admin.tenant().await;
-    let (status, body) = admin
-        .call(
-            Method::POST,
-            "/v1/auth/login",
-            None,
-            Some(json!({"email": email, "password": password})),
-        )
-        .await;
+    let (status, body) =
+        admin.call(Method::POST, "/v1/auth/login", None, Some(json!({"email": email, "password": password}))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["tenant"], slug);
     assert!(body["expires_at"].as_str().unwrap().contains('T'));
     let token = body["token"].as_str().unwrap();
     assert_eq!(admin.get(T, token).await.0, StatusCode::OK);
-    assert_eq!(
-        admin.get("/v1/admin/tenants", token).await.0,
-        StatusCode::FORBIDDEN
-    );
+    assert_eq!(admin.get("/v1/admin/tenants", token).await.0, StatusCode::FORBIDDEN);
 
-    let (status, body) = admin
-        .call(
-            Method::POST,
-            "/v1/auth/login",
-            None,
-            Some(json!({"email": "nobody@x.io", "password": "x"})),
-        )
-        .await;
+    let (status, body) =
+        admin.call(Method::POST, "/v1/auth/login", None, Some(json!({"email": "nobody@x.io", "password": "x"}))).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
-    let (status, _) = admin
-        .call(
-            Method::POST,
-            "/v1/auth/login",
-            None,
-            Some(json!({"email": email, "password": "wrong"})),
-        )
-        .await;
+    let (status, _) =
+        admin.call(Method::POST, "/v1/auth/login", None, Some(json!({"email": email, "password": "wrong"}))).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     for _ in 0..9 {
-        admin
-            .call(
-                Method::POST,
-                "/v1/auth/login",
-                None,
-                Some(json!({"email": email, "password": "wrong"})),
-            )
-            .await;
+        admin.call(Method::POST, "/v1/auth/login", None, Some(json!({"email": email, "password": "wrong"}))).await;
     }
-    let (status, body) = admin
-        .call(
-            Method::POST,
-            "/v1/auth/login",
-            None,
-            Some(json!({"email": email, "password": password})),
-        )
-        .await;
-    assert_eq!(
-        status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "the right password is refused too while throttled: {body}"
-    );
-    let (status, body) = admin
-        .call(
-            Method::POST,
-            "/v1/auth/login",
-            None,
-            Some(json!({"email": email})),
-        )
-        .await;
+    let (status, body) =
+        admin.call(Method::POST, "/v1/auth/login", None, Some(json!({"email": email, "password": password}))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "the right password is refused too while throttled: {body}");
+    let (status, body) = admin.call(Method::POST, "/v1/auth/login", None, Some(json!({"email": email}))).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["field"], "password");
 }
@@ -270,30 +122,18 @@ async fn operator_creates_and_lists_tenants() {
     let operator = admin.token(None, &[Scope::Operator]);
     let slug = shield_e2e::unique("op-")[..20].to_string();
     let (status, body) = admin
-        .post(
-            "/v1/admin/tenants",
-            &operator,
-            json!({"slug": slug, "name": "Op", "admin_email": "Boss@Op.example.com"}),
-        )
+        .post("/v1/admin/tenants", &operator, json!({"slug": slug, "name": "Op", "admin_email": "Boss@Op.example.com"}))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["tenant"], slug);
     assert_eq!(body["admin_email"], "boss@op.example.com");
     assert!(body["password"].as_str().unwrap().len() >= 20);
-    let (status, body) = admin
-        .post(
-            "/v1/admin/tenants",
-            &operator,
-            json!({"slug": slug, "admin_email": "other@op.example.com"}),
-        )
-        .await;
+    let (status, body) =
+        admin.post("/v1/admin/tenants", &operator, json!({"slug": slug, "admin_email": "other@op.example.com"})).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     for (bad, field) in [
         (json!({"slug": "Bad Slug", "admin_email": "a@b.co"}), "slug"),
-        (
-            json!({"slug": "ok-slug", "admin_email": "nope"}),
-            "admin_email",
-        ),
+        (json!({"slug": "ok-slug", "admin_email": "nope"}), "admin_email"),
     ] {
         let (status, body) = admin.post("/v1/admin/tenants", &operator, bad).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -301,21 +141,9 @@ async fn operator_creates_and_lists_tenants() {
     }
     let (status, body) = admin.get("/v1/admin/tenants", &operator).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(
-        body["tenants"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|t| t["slug"] == slug)
-    );
+    assert!(body["tenants"].as_array().unwrap().iter().any(|t| t["slug"] == slug));
     // An operator token is not a tenant token.
-    assert_eq!(
-        admin
-            .get(T, &admin.token(None, &[Scope::Operator, Scope::TenantRead]))
-            .await
-            .0,
-        StatusCode::FORBIDDEN
-    );
+    assert_eq!(admin.get(T, &admin.token(None, &[Scope::Operator, Scope::TenantRead])).await.0, StatusCode::FORBIDDEN);
 }
 
 #[actix_web::test]
@@ -323,9 +151,7 @@ async fn targets_crud_with_validation_naming_fields() {
     let admin = Admin::start().await;
     let (slug, ..) = admin.tenant().await;
     let token = admin.owner(&slug);
-    let (status, body) = admin
-        .put(&format!("{T}/openai-4o"), &token, public_target("gpt-4o"))
-        .await;
+    let (status, body) = admin.put(&format!("{T}/openai-4o"), &token, public_target("gpt-4o")).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["id"], "openai-4o");
     assert_eq!(body["timeout_s"], 60);
@@ -336,35 +162,23 @@ async fn targets_crud_with_validation_naming_fields() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["price"]["input_per_mtok"], 0.15);
     let (status, body) = admin.get(&format!("{T}/openai-4o"), &token).await;
-    assert_eq!(
-        (status, body["model"].clone()),
-        (StatusCode::OK, json!("gpt-4o-mini"))
-    );
+    assert_eq!((status, body["model"].clone()), (StatusCode::OK, json!("gpt-4o-mini")));
     let (_, body) = admin.get(T, &token).await;
     assert_eq!(body["targets"].as_array().unwrap().len(), 1);
 
     let cases = [
-        (
-            json!({"base_url": "ftp://x.example.com", "model": "m"}),
-            "base_url",
-        ),
+        (json!({"base_url": "ftp://x.example.com", "model": "m"}), "base_url"),
         (
             json!({"base_url": "https://x.example.com", "model": "m", "auth": {"mode": "vault", "secret_ref": "shield://none"}}),
             "auth.secret_ref",
         ),
-        (
-            json!({"base_url": "https://x.example.com", "model": "m", "surprise": 1}),
-            "surprise",
-        ),
+        (json!({"base_url": "https://x.example.com", "model": "m", "surprise": 1}), "surprise"),
         (json!({"base_url": "https://x.example.com"}), "model"),
         (
             json!({"base_url": "https://x.example.com", "model": "m", "auth": {"mode": "passthrough", "header": "Bad Header"}}),
             "auth.header",
         ),
-        (
-            json!({"base_url": "http://169.254.169.254/v1", "model": "m"}),
-            "base_url",
-        ),
+        (json!({"base_url": "http://169.254.169.254/v1", "model": "m"}), "base_url"),
     ];
     for (body, field) in cases {
         let (status, response) = admin.put(&format!("{T}/bad"), &token, body).await;
@@ -373,40 +187,19 @@ async fn targets_crud_with_validation_naming_fields() {
         assert_eq!(response["error"]["field"], field, "{response}");
         assert!(!response["error"]["message"].as_str().unwrap().is_empty());
     }
-    let (status, body) = admin
-        .put_raw(&format!("{T}/bad"), &token, b"{\"base_url\": ".to_vec())
-        .await;
+    let (status, body) = admin.put_raw(&format!("{T}/bad"), &token, b"{\"base_url\": ".to_vec()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("malformed JSON")
-    );
-    let (status, body) = admin
-        .put_raw(&format!("{T}/bad"), &token, vec![b' '; 2 * 1024 * 1024])
-        .await;
+    assert!(body["error"]["message"].as_str().unwrap().contains("malformed JSON"));
+    let (status, body) = admin.put_raw(&format!("{T}/bad"), &token, vec![b' '; 2 * 1024 * 1024]).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
-    let (status, body) = admin
-        .put(&format!("{T}/bad%7Cid"), &token, public_target("m"))
-        .await;
-    assert_eq!(
-        (status, body["error"]["field"].clone()),
-        (StatusCode::UNPROCESSABLE_ENTITY, json!("id"))
-    );
+    let (status, body) = admin.put(&format!("{T}/bad%7Cid"), &token, public_target("m")).await;
+    assert_eq!((status, body["error"]["field"].clone()), (StatusCode::UNPROCESSABLE_ENTITY, json!("id")));
     let (status, _) = admin.get(&format!("{T}/bad"), &token).await;
-    assert_eq!(
-        status,
-        StatusCode::NOT_FOUND,
-        "nothing was stored by refused writes"
-    );
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was stored by refused writes");
 
     let (status, body) = admin.delete(&format!("{T}/openai-4o"), &token).await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
-    assert_eq!(
-        admin.delete(&format!("{T}/openai-4o"), &token).await.0,
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(admin.delete(&format!("{T}/openai-4o"), &token).await.0, StatusCode::NOT_FOUND);
 }
 
 #[actix_web::test]
@@ -415,38 +208,16 @@ async fn allow_private_needs_registry_write() {
     let (slug, ..) = admin.tenant().await;
     let body = json!({"base_url": "http://127.0.0.1:9100/v1", "model": "m", "allow_private": true});
     let config_only = admin.token(Some(&slug), &[Scope::TenantRead, Scope::ConfigWrite]);
-    let (status, response) = admin
-        .put(&format!("{T}/local"), &config_only, body.clone())
-        .await;
+    let (status, response) = admin.put(&format!("{T}/local"), &config_only, body.clone()).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{response}");
-    assert!(
-        response["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("registry:write")
-    );
-    let (status, response) = admin
-        .put(&format!("{T}/local"), &admin.owner(&slug), body)
-        .await;
+    assert!(response["error"]["message"].as_str().unwrap().contains("registry:write"));
+    let (status, response) = admin.put(&format!("{T}/local"), &admin.owner(&slug), body).await;
     assert_eq!(status, StatusCode::CREATED, "{response}");
     let (status, response) = admin
-        .put(
-            &format!("{T}/local2"),
-            &config_only,
-            json!({"base_url": "http://127.0.0.1:9100/v1", "model": "m"}),
-        )
+        .put(&format!("{T}/local2"), &config_only, json!({"base_url": "http://127.0.0.1:9100/v1", "model": "m"}))
         .await;
-    assert_eq!(
-        status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "private without allow_private: {response}"
-    );
-    assert!(
-        response["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("loopback")
-    );
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "private without allow_private: {response}");
+    assert!(response["error"]["message"].as_str().unwrap().contains("loopback"));
 }
 
 #[actix_web::test]
@@ -455,70 +226,32 @@ async fn routes_crud_with_slash_names_subset_rules_and_delete_conflicts() {
     let (slug, ..) = admin.tenant().await;
     let token = admin.owner(&slug);
     for id in ["openai-4o", "onprem-qwen"] {
-        assert_eq!(
-            admin
-                .put(&format!("{T}/{id}"), &token, public_target(id))
-                .await
-                .0,
-            StatusCode::CREATED
-        );
+        assert_eq!(admin.put(&format!("{T}/{id}"), &token, public_target(id)).await.0, StatusCode::CREATED);
     }
     let route = json!({"targets": ["openai-4o", "onprem-qwen"], "rules": [{"when": {"flagged": ["pii_detection"]}, "use": ["onprem-qwen"]}]});
-    let (status, body) = admin
-        .put(&format!("{R}/shield%2Fcheap"), &token, route)
-        .await;
+    let (status, body) = admin.put(&format!("{R}/shield%2Fcheap"), &token, route).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["name"], "shield/cheap");
     let (status, body) = admin.get(&format!("{R}/shield%2Fcheap"), &token).await;
-    assert_eq!(
-        (status, body["failover"]["max_attempts"].clone()),
-        (StatusCode::OK, json!(3))
-    );
+    assert_eq!((status, body["failover"]["max_attempts"].clone()), (StatusCode::OK, json!(3)));
 
     let bad = json!({"targets": ["openai-4o"], "rules": [{"when": {}, "use": ["onprem-qwen"]}]});
     let (status, body) = admin.put(&format!("{R}/smart"), &token, bad).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["field"], "rules[0].use[0]");
-    let (status, body) = admin
-        .put(&format!("{R}/smart"), &token, json!({"targets": ["ghost"]}))
-        .await;
-    assert_eq!(
-        (status, body["error"]["field"].clone()),
-        (StatusCode::UNPROCESSABLE_ENTITY, json!("targets[0]"))
-    );
-    let (status, body) = admin
-        .put(
-            &format!("{R}/smart"),
-            &token,
-            json!({"targets": ["openai-4o"], "weights": {"openai-4o": 1}}),
-        )
-        .await;
-    assert_eq!(
-        (status, body["error"]["field"].clone()),
-        (StatusCode::UNPROCESSABLE_ENTITY, json!("weights"))
-    );
+    let (status, body) = admin.put(&format!("{R}/smart"), &token, json!({"targets": ["ghost"]})).await;
+    assert_eq!((status, body["error"]["field"].clone()), (StatusCode::UNPROCESSABLE_ENTITY, json!("targets[0]")));
+    let (status, body) =
+        admin.put(&format!("{R}/smart"), &token, json!({"targets": ["openai-4o"], "weights": {"openai-4o": 1}})).await;
+    assert_eq!((status, body["error"]["field"].clone()), (StatusCode::UNPROCESSABLE_ENTITY, json!("weights")));
 
     let (status, body) = admin.delete(&format!("{T}/onprem-qwen"), &token).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"]["routes"], json!(["shield/cheap"]));
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("shield/cheap")
-    );
-    assert_eq!(
-        admin.delete(&format!("{R}/shield%2Fcheap"), &token).await.0,
-        StatusCode::NO_CONTENT
-    );
-    assert_eq!(
-        admin.delete(&format!("{T}/onprem-qwen"), &token).await.0,
-        StatusCode::NO_CONTENT
-    );
-    assert_eq!(
-        admin.delete(&format!("{R}/shield%2Fcheap"), &token).await.0,
-        StatusCode::NOT_FOUND
-    );
+    assert!(body["error"]["message"].as_str().unwrap().contains("shield/cheap"));
+    assert_eq!(admin.delete(&format!("{R}/shield%2Fcheap"), &token).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(admin.delete(&format!("{T}/onprem-qwen"), &token).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(admin.delete(&format!("{R}/shield%2Fcheap"), &token).await.0, StatusCode::NOT_FOUND);
 }
 
 #[actix_web::test]
@@ -529,26 +262,16 @@ async fn envelope_changes_that_break_a_route_are_refused() {
     let mut eu = public_target("m");
     eu["profile"] = json!({"region": "eu", "zdr": true});
     admin.put(&format!("{T}/eu-1"), &token, eu.clone()).await;
-    admin
-        .put(&format!("{T}/us-1"), &token, public_target("m"))
-        .await;
+    admin.put(&format!("{T}/us-1"), &token, public_target("m")).await;
     let (status, body) = admin
-        .put(
-            &format!("{R}/eu"),
-            &token,
-            json!({"targets": ["eu-1", "us-1"], "required_profile": {"region": "eu"}}),
-        )
+        .put(&format!("{R}/eu"), &token, json!({"targets": ["eu-1", "us-1"], "required_profile": {"region": "eu"}}))
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["field"], "required_profile.region");
     assert!(body["error"]["message"].as_str().unwrap().contains("us-1"));
     assert_eq!(
         admin
-            .put(
-                &format!("{R}/eu"),
-                &token,
-                json!({"targets": ["eu-1"], "required_profile": {"region": "eu"}})
-            )
+            .put(&format!("{R}/eu"), &token, json!({"targets": ["eu-1"], "required_profile": {"region": "eu"}}))
             .await
             .0,
         StatusCode::CREATED
@@ -556,17 +279,8 @@ async fn envelope_changes_that_break_a_route_are_refused() {
     eu["profile"]["region"] = json!("us");
     let (status, body) = admin.put(&format!("{T}/eu-1"), &token, eu).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("eu (region)"),
-        "{body}"
-    );
-    assert_eq!(
-        admin.get(&format!("{T}/eu-1"), &token).await.1["profile"]["region"],
-        "eu"
-    );
+    assert!(body["error"]["message"].as_str().unwrap().contains("eu (region)"), "{body}");
+    assert_eq!(admin.get(&format!("{T}/eu-1"), &token).await.1["profile"]["region"], "eu");
 }
 
 #[actix_web::test]
@@ -575,45 +289,24 @@ async fn tenant_limits_50_targets_100_routes() {
     let (slug, ..) = admin.tenant().await;
     let token = admin.owner(&slug);
     for i in 0..50 {
-        let (status, body) = admin
-            .put(&format!("{T}/t{i}"), &token, public_target("m"))
-            .await;
+        let (status, body) = admin.put(&format!("{T}/t{i}"), &token, public_target("m")).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
     }
-    let (status, body) = admin
-        .put(&format!("{T}/t50"), &token, public_target("m"))
-        .await;
+    let (status, body) = admin.put(&format!("{T}/t50"), &token, public_target("m")).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("at most 50 targets")
-    );
+    assert!(body["error"]["message"].as_str().unwrap().contains("at most 50 targets"));
     assert_eq!(
-        admin
-            .put(&format!("{T}/t0"), &token, public_target("m2"))
-            .await
-            .0,
+        admin.put(&format!("{T}/t0"), &token, public_target("m2")).await.0,
         StatusCode::OK,
         "replacing is not adding"
     );
     for i in 0..100 {
-        let (status, body) = admin
-            .put(&format!("{R}/r{i}"), &token, json!({"targets": ["t0"]}))
-            .await;
+        let (status, body) = admin.put(&format!("{R}/r{i}"), &token, json!({"targets": ["t0"]})).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
     }
-    let (status, body) = admin
-        .put(&format!("{R}/r100"), &token, json!({"targets": ["t0"]}))
-        .await;
+    let (status, body) = admin.put(&format!("{R}/r100"), &token, json!({"targets": ["t0"]})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("at most 100 routes")
-    );
+    assert!(body["error"]["message"].as_str().unwrap().contains("at most 100 routes"));
 }
 
 #[actix_web::test]
@@ -621,13 +314,8 @@ async fn keys_are_shown_once_stored_hashed_and_revocable() {
     let admin = Admin::start().await;
     let (slug, ..) = admin.tenant().await;
     let token = admin.owner(&slug);
-    let (status, body) = admin
-        .post(
-            "/v1/tenant/me/keys",
-            &token,
-            json!({"name": "ci", "agent": "builder", "role": "contractor"}),
-        )
-        .await;
+    let (status, body) =
+        admin.post("/v1/tenant/me/keys", &token, json!({"name": "ci", "agent": "builder", "role": "contractor"})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let key = body["key"].as_str().unwrap().to_string();
     assert!(key.starts_with("sk-shield-") && key.len() > 40);
@@ -635,55 +323,28 @@ async fn keys_are_shown_once_stored_hashed_and_revocable() {
         assert!(!body[field].is_null(), "{field}");
     }
     let (_, list) = admin.get("/v1/tenant/me/keys", &token).await;
-    assert!(
-        !list.to_string().contains(&key),
-        "the list never shows the key"
-    );
+    assert!(!list.to_string().contains(&key), "the list never shows the key");
     assert_eq!(list["keys"][0]["prefix"].as_str().unwrap(), &key[..14]);
-    let stored: Vec<(String,)> = sqlx::query_as("SELECT key_hash FROM api_keys")
-        .fetch_all(&admin.db.pool)
-        .await
-        .unwrap();
+    let stored: Vec<(String,)> =
+        sqlx::query_as("SELECT key_hash FROM api_keys").fetch_all(&admin.db.pool).await.unwrap();
     assert_eq!(stored[0].0, shield_core::snapshot::key_hash(&key));
 
     let redis_key = admin.keys.api_key(&shield_core::snapshot::key_hash(&key));
     let record = shield_e2e::redis_dump(&redis_key).await;
     let record: Value = serde_json::from_str(&record[0].1).unwrap();
     assert_eq!(
-        (
-            record["tenant"].as_str(),
-            record["revoked"].as_bool(),
-            record["role"].as_str()
-        ),
+        (record["tenant"].as_str(), record["revoked"].as_bool(), record["role"].as_str()),
         (Some(slug.as_str()), Some(false), Some("contractor"))
     );
 
     let id = body["id"].as_str().unwrap();
-    assert_eq!(
-        admin
-            .delete(&format!("/v1/tenant/me/keys/{id}"), &token)
-            .await
-            .0,
-        StatusCode::NO_CONTENT
-    );
-    let record: Value =
-        serde_json::from_str(&shield_e2e::redis_dump(&redis_key).await[0].1).unwrap();
+    assert_eq!(admin.delete(&format!("/v1/tenant/me/keys/{id}"), &token).await.0, StatusCode::NO_CONTENT);
+    let record: Value = serde_json::from_str(&shield_e2e::redis_dump(&redis_key).await[0].1).unwrap();
     assert_eq!(record["revoked"], true);
     assert!(!admin.get("/v1/tenant/me/keys", &token).await.1["keys"][0]["revoked_at"].is_null());
-    assert_eq!(
-        admin
-            .delete("/v1/tenant/me/keys/not-a-uuid", &token)
-            .await
-            .0,
-        StatusCode::NOT_FOUND
-    );
-    let (status, body) = admin
-        .post("/v1/tenant/me/keys", &token, json!({"name": ""}))
-        .await;
-    assert_eq!(
-        (status, body["error"]["field"].clone()),
-        (StatusCode::UNPROCESSABLE_ENTITY, json!("name"))
-    );
+    assert_eq!(admin.delete("/v1/tenant/me/keys/not-a-uuid", &token).await.0, StatusCode::NOT_FOUND);
+    let (status, body) = admin.post("/v1/tenant/me/keys", &token, json!({"name": ""})).await;
+    assert_eq!((status, body["error"]["field"].clone()), (StatusCode::UNPROCESSABLE_ENTITY, json!("name")));
 }
 
 #[actix_web::test]
@@ -692,45 +353,20 @@ async fn guardrails_round_trip_strictly() {
     let (slug, ..) = admin.tenant().await;
     let token = admin.owner(&slug);
     let (status, body) = admin.get("/v1/tenant/me/guardrails", &token).await;
-    assert_eq!(
-        (status, body["pii_detection"]["mode"].clone()),
-        (StatusCode::OK, json!("off"))
-    );
+    assert_eq!((status, body["pii_detection"]["mode"].clone()), (StatusCode::OK, json!("off")));
     let policy = json!({"pii_detection": {"mode": "monitor"}, "secrets_detection": {"mode": "block"},
         "tools": {"kill_switch": false, "allowed_by_role": {"contractor": ["search"]}}});
-    let (status, body) = admin
-        .put("/v1/tenant/me/guardrails", &token, policy.clone())
-        .await;
+    let (status, body) = admin.put("/v1/tenant/me/guardrails", &token, policy.clone()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(
-        admin.get("/v1/tenant/me/guardrails", &token).await.1,
-        policy
-    );
-    let (status, body) = admin
-        .put(
-            "/v1/tenant/me/guardrails",
-            &token,
-            json!({"pii_detection": {"mode": "loud"}}),
-        )
-        .await;
+    assert_eq!(admin.get("/v1/tenant/me/guardrails", &token).await.1, policy);
+    let (status, body) =
+        admin.put("/v1/tenant/me/guardrails", &token, json!({"pii_detection": {"mode": "loud"}})).await;
     assert_eq!(
         (status, body["error"]["field"].clone()),
-        (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            json!("pii_detection.mode")
-        )
+        (StatusCode::UNPROCESSABLE_ENTITY, json!("pii_detection.mode"))
     );
-    let (status, body) = admin
-        .put(
-            "/v1/tenant/me/guardrails",
-            &token,
-            json!({"toxicity": {"mode": "block"}}),
-        )
-        .await;
-    assert_eq!(
-        (status, body["error"]["field"].clone()),
-        (StatusCode::UNPROCESSABLE_ENTITY, json!("toxicity"))
-    );
+    let (status, body) = admin.put("/v1/tenant/me/guardrails", &token, json!({"toxicity": {"mode": "block"}})).await;
+    assert_eq!((status, body["error"]["field"].clone()), (StatusCode::UNPROCESSABLE_ENTITY, json!("toxicity")));
 }
 
 #[actix_web::test]
@@ -745,33 +381,17 @@ async fn every_write_is_audited_with_actor_and_time() {
             json!({"value": "sk-audit-value-0123456789", "bindings": ["api.example.com"]}),
         )
         .await;
-    admin
-        .put(&format!("{T}/a"), &token, public_target("m"))
-        .await;
-    admin
-        .put(&format!("{R}/smart"), &token, json!({"targets": ["a"]}))
-        .await;
-    let (_, key) = admin
-        .post("/v1/tenant/me/keys", &token, json!({"name": "k"}))
-        .await;
-    admin
-        .delete(
-            &format!("/v1/tenant/me/keys/{}", key["id"].as_str().unwrap()),
-            &token,
-        )
-        .await;
+    admin.put(&format!("{T}/a"), &token, public_target("m")).await;
+    admin.put(&format!("{R}/smart"), &token, json!({"targets": ["a"]})).await;
+    let (_, key) = admin.post("/v1/tenant/me/keys", &token, json!({"name": "k"})).await;
+    admin.delete(&format!("/v1/tenant/me/keys/{}", key["id"].as_str().unwrap()), &token).await;
     admin.delete(&format!("{R}/smart"), &token).await;
     admin.delete(&format!("{T}/a"), &token).await;
     admin.delete("/v1/tenant/me/secrets/prod", &token).await;
     let (status, body) = admin.get("/v1/tenant/me/audit", &token).await;
     assert_eq!(status, StatusCode::OK);
-    let actions: Vec<&str> = body["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .map(|e| e["action"].as_str().unwrap())
-        .collect();
+    let actions: Vec<&str> =
+        body["entries"].as_array().unwrap().iter().rev().map(|e| e["action"].as_str().unwrap()).collect();
     assert_eq!(
         actions,
         [
@@ -786,12 +406,7 @@ async fn every_write_is_audited_with_actor_and_time() {
             "secret_deleted"
         ]
     );
-    for entry in body["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["action"] != "tenant_created")
-    {
+    for entry in body["entries"].as_array().unwrap().iter().filter(|e| e["action"] != "tenant_created") {
         assert_eq!(entry["actor"], "tester@example.com");
         assert!(entry["at"].as_str().unwrap().starts_with("20"));
     }
@@ -802,21 +417,12 @@ async fn every_write_is_audited_with_actor_and_time() {
 async fn unknown_paths_and_docs() {
     let admin = Admin::start().await;
     let (status, body) = admin.call(Method::GET, "/v1/nope", None, None).await;
-    assert_eq!(
-        (status, body["error"]["type"].clone()),
-        (StatusCode::NOT_FOUND, json!("not_found"))
-    );
+    assert_eq!((status, body["error"]["type"].clone()), (StatusCode::NOT_FOUND, json!("not_found")));
     let (status, body) = admin.call(Method::GET, "/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(body["paths"]["/v1/tenant/me/gateway/targets/{id}"].is_object());
     let (status, _) = admin.call(Method::GET, "/docs/", None, None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        admin.call(Method::GET, "/healthz", None, None).await.0,
-        StatusCode::OK
-    );
-    assert_eq!(
-        admin.call(Method::GET, "/readyz", None, None).await.0,
-        StatusCode::OK
-    );
+    assert_eq!(admin.call(Method::GET, "/healthz", None, None).await.0, StatusCode::OK);
+    assert_eq!(admin.call(Method::GET, "/readyz", None, None).await.0, StatusCode::OK);
 }

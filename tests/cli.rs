@@ -58,10 +58,7 @@ async fn a_store_that_is_down_is_one_clear_line_and_exit_1() {
     let scratch = Scratch::new();
     let port = free_port();
     let env = [
-        (
-            "DATABASE_URL",
-            format!("postgres://postgres:hunter2@127.0.0.1:{port}/shield"),
-        ),
+        ("DATABASE_URL", format!("postgres://postgres:hunter2@127.0.0.1:{port}/shield")),
         ("SHIELD_JWT_SECRET", JWT_SECRET.to_string()),
         ("SHIELD_VAULT_KEY", vault_key()),
     ];
@@ -69,36 +66,20 @@ async fn a_store_that_is_down_is_one_clear_line_and_exit_1() {
         &["migrate"],
         &["admin"],
         &["up"],
-        &[
-            "tenant",
-            "create",
-            "acme",
-            "--admin-email",
-            "a@acme.example.com",
-        ],
+        &["tenant", "create", "acme", "--admin-email", "a@acme.example.com"],
         &["key", "create", "--tenant", "acme", "--name", "ci"],
     ];
     for args in commands {
         let out = run(shield(&scratch.0, &env).args(args)).await;
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "shield {args:?}: {stderr}");
-        assert_eq!(
-            stderr.trim().lines().count(),
-            1,
-            "shield {args:?} prints one line: {stderr}"
-        );
+        assert_eq!(stderr.trim().lines().count(), 1, "shield {args:?} prints one line: {stderr}");
         assert!(
             stderr.contains("Postgres") && stderr.contains(&format!("127.0.0.1:{port}")),
             "names the store and address: {stderr}"
         );
-        assert!(
-            stderr.contains("start it"),
-            "says how to start it: {stderr}"
-        );
-        assert!(
-            !stderr.contains("hunter2"),
-            "never prints the password: {stderr}"
-        );
+        assert!(stderr.contains("start it"), "says how to start it: {stderr}");
+        assert!(!stderr.contains("hunter2"), "never prints the password: {stderr}");
         assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"));
         assert!(out.stdout.is_empty());
     }
@@ -107,72 +88,31 @@ async fn a_store_that_is_down_is_one_clear_line_and_exit_1() {
 #[tokio::test]
 async fn secrets_are_required_outside_up() {
     let scratch = Scratch::new();
-    let out = run(shield(&scratch.0, &[]).args([
-        "token",
-        "issue",
-        "--tenant",
-        "acme",
-        "--scopes",
-        "tenant:read",
-    ]))
-    .await;
+    let out =
+        run(shield(&scratch.0, &[]).args(["token", "issue", "--tenant", "acme", "--scopes", "tenant:read"])).await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("SHIELD_JWT_SECRET is not set"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(text(&out.stderr).contains("SHIELD_JWT_SECRET is not set"), "{}", text(&out.stderr));
     let env = [("SHIELD_JWT_SECRET", JWT_SECRET.to_string())];
-    let out = run(shield(&scratch.0, &env).args([
-        "token",
-        "issue",
-        "--tenant",
-        "acme",
-        "--scopes",
-        "tenant:read,admin",
-    ]))
-    .await;
+    let out =
+        run(shield(&scratch.0, &env).args(["token", "issue", "--tenant", "acme", "--scopes", "tenant:read,admin"]))
+            .await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("unknown scope \"admin\""),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(text(&out.stderr).contains("unknown scope \"admin\""), "{}", text(&out.stderr));
     let db = DbName::reserve();
-    let env = [
-        ("DATABASE_URL", db.url.clone()),
-        ("SHIELD_VAULT_KEY", vault_key()),
-    ];
+    let env = [("DATABASE_URL", db.url.clone()), ("SHIELD_VAULT_KEY", vault_key())];
     let out = run(shield(&scratch.0, &env).args(["admin"])).await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("SHIELD_JWT_SECRET"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(text(&out.stderr).contains("SHIELD_JWT_SECRET"), "{}", text(&out.stderr));
 }
 
 /// Starts a long-running `shield` role with stderr going to a file the test can read.
-fn spawn_role(
-    cwd: &Path,
-    env: &[(&str, String)],
-    args: &[&str],
-    log: &Path,
-) -> tokio::process::Child {
+fn spawn_role(cwd: &Path, env: &[(&str, String)], args: &[&str], log: &Path) -> tokio::process::Child {
     let file = std::fs::File::create(log).unwrap();
-    shield(cwd, env)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(file)
-        .spawn()
-        .expect("spawn shield")
+    shield(cwd, env).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(file).spawn().expect("spawn shield")
 }
 
 async fn http_ok(url: &str) -> bool {
-    reqwest::get(url)
-        .await
-        .is_ok_and(|r| r.status().is_success())
+    reqwest::get(url).await.is_ok_and(|r| r.status().is_success())
 }
 
 #[tokio::test]
@@ -191,40 +131,21 @@ async fn tenant_token_and_key_commands_are_scriptable_and_work_with_the_admin() 
     ];
     let out = run(shield(&scratch.0, &env).arg("migrate")).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("created database"),
-        "migrate creates a missing database"
-    );
+    assert!(text(&out.stderr).contains("created database"), "migrate creates a missing database");
     let out = run(shield(&scratch.0, &env).arg("migrate")).await;
-    assert!(
-        out.status.success(),
-        "migrate is idempotent: {}",
-        text(&out.stderr)
-    );
+    assert!(out.status.success(), "migrate is idempotent: {}", text(&out.stderr));
 
     let slug = unique("acme-")[..16].to_string();
-    let out = run(shield(&scratch.0, &env).args([
-        "tenant",
-        "create",
-        &slug,
-        "--admin-email",
-        "Owner@Acme.example.com",
-    ]))
-    .await;
+    let out =
+        run(shield(&scratch.0, &env).args(["tenant", "create", &slug, "--admin-email", "Owner@Acme.example.com"]))
+            .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let created: Value =
-        serde_json::from_str(text(&out.stdout).trim()).expect("stdout is one JSON object");
+    let created: Value = serde_json::from_str(text(&out.stdout).trim()).expect("stdout is one JSON object");
     assert_eq!(created["tenant"], slug);
     assert_eq!(created["admin_email"], "owner@acme.example.com");
     let password = created["password"].as_str().unwrap().to_string();
-    let out = run(shield(&scratch.0, &env).args([
-        "tenant",
-        "create",
-        &slug,
-        "--admin-email",
-        "x@acme.example.com",
-    ]))
-    .await;
+    let out =
+        run(shield(&scratch.0, &env).args(["tenant", "create", &slug, "--admin-email", "x@acme.example.com"])).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("already exists"));
 
@@ -241,10 +162,7 @@ async fn tenant_token_and_key_commands_are_scriptable_and_work_with_the_admin() 
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let token = text(&out.stdout);
-    assert!(
-        token.ends_with('\n') && token.trim().split('.').count() == 3,
-        "only the token: {token:?}"
-    );
+    assert!(token.ends_with('\n') && token.trim().split('.').count() == 3, "only the token: {token:?}");
     let token = token.trim().to_string();
 
     let out = run(shield(&scratch.0, &env).args([
@@ -260,10 +178,7 @@ async fn tenant_token_and_key_commands_are_scriptable_and_work_with_the_admin() 
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let key = text(&out.stdout);
-    assert!(
-        key.starts_with("sk-shield-") && key.trim().lines().count() == 1,
-        "only the key: {key:?}"
-    );
+    assert!(key.starts_with("sk-shield-") && key.trim().lines().count() == 1, "only the key: {key:?}");
     let key = key.trim().to_string();
 
     let log = scratch.0.join("admin.log");
@@ -281,44 +196,26 @@ async fn tenant_token_and_key_commands_are_scriptable_and_work_with_the_admin() 
         .await
         .unwrap();
     assert_eq!(login.status(), 200);
-    let keys: Value = client
-        .get(format!("{base}/v1/tenant/me/keys"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let keys: Value =
+        client.get(format!("{base}/v1/tenant/me/keys")).bearer_auth(&token).send().await.unwrap().json().await.unwrap();
     assert_eq!(keys["keys"][0]["prefix"].as_str().unwrap(), &key[..14]);
     assert_eq!(keys["keys"][0]["role"], "contractor");
     // The key created by the CLI is published for the proxy, under the prefix.
-    let dump = shield_e2e::redis_dump(&format!(
-        "{prefix}gw_key:{}",
-        shield_core::snapshot::key_hash(&key)
-    ))
-    .await;
+    let dump = shield_e2e::redis_dump(&format!("{prefix}gw_key:{}", shield_core::snapshot::key_hash(&key))).await;
     assert_eq!(dump.len(), 1, "gw_key published");
     // The admin republishes the tenant at start.
     let snapshot = eventually(10, "the snapshot", || async {
-        shield_e2e::redis_dump(&format!("{prefix}gw_snapshot:{{{slug}}}"))
-            .await
-            .pop()
+        shield_e2e::redis_dump(&format!("{prefix}gw_snapshot:{{{slug}}}")).await.pop()
     })
     .await;
     assert!(snapshot.1.contains(&format!("\"tenant\":\"{slug}\"")));
     let logs = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        !logs.contains(&key) && !logs.contains(&password),
-        "no secret in the admin's log"
-    );
+    assert!(!logs.contains(&key) && !logs.contains(&password), "no secret in the admin's log");
 }
 
 /// Reads `label   value` from the demo banner.
 fn banner_value(log: &str, label: &str) -> Option<String> {
-    log.lines()
-        .find_map(|l| l.trim().strip_prefix(label))
-        .map(|v| v.trim().to_string())
+    log.lines().find_map(|l| l.trim().strip_prefix(label)).map(|v| v.trim().to_string())
 }
 
 #[tokio::test]
@@ -355,10 +252,7 @@ async fn up_demo_seeds_a_working_tenant_and_is_idempotent() {
             .await
             .unwrap();
         assert_eq!(response.status(), 200, "the printed login works");
-        let token = response.json::<Value>().await.unwrap()["token"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let token = response.json::<Value>().await.unwrap()["token"].as_str().unwrap().to_string();
         let route: Value = client
             .get(format!("{base}/v1/tenant/me/gateway/routes/smart"))
             .bearer_auth(&token)
@@ -370,11 +264,7 @@ async fn up_demo_seeds_a_working_tenant_and_is_idempotent() {
             .unwrap();
         assert_eq!(route["targets"], json!(["mock-primary", "mock-secondary"]));
         // The printed curl call: model `smart` fails over from the failing primary.
-        let proxy = &env
-            .iter()
-            .find(|(k, _)| *k == "SHIELD_PROXY_ADDR")
-            .unwrap()
-            .1;
+        let proxy = &env.iter().find(|(k, _)| *k == "SHIELD_PROXY_ADDR").unwrap().1;
         let body = json!({"model": "smart", "messages": [{"role": "user", "content": "hi"}]});
         let answer = eventually(10, "the proxy to answer", || async {
             let response = client
@@ -392,12 +282,6 @@ async fn up_demo_seeds_a_working_tenant_and_is_idempotent() {
         seen.push((key, password.to_string()));
         up.kill().await.unwrap();
     }
-    assert_eq!(
-        seen[0], seen[1],
-        "a restart keeps the same demo key and login"
-    );
-    assert!(
-        scratch.0.join(".shield/jwt_secret").exists()
-            && scratch.0.join(".shield/vault_key").exists()
-    );
+    assert_eq!(seen[0], seen[1], "a restart keeps the same demo key and login");
+    assert!(scratch.0.join(".shield/jwt_secret").exists() && scratch.0.join(".shield/vault_key").exists());
 }

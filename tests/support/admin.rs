@@ -64,18 +64,14 @@ impl Admin {
             login_token_ttl: Duration::from_secs(600),
         };
         let pool = shield_admin::redis_pool(redis).expect("redis pool");
-        let state =
-            web::Data::new(AdminState::new(db.pool.clone(), pool, &config).expect("admin state"));
+        let state = web::Data::new(AdminState::new(db.pool.clone(), pool, &config).expect("admin state"));
         let app_state = state.clone();
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(app_state.clone())
-                .configure(shield_admin::api::configure)
-        })
-        .workers(1)
-        .disable_signals()
-        .bind(("127.0.0.1", 0))
-        .expect("bind");
+        let server =
+            HttpServer::new(move || App::new().app_data(app_state.clone()).configure(shield_admin::api::configure))
+                .workers(1)
+                .disable_signals()
+                .bind(("127.0.0.1", 0))
+                .expect("bind");
         let addr = server.addrs()[0];
         let server = server.run();
         let handle = server.handle();
@@ -97,40 +93,22 @@ impl Admin {
     }
 
     pub fn token_with_ttl(&self, tenant: Option<&str>, scopes: &[Scope], ttl: Duration) -> String {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64;
-        Tokens::new(JWT_SECRET)
-            .unwrap()
-            .issue("tester@example.com", tenant, scopes.to_vec(), ttl, now)
-            .0
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        Tokens::new(JWT_SECRET).unwrap().issue("tester@example.com", tenant, scopes.to_vec(), ttl, now).0
     }
 
     /// A correctly signed token that expired a minute ago.
     pub fn expired(&self, tenant: Option<&str>, scopes: &[Scope]) -> String {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
         Tokens::new(JWT_SECRET)
             .unwrap()
-            .issue(
-                "tester@example.com",
-                tenant,
-                scopes.to_vec(),
-                Duration::from_secs(60),
-                now - 120,
-            )
+            .issue("tester@example.com", tenant, scopes.to_vec(), Duration::from_secs(60), now - 120)
             .0
     }
 
     /// A token for `tenant` with every tenant scope.
     pub fn owner(&self, tenant: &str) -> String {
-        self.token(
-            Some(tenant),
-            &[Scope::TenantRead, Scope::ConfigWrite, Scope::RegistryWrite],
-        )
+        self.token(Some(tenant), &[Scope::TenantRead, Scope::ConfigWrite, Scope::RegistryWrite])
     }
 
     /// Creates a tenant with a fresh slug; returns (slug, admin e-mail, password).
@@ -139,9 +117,7 @@ impl Admin {
         let slug = slug[..slug.len().min(40)].to_string();
         let email = format!("owner@{slug}.example.com");
         let created =
-            shield_admin::provision::create_tenant(&self.db.pool, &slug, "Acme", &email, "test")
-                .await
-                .expect("tenant");
+            shield_admin::provision::create_tenant(&self.db.pool, &slug, "Acme", &email, "test").await.expect("tenant");
         (slug, email, created.password)
     }
 
@@ -162,10 +138,7 @@ impl Admin {
         let response = request.send().await.expect("admin answers");
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     pub async fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
@@ -197,21 +170,15 @@ impl Admin {
             .expect("admin answers");
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     /// The snapshot currently in Redis for `tenant`.
     pub async fn snapshot(&self, tenant: &str) -> Option<Value> {
         let client = redis::Client::open(self.redis.as_str()).ok()?;
         let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-        let text: Option<String> = redis::cmd("GET")
-            .arg(self.keys.snapshot(tenant))
-            .query_async(&mut conn)
-            .await
-            .ok()?;
+        let text: Option<String> =
+            redis::cmd("GET").arg(self.keys.snapshot(tenant)).query_async(&mut conn).await.ok()?;
         text.and_then(|t| serde_json::from_str(&t).ok())
     }
 }

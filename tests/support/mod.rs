@@ -11,8 +11,7 @@ use std::net::TcpListener;
 
 /// Postgres server URL without a database (trust auth here; CI sets the same).
 pub fn postgres_base() -> String {
-    std::env::var("SHIELD_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+    std::env::var("SHIELD_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
 pub fn redis_url() -> String {
@@ -26,10 +25,7 @@ pub fn unique(prefix: &str) -> String {
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
 /// A database name reserved for one test; the database (if anything created it) is dropped
@@ -42,10 +38,7 @@ pub struct DbName {
 impl DbName {
     pub fn reserve() -> DbName {
         let name = unique("shield_t_");
-        DbName {
-            url: format!("{}/{name}", postgres_base()),
-            name,
-        }
+        DbName { url: format!("{}/{name}", postgres_base()), name }
     }
 }
 
@@ -64,29 +57,17 @@ impl TestDb {
         let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin_url)
             .await
             .expect("Postgres must be running for the tests");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "CREATE DATABASE \"{}\"",
-            name.name
-        )))
-        .execute(&mut conn)
-        .await
-        .expect("create test database");
-        let pool = shield_admin::connect_db(&name.url)
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{}\"", name.name)))
+            .execute(&mut conn)
             .await
-            .expect("connect test database");
-        TestDb {
-            url: name.url.clone(),
-            pool,
-            _name: name,
-        }
+            .expect("create test database");
+        let pool = shield_admin::connect_db(&name.url).await.expect("connect test database");
+        TestDb { url: name.url.clone(), pool, _name: name }
     }
 
     pub async fn migrated() -> TestDb {
         let db = TestDb::empty().await;
-        shield_admin::MIGRATOR
-            .run(&db.pool)
-            .await
-            .expect("migrations apply");
+        shield_admin::MIGRATOR.run(&db.pool).await.expect("migrations apply");
         db
     }
 }
@@ -97,19 +78,13 @@ impl Drop for DbName {
         let admin_url = format!("{}/postgres", postgres_base());
         // Drop runs inside the test's runtime, which cannot be blocked on; use a thread.
         let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             runtime.block_on(async {
-                if let Ok(mut conn) =
-                    <sqlx::PgConnection as sqlx::Connection>::connect(&admin_url).await
-                {
-                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-                    )))
-                    .execute(&mut conn)
-                    .await;
+                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(&admin_url).await {
+                    let _ =
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+                            .execute(&mut conn)
+                            .await;
                 }
             });
         })
@@ -120,34 +95,16 @@ impl Drop for DbName {
 /// Every Redis key under `prefix`, with its value as text (strings) or field=value lines.
 pub async fn redis_dump(prefix: &str) -> Vec<(String, String)> {
     let client = redis::Client::open(redis_url()).expect("redis url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis must be running for the tests");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut conn)
-        .await
-        .expect("KEYS");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("Redis must be running for the tests");
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.expect("KEYS");
     let mut out = Vec::new();
     for key in keys {
-        let kind: String = redis::cmd("TYPE")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .expect("TYPE");
+        let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await.expect("TYPE");
         let value = match kind.as_str() {
-            "string" => redis::cmd("GET")
-                .arg(&key)
-                .query_async::<String>(&mut conn)
-                .await
-                .unwrap_or_default(),
+            "string" => redis::cmd("GET").arg(&key).query_async::<String>(&mut conn).await.unwrap_or_default(),
             "hash" => {
-                let map: Vec<(String, String)> = redis::cmd("HGETALL")
-                    .arg(&key)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap_or_default();
+                let map: Vec<(String, String)> =
+                    redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await.unwrap_or_default();
                 map.into_iter().map(|(k, v)| format!("{k}={v}\n")).collect()
             }
             other => format!("<{other}>"),

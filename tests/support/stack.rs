@@ -25,12 +25,7 @@ pub struct StackOptions {
 
 impl Default for StackOptions {
     fn default() -> Self {
-        StackOptions {
-            redis_url: redis_url(),
-            default_upstream: false,
-            routing: true,
-            start_admin: true,
-        }
+        StackOptions { redis_url: redis_url(), default_upstream: false, routing: true, start_admin: true }
     }
 }
 
@@ -70,17 +65,11 @@ impl Stack {
             ("SHIELD_JWT_SECRET", JWT_SECRET.to_string()),
             ("SHIELD_VAULT_KEY", vault_key()),
             ("SHIELD_LLM_ROUTING_CACHE_S", "1".into()),
-            (
-                "SHIELD_LLM_ROUTING",
-                if options.routing { "1" } else { "0" }.into(),
-            ),
+            ("SHIELD_LLM_ROUTING", if options.routing { "1" } else { "0" }.into()),
             ("RUST_LOG", "info".into()),
         ];
         if options.default_upstream {
-            env.push((
-                "SHIELD_DEFAULT_UPSTREAM_URL",
-                format!("http://{mock}/mock/id:default/v1"),
-            ));
+            env.push(("SHIELD_DEFAULT_UPSTREAM_URL", format!("http://{mock}/mock/id:default/v1")));
         }
         let mut stack = Stack {
             mock,
@@ -90,10 +79,7 @@ impl Stack {
             db,
             tenant: String::new(),
             logs,
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .unwrap(),
+            client: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap(),
             env,
             token: String::new(),
             children: Vec::new(),
@@ -102,33 +88,16 @@ impl Stack {
         stack.spawn("mock-llm", &["mock-llm", "--addr", &mock_addr]);
         // Migrate and create the tenant before the admin and proxy start.
         let out = stack.command(&["migrate"]).output().await.unwrap();
-        assert!(
-            out.status.success(),
-            "migrate: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "migrate: {}", String::from_utf8_lossy(&out.stderr));
         let slug = unique("t-")[..14].to_string();
         let out = stack
-            .command(&[
-                "tenant",
-                "create",
-                &slug,
-                "--admin-email",
-                &format!("owner@{slug}.example.com"),
-            ])
+            .command(&["tenant", "create", &slug, "--admin-email", &format!("owner@{slug}.example.com")])
             .output()
             .await
             .unwrap();
-        assert!(
-            out.status.success(),
-            "tenant create: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "tenant create: {}", String::from_utf8_lossy(&out.stderr));
         stack.tenant = slug;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
         stack.token = Tokens::new(JWT_SECRET)
             .unwrap()
             .issue(
@@ -145,25 +114,19 @@ impl Stack {
         stack.spawn("proxy", &["proxy"]);
         let mock = stack.mock.clone();
         eventually(30, "the mock to answer", || async {
-            http_ok(&format!("http://{mock}/healthz"))
-                .await
-                .then_some(())
+            http_ok(&format!("http://{mock}/healthz")).await.then_some(())
         })
         .await;
         if options.start_admin {
             let admin = stack.admin.clone();
             eventually(30, "the admin to answer", || async {
-                http_ok(&format!("http://{admin}/healthz"))
-                    .await
-                    .then_some(())
+                http_ok(&format!("http://{admin}/healthz")).await.then_some(())
             })
             .await;
         }
         let proxy = stack.proxy.clone();
         eventually(30, "the proxy to answer", || async {
-            http_ok(&format!("http://{proxy}/healthz"))
-                .await
-                .then_some(())
+            http_ok(&format!("http://{proxy}/healthz")).await.then_some(())
         })
         .await;
         stack
@@ -197,9 +160,7 @@ impl Stack {
     pub fn all_logs(&self) -> String {
         ["mock-llm", "admin", "proxy"]
             .iter()
-            .map(|n| {
-                std::fs::read_to_string(self.logs.join(format!("{n}.log"))).unwrap_or_default()
-            })
+            .map(|n| std::fs::read_to_string(self.logs.join(format!("{n}.log"))).unwrap_or_default())
             .collect()
     }
 
@@ -211,23 +172,13 @@ impl Stack {
         self.spawn("proxy", &["proxy"]);
         let proxy = self.proxy.clone();
         eventually(30, "the proxy to answer", || async {
-            http_ok(&format!("http://{proxy}/healthz"))
-                .await
-                .then_some(())
+            http_ok(&format!("http://{proxy}/healthz")).await.then_some(())
         })
         .await;
     }
 
-    pub async fn admin_call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let mut request = self
-            .client
-            .request(method, format!("http://{}{path}", self.admin))
-            .bearer_auth(&self.token);
+    pub async fn admin_call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut request = self.client.request(method, format!("http://{}{path}", self.admin)).bearer_auth(&self.token);
         if let Some(body) = body {
             request = request.json(&body);
         }
@@ -237,13 +188,8 @@ impl Stack {
     }
 
     pub async fn put_target(&self, id: &str, body: Value) {
-        let (status, response) = self
-            .admin_call(
-                reqwest::Method::PUT,
-                &format!("/v1/tenant/me/gateway/targets/{id}"),
-                Some(body),
-            )
-            .await;
+        let (status, response) =
+            self.admin_call(reqwest::Method::PUT, &format!("/v1/tenant/me/gateway/targets/{id}"), Some(body)).await;
         assert!(status.is_success(), "PUT target {id}: {status} {response}");
     }
 
@@ -282,63 +228,30 @@ impl Stack {
     /// A new API key for the tenant: (key, id).
     pub async fn key(&self, role: Option<&str>) -> (String, String) {
         let (status, body) = self
-            .admin_call(
-                reqwest::Method::POST,
-                "/v1/tenant/me/keys",
-                Some(json!({"name": "test", "role": role})),
-            )
+            .admin_call(reqwest::Method::POST, "/v1/tenant/me/keys", Some(json!({"name": "test", "role": role})))
             .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
-        (
-            body["key"].as_str().unwrap().to_string(),
-            body["id"].as_str().unwrap().to_string(),
-        )
+        (body["key"].as_str().unwrap().to_string(), body["id"].as_str().unwrap().to_string())
     }
 
     /// An API key of a second tenant, made with the CLI.
     pub async fn other_tenant_key(&self) -> String {
         let slug = unique("o-")[..14].to_string();
         let out = self
-            .command(&[
-                "tenant",
-                "create",
-                &slug,
-                "--admin-email",
-                &format!("owner@{slug}.example.com"),
-            ])
+            .command(&["tenant", "create", &slug, "--admin-email", &format!("owner@{slug}.example.com")])
             .output()
             .await
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let out = self
-            .command(&["key", "create", "--tenant", &slug, "--name", "other"])
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = self.command(&["key", "create", "--tenant", &slug, "--name", "other"]).output().await.unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     }
 
     /// POST /v1/chat/completions with `key`; returns status, headers and the JSON body.
-    pub async fn chat(
-        &self,
-        key: &str,
-        body: Value,
-        headers: &[(&str, &str)],
-    ) -> (StatusCode, HeaderMap, Value) {
-        let mut request = self
-            .client
-            .post(format!("http://{}/v1/chat/completions", self.proxy))
-            .bearer_auth(key)
-            .json(&body);
+    pub async fn chat(&self, key: &str, body: Value, headers: &[(&str, &str)]) -> (StatusCode, HeaderMap, Value) {
+        let mut request =
+            self.client.post(format!("http://{}/v1/chat/completions", self.proxy)).bearer_auth(key).json(&body);
         for (k, v) in headers {
             request = request.header(*k, *v);
         }
@@ -346,36 +259,18 @@ impl Stack {
         let status = response.status();
         let headers = response.headers().clone();
         let text = response.text().await.unwrap_or_default();
-        (
-            status,
-            headers,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     /// What the mock received for targets tagged `id`.
     pub async fn received(&self, id: &str) -> Vec<Value> {
         let url = format!("http://{}/_mock/requests?id={id}", self.mock);
-        self.client
-            .get(url)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.client.get(url).send().await.unwrap().json().await.unwrap()
     }
 
     /// Every request the mock received.
     pub async fn received_all(&self) -> Vec<Value> {
-        self.client
-            .get(format!("http://{}/_mock/requests", self.mock))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.client.get(format!("http://{}/_mock/requests", self.mock)).send().await.unwrap().json().await.unwrap()
     }
 }
 
@@ -389,9 +284,7 @@ impl Drop for Stack {
 }
 
 pub async fn http_ok(url: &str) -> bool {
-    reqwest::get(url)
-        .await
-        .is_ok_and(|r| r.status().is_success())
+    reqwest::get(url).await.is_ok_and(|r| r.status().is_success())
 }
 
 /// A minimal chat body for `model`.

@@ -43,7 +43,9 @@ impl Scope {
         [Scope::TenantRead, Scope::ConfigWrite, Scope::RegistryWrite, Scope::Operator]
             .into_iter()
             .find(|s| s.as_str() == text)
-            .ok_or_else(|| format!("unknown scope {text:?} (one of: tenant:read, config:write, registry:write, operator)"))
+            .ok_or_else(|| {
+                format!("unknown scope {text:?} (one of: tenant:read, config:write, registry:write, operator)")
+            })
     }
 
     /// What a tenant user's role grants at login.
@@ -83,8 +85,7 @@ impl Tokens {
         if secret.len() < 32 {
             return Err("SHIELD_JWT_SECRET must be at least 32 bytes".into());
         }
-        let invalid =
-            |e: jsonwebtoken::errors::Error| format!("SHIELD_JWT_SECRET is not usable: {e}");
+        let invalid = |e: jsonwebtoken::errors::Error| format!("SHIELD_JWT_SECRET is not usable: {e}");
         Ok(Tokens {
             encoding: EncodingKey::from_secret(secret.as_bytes()).map_err(invalid)?,
             decoding: DecodingKey::from_secret(secret.as_bytes()).map_err(invalid)?,
@@ -92,14 +93,7 @@ impl Tokens {
     }
 
     /// Mints a token valid for `ttl` from `now` (unix seconds); returns it with its expiry.
-    pub fn issue(
-        &self,
-        sub: &str,
-        tenant: Option<&str>,
-        scopes: Vec<Scope>,
-        ttl: Duration,
-        now: i64,
-    ) -> (String, i64) {
+    pub fn issue(&self, sub: &str, tenant: Option<&str>, scopes: Vec<Scope>, ttl: Duration, now: i64) -> (String, i64) {
         let exp = now + ttl.as_secs() as i64;
         let claims = Claims {
             sub: sub.to_string(),
@@ -119,17 +113,13 @@ impl Tokens {
         validation.set_issuer(&[ISSUER]);
         validation.leeway = 0;
         validation.set_required_spec_claims(&["exp", "iss", "sub"]);
-        jsonwebtoken::decode::<Claims>(token, &self.decoding, &validation)
-            .map(|data| data.claims)
-            .map_err(|err| {
-                let why = match err.kind() {
-                    jsonwebtoken::errors::ErrorKind::ExpiredSignature => {
-                        "the token has expired; sign in again"
-                    }
-                    _ => "the token is not valid",
-                };
-                ApiError::Unauthorized(why.into())
-            })
+        jsonwebtoken::decode::<Claims>(token, &self.decoding, &validation).map(|data| data.claims).map_err(|err| {
+            let why = match err.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => "the token has expired; sign in again",
+                _ => "the token is not valid",
+            };
+            ApiError::Unauthorized(why.into())
+        })
     }
 }
 
@@ -142,11 +132,7 @@ pub fn hash_password(password: &str) -> String {
 }
 
 pub fn verify_password(password: &str, phc: &str) -> bool {
-    PasswordHash::new(phc).is_ok_and(|hash| {
-        Argon2::default()
-            .verify_password(password.as_bytes(), &hash)
-            .is_ok()
-    })
+    PasswordHash::new(phc).is_ok_and(|hash| Argon2::default().verify_password(password.as_bytes(), &hash).is_ok())
 }
 
 /// The caller, as proven by a valid admin JWT.
@@ -164,10 +150,7 @@ impl Principal {
         if self.claims.scopes.contains(&scope) {
             Ok(())
         } else {
-            Err(ApiError::Forbidden(format!(
-                "this needs the {} scope",
-                scope.as_str()
-            )))
+            Err(ApiError::Forbidden(format!("this needs the {} scope", scope.as_str())))
         }
     }
 
@@ -195,27 +178,19 @@ impl FromRequest for Principal {
 }
 
 fn principal(req: &HttpRequest) -> Result<Principal, ApiError> {
-    let state = req
-        .app_data::<web::Data<AdminState>>()
-        .ok_or(ApiError::Internal)?;
-    let header = req.headers().get("authorization").ok_or_else(|| {
-        ApiError::Unauthorized("missing Authorization: Bearer <admin token>".into())
-    })?;
+    let state = req.app_data::<web::Data<AdminState>>().ok_or(ApiError::Internal)?;
+    let header = req
+        .headers()
+        .get("authorization")
+        .ok_or_else(|| ApiError::Unauthorized("missing Authorization: Bearer <admin token>".into()))?;
     let token = header
         .to_str()
         .ok()
-        .and_then(|h| {
-            h.strip_prefix("Bearer ")
-                .or_else(|| h.strip_prefix("bearer "))
-        })
+        .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| {
-            ApiError::Unauthorized("the Authorization header must be Bearer <admin token>".into())
-        })?;
-    Ok(Principal {
-        claims: state.tokens.verify(token)?,
-    })
+        .ok_or_else(|| ApiError::Unauthorized("the Authorization header must be Bearer <admin token>".into()))?;
+    Ok(Principal { claims: state.tokens.verify(token)? })
 }
 
 #[cfg(test)]
@@ -226,32 +201,13 @@ mod tests {
     fn tokens_round_trip_and_expire() {
         let tokens = Tokens::new(&"s".repeat(32)).unwrap();
         let now = chrono::Utc::now().timestamp();
-        let (token, exp) = tokens.issue(
-            "a@b.c",
-            Some("acme"),
-            vec![Scope::TenantRead],
-            Duration::from_secs(60),
-            now,
-        );
+        let (token, exp) = tokens.issue("a@b.c", Some("acme"), vec![Scope::TenantRead], Duration::from_secs(60), now);
         assert_eq!(exp, now + 60);
         let claims = tokens.verify(&token).unwrap();
         assert_eq!(claims.tenant.as_deref(), Some("acme"));
-        let (expired, _) = tokens.issue(
-            "a@b.c",
-            Some("acme"),
-            vec![],
-            Duration::from_secs(0),
-            now - 10,
-        );
-        assert!(
-            matches!(tokens.verify(&expired), Err(ApiError::Unauthorized(m)) if m.contains("expired"))
-        );
-        assert!(
-            Tokens::new(&"o".repeat(32))
-                .unwrap()
-                .verify(&token)
-                .is_err()
-        );
+        let (expired, _) = tokens.issue("a@b.c", Some("acme"), vec![], Duration::from_secs(0), now - 10);
+        assert!(matches!(tokens.verify(&expired), Err(ApiError::Unauthorized(m)) if m.contains("expired")));
+        assert!(Tokens::new(&"o".repeat(32)).unwrap().verify(&token).is_err());
     }
 
     #[test]

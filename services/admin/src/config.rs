@@ -22,9 +22,6 @@ pub struct AdminConfig {
 
 impl std::fmt::Debug for AdminConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdminConfig")
-            .field("addr", &self.addr)
-            .field("keyring", &self.keyring)
-            .finish_non_exhaustive()
+        f.debug_struct("AdminConfig").field("addr", &self.addr).field("keyring", &self.keyring).finish_non_exhaustive()
     }
 }

@@ -18,11 +18,7 @@ pub enum ApiError {
     NotFound(String),
     /// `names` are listed in the body under `key` (e.g. `routes`), so a client can show them.
     #[error("{message}")]
-    Conflict {
-        message: String,
-        key: &'static str,
-        names: Vec<String>,
-    },
+    Conflict { message: String, key: &'static str, names: Vec<String> },
     #[error("{}", .0.first().map(|e| e.to_string()).unwrap_or_default())]
     Validation(Vec<FieldError>),
     #[error("{0}")]
@@ -31,9 +27,7 @@ pub enum ApiError {
     PayloadTooLarge(usize),
     #[error("too many attempts; try again in a minute")]
     RateLimited,
-    #[error(
-        "Postgres is unavailable; the change was not made. Try again when the database is back."
-    )]
+    #[error("Postgres is unavailable; the change was not made. Try again when the database is back.")]
     DatabaseUnavailable,
     #[error("internal error")]
     Internal,
@@ -83,9 +77,7 @@ impl ResponseError for ApiError {
                 error["field"] = json!(errors.first().map(|e| e.field.as_str()).unwrap_or(""));
                 error["errors"] = json!(errors);
             }
-            ApiError::Conflict { key, names, .. } if !names.is_empty() => {
-                error[*key] = json!(names)
-            }
+            ApiError::Conflict { key, names, .. } if !names.is_empty() => error[*key] = json!(names),
             _ => {}
         }
         let mut response = HttpResponse::build(self.status_code());
@@ -99,10 +91,7 @@ impl ResponseError for ApiError {
 impl From<sqlx::Error> for ApiError {
     fn from(err: sqlx::Error) -> ApiError {
         match err {
-            sqlx::Error::PoolTimedOut
-            | sqlx::Error::Io(_)
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Tls(_) => {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
                 tracing::warn!(error = %err, "Postgres unavailable");
                 ApiError::DatabaseUnavailable
             }

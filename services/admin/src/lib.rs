@@ -39,17 +39,9 @@ pub struct AdminState {
 }
 
 impl AdminState {
-    pub fn new(
-        db: PgPool,
-        redis: deadpool_redis::Pool,
-        config: &AdminConfig,
-    ) -> Result<AdminState, String> {
+    pub fn new(db: PgPool, redis: deadpool_redis::Pool, config: &AdminConfig) -> Result<AdminState, String> {
         Ok(AdminState {
-            publisher: Arc::new(publish::Publisher::new(
-                db.clone(),
-                redis,
-                config.redis_keys.clone(),
-            )),
+            publisher: Arc::new(publish::Publisher::new(db.clone(), redis, config.redis_keys.clone())),
             db,
             tokens: auth::Tokens::new(&config.jwt_secret)?,
             keyring: config.keyring.clone(),
@@ -61,11 +53,7 @@ impl AdminState {
 
 /// A Postgres pool that fails fast when the database is away, so the API answers 503 promptly.
 pub async fn connect_db(url: &str) -> sqlx::Result<PgPool> {
-    PgPoolOptions::new()
-        .max_connections(10)
-        .acquire_timeout(Duration::from_secs(3))
-        .connect(url)
-        .await
+    PgPoolOptions::new().max_connections(10).acquire_timeout(Duration::from_secs(3)).connect(url).await
 }
 
 /// A Redis pool that never blocks a request for long; connections are made lazily, so the
@@ -81,8 +69,7 @@ pub fn redis_pool(url: &str) -> Result<deadpool_redis::Pool, String> {
         },
         ..Default::default()
     });
-    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .map_err(|e| format!("invalid REDIS_URL: {e}"))
+    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1)).map_err(|e| format!("invalid REDIS_URL: {e}"))
 }
 
 /// Runs the admin service until the process is stopped.

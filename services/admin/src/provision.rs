@@ -25,17 +25,10 @@ pub struct CreatedTenant {
 pub fn check_email(email: &str) -> Result<(), ApiError> {
     let ok = email.len() <= 254
         && !email.chars().any(|c| c.is_whitespace() || c.is_control())
-        && email.split_once('@').is_some_and(|(user, domain)| {
-            !user.is_empty() && domain.contains('.') && !domain.contains('@')
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::validation(
-            "admin_email",
-            "is not an e-mail address",
-        ))
-    }
+        && email
+            .split_once('@')
+            .is_some_and(|(user, domain)| !user.is_empty() && domain.contains('.') && !domain.contains('@'));
+    if ok { Ok(()) } else { Err(ApiError::validation("admin_email", "is not an e-mail address")) }
 }
 
 /// Creates a tenant and its owner admin with a generated password.
@@ -48,57 +41,27 @@ pub async fn create_tenant(
 ) -> Result<CreatedTenant, ApiError> {
     check_tenant_slug(slug).map_err(|why| ApiError::validation("slug", why))?;
     check_email(admin_email)?;
-    let name = if name.trim().is_empty() {
-        slug
-    } else {
-        name.trim()
-    };
+    let name = if name.trim().is_empty() { slug } else { name.trim() };
     if name.len() > 200 {
-        return Err(ApiError::validation(
-            "name",
-            "must be at most 200 characters",
-        ));
+        return Err(ApiError::validation("name", "must be at most 200 characters"));
     }
     let password = random::b64url(18);
     let mut tx = db.begin().await?;
-    let tenant = tenants::insert(&mut *tx, slug, name)
-        .await?
-        .ok_or_else(|| ApiError::Conflict {
-            message: format!("tenant {slug:?} already exists"),
-            key: "tenants",
-            names: vec![],
-        })?;
-    if !users::insert(
-        &mut *tx,
-        Some(tenant.id),
-        admin_email,
-        &hash_password(&password),
-        "owner",
-    )
-    .await?
-    {
+    let tenant = tenants::insert(&mut *tx, slug, name).await?.ok_or_else(|| ApiError::Conflict {
+        message: format!("tenant {slug:?} already exists"),
+        key: "tenants",
+        names: vec![],
+    })?;
+    if !users::insert(&mut *tx, Some(tenant.id), admin_email, &hash_password(&password), "owner").await? {
         return Err(ApiError::Conflict {
             message: format!("admin {admin_email:?} already exists"),
             key: "users",
             names: vec![],
         });
     }
-    audit::record(
-        &mut *tx,
-        tenant.id,
-        actor,
-        Action::TenantCreated,
-        slug,
-        None,
-        None,
-    )
-    .await?;
+    audit::record(&mut *tx, tenant.id, actor, Action::TenantCreated, slug, None, None).await?;
     tx.commit().await?;
-    Ok(CreatedTenant {
-        tenant,
-        admin_email: admin_email.to_lowercase(),
-        password,
-    })
+    Ok(CreatedTenant { tenant, admin_email: admin_email.to_lowercase(), password })
 }
 
 pub struct CreatedKey {
@@ -109,9 +72,9 @@ pub struct CreatedKey {
 
 fn check_label(field: &str, value: Option<&str>) -> Result<(), ApiError> {
     match value {
-        Some(v) if v.trim().is_empty() || v.len() > 128 || v.chars().any(char::is_control) => Err(
-            ApiError::validation(field, "must be 1-128 characters without control characters"),
-        ),
+        Some(v) if v.trim().is_empty() || v.len() > 128 || v.chars().any(char::is_control) => {
+            Err(ApiError::validation(field, "must be 1-128 characters without control characters"))
+        }
         _ => Ok(()),
     }
 }
@@ -133,23 +96,8 @@ pub async fn create_key(
     let hash = key_hash(&key);
     let prefix = &key[..API_KEY_PREFIX.len() + 4];
     let mut write = ConfigWrite::begin(db, publisher, tenant, actor).await?;
-    let meta = keys::insert(
-        write.conn(),
-        tenant.id,
-        NewKey {
-            name,
-            agent,
-            role,
-            key_hash: &hash,
-            prefix,
-        },
-    )
-    .await?;
-    write
-        .commit(Action::KeyCreated, &meta.id.to_string(), None, None)
-        .await?;
-    publisher
-        .key_changed(tenant.id, &hash, &key_record(&tenant.slug, &meta))
-        .await;
+    let meta = keys::insert(write.conn(), tenant.id, NewKey { name, agent, role, key_hash: &hash, prefix }).await?;
+    write.commit(Action::KeyCreated, &meta.id.to_string(), None, None).await?;
+    publisher.key_changed(tenant.id, &hash, &key_record(&tenant.slug, &meta)).await;
     Ok(CreatedKey { meta, key })
 }

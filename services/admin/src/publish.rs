@@ -55,13 +55,7 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn new(db: PgPool, redis: RedisPool, keys: RedisKeys) -> Publisher {
-        Publisher {
-            db,
-            redis,
-            keys,
-            script: redis::Script::new(PUBLISH_SNAPSHOT),
-            dirty: Mutex::new(BTreeSet::new()),
-        }
+        Publisher { db, redis, keys, script: redis::Script::new(PUBLISH_SNAPSHOT), dirty: Mutex::new(BTreeSet::new()) }
     }
 
     /// Publishes after a committed write. Never fails the caller: on error the tenant is
@@ -119,10 +113,8 @@ impl Publisher {
         record: &ApiKeyRecord,
     ) -> Result<(), PublishError> {
         let body = serde_json::to_string(record).expect("key record serialises");
-        let message = serde_json::to_string(&ConfigMessage::Key {
-            key_hash: key_hash.to_string(),
-        })
-        .expect("config message serialises");
+        let message = serde_json::to_string(&ConfigMessage::Key { key_hash: key_hash.to_string() })
+            .expect("config message serialises");
         let _: () = redis::pipe()
             .set(self.keys.api_key(key_hash), body)
             .ignore()
@@ -139,38 +131,21 @@ impl Publisher {
         with_keys: bool,
     ) -> Result<(Snapshot, Vec<(String, ApiKeyRecord)>), PublishError> {
         let mut tx = self.db.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .execute(&mut *tx)
-            .await?;
-        let tenant = tenants::by_id(&mut *tx, tenant_id)
-            .await?
-            .ok_or(PublishError::NoTenant(tenant_id))?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY").execute(&mut *tx).await?;
+        let tenant = tenants::by_id(&mut *tx, tenant_id).await?.ok_or(PublishError::NoTenant(tenant_id))?;
         let targets = config::targets(&mut *tx, tenant_id).await?;
-        let routes: BTreeMap<_, _> = config::routes(&mut *tx, tenant_id)
-            .await?
-            .into_iter()
-            .map(|r| (r.name.clone(), r))
-            .collect();
+        let routes: BTreeMap<_, _> =
+            config::routes(&mut *tx, tenant_id).await?.into_iter().map(|r| (r.name.clone(), r)).collect();
         let guardrails = config::guardrails(&mut *tx, tenant_id).await?;
-        let referenced: BTreeSet<&str> = targets
-            .values()
-            .filter_map(|t| t.auth.secret_name())
-            .collect();
+        let referenced: BTreeSet<&str> = targets.values().filter_map(|t| t.auth.secret_name()).collect();
         let mut sealed_secrets = BTreeMap::new();
         for row in secrets::sealed(&mut *tx, tenant_id).await? {
             if let (true, Some(sealed)) = (referenced.contains(row.name.as_str()), row.sealed()) {
                 let reference = format!("{}{}", shield_core::target::SECRET_REF_SCHEME, row.name);
-                sealed_secrets.insert(
-                    reference,
-                    SnapshotSecret::from_sealed(&sealed, row.bindings.clone()),
-                );
+                sealed_secrets.insert(reference, SnapshotSecret::from_sealed(&sealed, row.bindings.clone()));
             }
         }
-        let all_keys = if with_keys {
-            keys::list(&mut *tx, tenant_id).await?
-        } else {
-            Vec::new()
-        };
+        let all_keys = if with_keys { keys::list(&mut *tx, tenant_id).await? } else { Vec::new() };
         let key_records = all_keys
             .into_iter()
             .map(|k| {
@@ -180,15 +155,8 @@ impl Publisher {
             .collect();
         tx.commit().await?;
         let now = chrono::Utc::now().timestamp();
-        let snapshot = Snapshot::new(
-            tenant.slug,
-            tenant.config_version,
-            now,
-            targets,
-            routes,
-            guardrails,
-            sealed_secrets,
-        );
+        let snapshot =
+            Snapshot::new(tenant.slug, tenant.config_version, now, targets, routes, guardrails, sealed_secrets);
         Ok((snapshot, key_records))
     }
 
@@ -212,9 +180,7 @@ impl Publisher {
     }
 
     async fn retry_dirty(&self) {
-        let pending: Vec<i64> = std::mem::take(&mut *self.dirty.lock().expect("dirty set lock"))
-            .into_iter()
-            .collect();
+        let pending: Vec<i64> = std::mem::take(&mut *self.dirty.lock().expect("dirty set lock")).into_iter().collect();
         for tenant_id in pending {
             if let Err(err) = self.publish(tenant_id, true).await {
                 tracing::debug!(tenant_id, error = %err, "republish still failing");
@@ -228,14 +194,8 @@ impl Publisher {
     /// The Redis server's `run_id`: it changes when Redis restarts (and may have lost data).
     async fn redis_run_id(&self) -> Option<String> {
         let mut conn = self.redis.get().await.ok()?;
-        let info: String = redis::cmd("INFO")
-            .arg("server")
-            .query_async(&mut *conn)
-            .await
-            .ok()?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .map(|id| id.trim().to_string())
+        let info: String = redis::cmd("INFO").arg("server").query_async(&mut *conn).await.ok()?;
+        info.lines().find_map(|l| l.strip_prefix("run_id:")).map(|id| id.trim().to_string())
     }
 
     /// Runs until the process ends. Every second: retry dirty tenants, and when Redis was away

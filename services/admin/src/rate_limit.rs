@@ -16,9 +16,7 @@ pub struct LoginLimiter {
 impl LoginLimiter {
     pub fn allowed(&self, email: &str, now: Instant) -> bool {
         let map = self.failures.lock().expect("limiter lock");
-        map.get(email).is_none_or(|(since, count)| {
-            now.duration_since(*since) > WINDOW || *count < MAX_FAILURES
-        })
+        map.get(email).is_none_or(|(since, count)| now.duration_since(*since) > WINDOW || *count < MAX_FAILURES)
     }
 
     pub fn failed(&self, email: &str, now: Instant) {

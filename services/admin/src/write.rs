@@ -26,12 +26,7 @@ impl<'a> ConfigWrite<'a> {
     ) -> ApiResult<ConfigWrite<'a>> {
         let mut tx = db.begin().await?;
         tenants::begin_write(&mut tx, tenant.id).await?;
-        Ok(ConfigWrite {
-            tx,
-            publisher,
-            tenant_id: tenant.id,
-            actor: actor.to_string(),
-        })
+        Ok(ConfigWrite { tx, publisher, tenant_id: tenant.id, actor: actor.to_string() })
     }
 
     /// The transaction, for reads and writes that must see (and be part of) this change.
@@ -47,16 +42,7 @@ impl<'a> ConfigWrite<'a> {
         before: Option<String>,
         after: Option<String>,
     ) -> ApiResult<()> {
-        audit::record(
-            &mut *self.tx,
-            self.tenant_id,
-            &self.actor,
-            action,
-            object,
-            before,
-            after,
-        )
-        .await?;
+        audit::record(&mut *self.tx, self.tenant_id, &self.actor, action, object, before, after).await?;
         self.tx.commit().await?;
         self.publisher.after_write(self.tenant_id).await;
         Ok(())

@@ -89,22 +89,14 @@ pub async fn up(demo: bool) -> anyhow::Result<()> {
 
 /// The demo mock's address: 127.0.0.1:9100 unless `SHIELD_MOCK_ADDR` says otherwise (tests).
 fn mock_addr() -> String {
-    std::env::var("SHIELD_MOCK_ADDR")
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| "127.0.0.1:9100".into())
+    std::env::var("SHIELD_MOCK_ADDR").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "127.0.0.1:9100".into())
 }
 
 async fn wait_until_up(addr: &str) -> anyhow::Result<()> {
     let client = reqwest::Client::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        if client
-            .get(format!("http://{addr}/healthz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
+        if client.get(format!("http://{addr}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
@@ -122,44 +114,28 @@ struct Seeded {
 /// Creates (or finds) tenant `demo`, its admin, two mock targets, route `smart` and a key.
 async fn seed(settings: &Settings, db: &sqlx::PgPool, jwt_secret: &str) -> anyhow::Result<Seeded> {
     let state_path = dir()?.join("demo.json");
-    let saved: Value = std::fs::read_to_string(&state_path)
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or(json!({}));
+    let saved: Value =
+        std::fs::read_to_string(&state_path).ok().and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(json!({}));
 
-    let password =
-        match provision::create_tenant(db, DEMO_TENANT, "Demo", DEMO_EMAIL, "shield up --demo")
-            .await
-        {
-            Ok(created) => created.password,
-            Err(ApiError::Conflict { .. }) => match saved["password"].as_str() {
-                Some(p) if users::by_email(db, DEMO_EMAIL).await?.is_some() => p.to_string(),
-                _ => {
-                    let fresh = shield_admin::random::b64url(18);
-                    users::set_password(db, DEMO_EMAIL, &shield_admin::auth::hash_password(&fresh))
-                        .await?;
-                    fresh
-                }
-            },
-            Err(other) => return Err(anyhow!("cannot create the demo tenant: {other}")),
-        };
-    let tenant = tenants::by_slug(db, DEMO_TENANT)
-        .await?
-        .ok_or_else(|| anyhow!("demo tenant vanished"))?;
+    let password = match provision::create_tenant(db, DEMO_TENANT, "Demo", DEMO_EMAIL, "shield up --demo").await {
+        Ok(created) => created.password,
+        Err(ApiError::Conflict { .. }) => match saved["password"].as_str() {
+            Some(p) if users::by_email(db, DEMO_EMAIL).await?.is_some() => p.to_string(),
+            _ => {
+                let fresh = shield_admin::random::b64url(18);
+                users::set_password(db, DEMO_EMAIL, &shield_admin::auth::hash_password(&fresh)).await?;
+                fresh
+            }
+        },
+        Err(other) => return Err(anyhow!("cannot create the demo tenant: {other}")),
+    };
+    let tenant = tenants::by_slug(db, DEMO_TENANT).await?.ok_or_else(|| anyhow!("demo tenant vanished"))?;
 
     let tokens = Tokens::new(jwt_secret).map_err(anyhow::Error::msg)?;
     let scopes = vec![Scope::TenantRead, Scope::ConfigWrite, Scope::RegistryWrite];
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let (token, _) = tokens.issue(
-        "shield up --demo",
-        Some(DEMO_TENANT),
-        scopes,
-        Duration::from_secs(300),
-        now,
-    );
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let (token, _) = tokens.issue("shield up --demo", Some(DEMO_TENANT), scopes, Duration::from_secs(300), now);
     let base = format!("http://{}/v1/tenant/me/gateway", settings.admin_addr);
     let mock = mock_addr();
     let client = reqwest::Client::new();
@@ -183,19 +159,11 @@ async fn seed(settings: &Settings, db: &sqlx::PgPool, jwt_secret: &str) -> anyho
         ),
     ];
     for (url, body) in puts {
-        let response = client
-            .put(&url)
-            .bearer_auth(&token)
-            .json(&body)
-            .send()
-            .await
-            .with_context(|| format!("PUT {url}"))?;
+        let response =
+            client.put(&url).bearer_auth(&token).json(&body).send().await.with_context(|| format!("PUT {url}"))?;
         if !response.status().is_success() {
             let status = response.status();
-            anyhow::bail!(
-                "seeding {url} failed with {status}: {}",
-                response.text().await.unwrap_or_default()
-            );
+            anyhow::bail!("seeding {url} failed with {status}: {}", response.text().await.unwrap_or_default());
         }
     }
 
@@ -207,32 +175,16 @@ async fn seed(settings: &Settings, db: &sqlx::PgPool, jwt_secret: &str) -> anyho
                 stores::redis(&settings.redis_url)?,
                 settings.redis_keys(),
             );
-            provision::create_key(
-                db,
-                &publisher,
-                &tenant,
-                "demo",
-                None,
-                None,
-                "shield up --demo",
-            )
-            .await?
-            .key
+            provision::create_key(db, &publisher, &tenant, "demo", None, None, "shield up --demo").await?.key
         }
     };
-    write_private(
-        &state_path,
-        &json!({"password": password, "key": key}).to_string(),
-    )?;
+    write_private(&state_path, &json!({"password": password, "key": key}).to_string())?;
     Ok(Seeded { password, key })
 }
 
 async fn key_is_live(db: &sqlx::PgPool, tenant_id: i64, key: &str) -> anyhow::Result<bool> {
     let hash = shield_core::snapshot::key_hash(key);
-    Ok(keys::list(db, tenant_id)
-        .await?
-        .iter()
-        .any(|k| k.key_hash == hash && k.revoked_at.is_none()))
+    Ok(keys::list(db, tenant_id).await?.iter().any(|k| k.key_hash == hash && k.revoked_at.is_none()))
 }
 
 fn print_welcome(settings: &Settings, seeded: &Seeded) {

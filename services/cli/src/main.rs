@@ -16,11 +16,7 @@ use shield_admin::provision;
 use settings::Settings;
 
 #[derive(Parser)]
-#[command(
-    name = "shield",
-    version,
-    about = "Shield Gateway: a multi-tenant LLM gateway"
-)]
+#[command(name = "shield", version, about = "Shield Gateway: a multi-tenant LLM gateway")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -122,10 +118,7 @@ async fn main() -> ExitCode {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,actix_server=warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -152,14 +145,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::MockLlm { addr } => Ok(shield_mock_llm::serve(&addr).await?),
-        Command::Tenant {
-            command:
-                TenantCommand::Create {
-                    slug,
-                    admin_email,
-                    name,
-                },
-        } => {
+        Command::Tenant { command: TenantCommand::Create { slug, admin_email, name } } => {
             let settings = Settings::from_env_without_secrets();
             let db = stores::postgres(&settings.database_url).await?;
             stores::migrate(&db).await?;
@@ -168,15 +154,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{out}");
             Ok(())
         }
-        Command::Token {
-            command:
-                TokenCommand::Issue {
-                    tenant,
-                    scopes,
-                    ttl,
-                    operator,
-                },
-        } => {
+        Command::Token { command: TokenCommand::Issue { tenant, scopes, ttl, operator } } => {
             let settings = Settings::from_env(false)?;
             let mut parsed: Vec<Scope> = scopes
                 .iter()
@@ -193,47 +171,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if tenant.is_none() && parsed.iter().any(|s| *s != Scope::Operator) {
                 anyhow::bail!("tenant scopes need --tenant <slug>");
             }
-            let ttl: Duration = humantime::parse_duration(&ttl)
-                .map_err(|e| anyhow::anyhow!("--ttl {ttl:?}: {e}"))?;
+            let ttl: Duration = humantime::parse_duration(&ttl).map_err(|e| anyhow::anyhow!("--ttl {ttl:?}: {e}"))?;
             let tokens = Tokens::new(&settings.jwt_secret()?).map_err(anyhow::Error::msg)?;
             let (token, _) = tokens.issue("cli", tenant.as_deref(), parsed, ttl, chrono_now());
             println!("{token}");
             Ok(())
         }
-        Command::Key {
-            command:
-                KeyCommand::Create {
-                    tenant,
-                    name,
-                    agent,
-                    role,
-                },
-        } => {
+        Command::Key { command: KeyCommand::Create { tenant, name, agent, role } } => {
             let settings = Settings::from_env_without_secrets();
             let db = stores::postgres(&settings.database_url).await?;
             stores::migrate(&db).await?;
-            let tenant_row = shield_admin::repo::tenants::by_slug(&db, &tenant)
-                .await?
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "tenant {tenant:?} does not exist; create it with `shield tenant create`"
-                    )
-                })?;
+            let tenant_row = shield_admin::repo::tenants::by_slug(&db, &tenant).await?.ok_or_else(|| {
+                anyhow::anyhow!("tenant {tenant:?} does not exist; create it with `shield tenant create`")
+            })?;
             let publisher = shield_admin::publish::Publisher::new(
                 db.clone(),
                 stores::redis(&settings.redis_url)?,
                 settings.redis_keys(),
             );
-            let created = provision::create_key(
-                &db,
-                &publisher,
-                &tenant_row,
-                &name,
-                agent.as_deref(),
-                role.as_deref(),
-                "cli",
-            )
-            .await?;
+            let created =
+                provision::create_key(&db, &publisher, &tenant_row, &name, agent.as_deref(), role.as_deref(), "cli")
+                    .await?;
             println!("{}", created.key);
             Ok(())
         }
@@ -241,8 +199,5 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn chrono_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }

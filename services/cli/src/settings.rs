@@ -19,19 +19,13 @@ pub struct Settings {
 }
 
 fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| default.to_string())
+    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
 }
 
 fn env_parse<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
     match std::env::var(name).ok().filter(|v| !v.is_empty()) {
         None => Ok(default),
-        Some(text) => text
-            .trim()
-            .parse()
-            .map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {text:?}")),
+        Some(text) => text.trim().parse().map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {text:?}")),
     }
 }
 
@@ -43,12 +37,8 @@ impl Settings {
             proxy_addr: env_or("SHIELD_PROXY_ADDR", "127.0.0.1:8080"),
             admin_addr: env_or("SHIELD_ADMIN_ADDR", "127.0.0.1:8081"),
             redis_prefix: env_or("SHIELD_REDIS_PREFIX", ""),
-            jwt_secret: std::env::var("SHIELD_JWT_SECRET")
-                .ok()
-                .filter(|v| !v.is_empty()),
-            vault_key: std::env::var("SHIELD_VAULT_KEY")
-                .ok()
-                .filter(|v| !v.is_empty()),
+            jwt_secret: std::env::var("SHIELD_JWT_SECRET").ok().filter(|v| !v.is_empty()),
+            vault_key: std::env::var("SHIELD_VAULT_KEY").ok().filter(|v| !v.is_empty()),
         }
     }
 
@@ -68,17 +58,13 @@ impl Settings {
     pub fn jwt_secret(&self) -> anyhow::Result<String> {
         match &self.jwt_secret {
             Some(s) => Ok(s.clone()),
-            None => bail!(
-                "SHIELD_JWT_SECRET is not set (32+ random bytes; `shield up` generates one in .shield/)"
-            ),
+            None => bail!("SHIELD_JWT_SECRET is not set (32+ random bytes; `shield up` generates one in .shield/)"),
         }
     }
 
     pub fn keyring(&self) -> anyhow::Result<Keyring> {
         let Some(key) = &self.vault_key else {
-            bail!(
-                "SHIELD_VAULT_KEY is not set (base64 of 32 random bytes, e.g. `openssl rand -base64 32`)"
-            )
+            bail!("SHIELD_VAULT_KEY is not set (base64 of 32 random bytes, e.g. `openssl rand -base64 32`)")
         };
         Keyring::from_base64(key, 1).context("SHIELD_VAULT_KEY")
     }
@@ -92,16 +78,17 @@ impl Settings {
         if cache_s == 0 {
             bail!("SHIELD_LLM_ROUTING_CACHE_S must be at least 1");
         }
+        let flush_s: u64 = env_parse("SHIELD_LLM_ROUTING_FLUSH_S", 30)?;
+        if flush_s == 0 {
+            bail!("SHIELD_LLM_ROUTING_FLUSH_S must be at least 1");
+        }
         let routing = env_or("SHIELD_LLM_ROUTING", "1");
         let routing_enabled = match routing.as_str() {
             "1" | "true" | "on" => true,
             "0" | "false" | "off" => false,
             other => bail!("SHIELD_LLM_ROUTING must be 1 or 0, not {other:?}"),
         };
-        let default_upstream = match std::env::var("SHIELD_DEFAULT_UPSTREAM_URL")
-            .ok()
-            .filter(|v| !v.is_empty())
-        {
+        let default_upstream = match std::env::var("SHIELD_DEFAULT_UPSTREAM_URL").ok().filter(|v| !v.is_empty()) {
             None => None,
             Some(text) => Some(
                 shield_core::url_safety::parse_outbound_url(&text)
@@ -113,6 +100,7 @@ impl Settings {
             redis_url: self.redis_url.clone(),
             redis_keys: self.redis_keys(),
             cache_every: Duration::from_secs(cache_s),
+            flush_every: Duration::from_secs(flush_s),
             routing_enabled,
             default_upstream,
             max_hops: env_parse("SHIELD_MAX_HOPS", 3)?,

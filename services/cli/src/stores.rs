@@ -13,19 +13,14 @@ pub fn address(url: &str) -> String {
             format!(
                 "{}:{}",
                 u.host_str().unwrap_or("?"),
-                u.port()
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| "default port".into())
+                u.port().map(|p| p.to_string()).unwrap_or_else(|| "default port".into())
             )
         })
         .unwrap_or_else(|| "an unparsable URL".into())
 }
 
 fn database_name(url: &str) -> String {
-    reqwest::Url::parse(url)
-        .ok()
-        .map(|u| u.path().trim_start_matches('/').to_string())
-        .unwrap_or_default()
+    reqwest::Url::parse(url).ok().map(|u| u.path().trim_start_matches('/').to_string()).unwrap_or_default()
 }
 
 fn explain(url: &str, err: &sqlx::Error) -> anyhow::Error {
@@ -55,16 +50,12 @@ fn short(err: &sqlx::Error) -> String {
 }
 
 pub async fn postgres(url: &str) -> anyhow::Result<PgPool> {
-    shield_admin::connect_db(url)
-        .await
-        .map_err(|e| explain(url, &e))
+    shield_admin::connect_db(url).await.map_err(|e| explain(url, &e))
 }
 
 /// Creates the database named in `url` when Postgres is up but the database is not there.
 pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
-    let options: PgConnectOptions = url
-        .parse()
-        .map_err(|_| anyhow!("DATABASE_URL is not a valid Postgres URL"))?;
+    let options: PgConnectOptions = url.parse().map_err(|_| anyhow!("DATABASE_URL is not a valid Postgres URL"))?;
     let name = database_name(url);
     if name.is_empty() || name == "postgres" {
         return Ok(());
@@ -73,12 +64,11 @@ pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
         Ok(conn) => conn,
         Err(err) => return Err(explain(url, &err)),
     };
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(&name)
-            .fetch_one(&mut conn)
-            .await
-            .map_err(|e| explain(url, &e))?;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(&name)
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| explain(url, &e))?;
     if !exists {
         let quoted = name.replace('"', "\"\"");
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{quoted}\"")))
@@ -91,10 +81,7 @@ pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
 }
 
 pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
-    shield_admin::MIGRATOR
-        .run(db)
-        .await
-        .map_err(|e| anyhow!("migrations failed: {e}"))
+    shield_admin::MIGRATOR.run(db).await.map_err(|e| anyhow!("migrations failed: {e}"))
 }
 
 pub fn redis(url: &str) -> anyhow::Result<deadpool_redis::Pool> {

@@ -13,10 +13,7 @@ pub struct FieldError {
 
 impl FieldError {
     pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
+        Self { field: field.into(), message: message.into() }
     }
 }
 
@@ -30,10 +27,6 @@ impl Problems {
     }
 
     pub fn into_result(self) -> Result<(), Vec<FieldError>> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(self.0)
-        }
+        if self.0.is_empty() { Ok(()) } else { Err(self.0) }
     }
 }

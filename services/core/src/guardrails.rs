@@ -51,17 +51,11 @@ impl GuardrailPolicy {
         let mut problems = crate::error::Problems::default();
         for (role, tools) in &self.tools.allowed_by_role {
             if role.trim().is_empty() || role.len() > 64 {
-                problems.push(
-                    "tools.allowed_by_role",
-                    format!("role name {role:?} must be 1-64 characters"),
-                );
+                problems.push("tools.allowed_by_role", format!("role name {role:?} must be 1-64 characters"));
             }
             for (i, tool) in tools.iter().enumerate() {
                 if tool.trim().is_empty() || tool.len() > 128 {
-                    problems.push(
-                        format!("tools.allowed_by_role.{role}[{i}]"),
-                        "tool name must be 1-128 characters",
-                    );
+                    problems.push(format!("tools.allowed_by_role.{role}[{i}]"), "tool name must be 1-128 characters");
                 }
             }
         }

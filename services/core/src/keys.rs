@@ -9,9 +9,7 @@ pub struct RedisKeys {
 
 impl RedisKeys {
     pub fn new(prefix: impl Into<String>) -> Self {
-        RedisKeys {
-            prefix: prefix.into(),
-        }
+        RedisKeys { prefix: prefix.into() }
     }
 
     pub fn snapshot(&self, tenant: &str) -> String {

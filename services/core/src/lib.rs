@@ -5,6 +5,7 @@
 //! reads, Redis key names and the vault's crypto. This crate never performs I/O, never reads a
 //! clock and holds no global state: time, randomness and nonces are passed in.
 
+pub mod breaker;
 pub mod error;
 pub mod guardrails;
 pub mod keys;

@@ -24,17 +24,11 @@ impl Usd {
         };
         let (whole, frac) = digits.split_once('.').unwrap_or((digits, ""));
         let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-        if whole.is_empty()
-            || !all_digits(whole)
-            || !all_digits(frac)
-            || (digits.contains('.') && frac.is_empty())
-        {
+        if whole.is_empty() || !all_digits(whole) || !all_digits(frac) || (digits.contains('.') && frac.is_empty()) {
             return Err(format!("{text:?} is not a plain decimal amount"));
         }
         if frac.len() > 6 {
-            return Err(format!(
-                "{text} has more than 6 decimals (the smallest unit is 0.000001 USD)"
-            ));
+            return Err(format!("{text} has more than 6 decimals (the smallest unit is 0.000001 USD)"));
         }
         let whole: i64 = whole.parse().map_err(|_| format!("{text} is too large"))?;
         let frac_micros: i64 = format!("{frac:0<6}").parse().unwrap_or(0);
@@ -65,10 +59,7 @@ impl Serialize for Usd {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // A JSON number, as entered. The decimal text round-trips exactly through f64 for
         // amounts with at most 6 decimals below 1e9.
-        let value: f64 = self
-            .to_decimal()
-            .parse()
-            .map_err(serde::ser::Error::custom)?;
+        let value: f64 = self.to_decimal().parse().map_err(serde::ser::Error::custom)?;
         s.serialize_f64(value)
     }
 }
@@ -82,12 +73,9 @@ impl<'de> Deserialize<'de> for Usd {
             if !f.is_finite() {
                 return Err(serde::de::Error::custom("amount must be finite"));
             }
-            let shortest = serde_json::Number::from_f64(f)
-                .map(|n| n.to_string())
-                .unwrap_or_default();
-            expand_exponent(&shortest).ok_or_else(|| {
-                serde::de::Error::custom(format!("{shortest} is not a plain decimal amount"))
-            })?
+            let shortest = serde_json::Number::from_f64(f).map(|n| n.to_string()).unwrap_or_default();
+            expand_exponent(&shortest)
+                .ok_or_else(|| serde::de::Error::custom(format!("{shortest} is not a plain decimal amount")))?
         } else {
             number.to_string()
         };
@@ -115,11 +103,7 @@ fn expand_exponent(text: &str) -> Option<String> {
     } else if point as usize >= digits.len() {
         format!("{digits}{}", "0".repeat(point as usize - digits.len()))
     } else {
-        format!(
-            "{}.{}",
-            &digits[..point as usize],
-            &digits[point as usize..]
-        )
+        format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
     };
     Some(if negative { format!("-{plain}") } else { plain })
 }

@@ -45,9 +45,7 @@ impl Class {
             Class::Timeout => listed(FailoverOn::Timeout),
             Class::Connect => listed(FailoverOn::Connect),
             Class::RateLimited => listed(FailoverOn::RateLimited),
-            Class::QuotaExhausted => {
-                listed(FailoverOn::RateLimited) || listed(FailoverOn::PaymentRequired)
-            }
+            Class::QuotaExhausted => listed(FailoverOn::RateLimited) || listed(FailoverOn::PaymentRequired),
             Class::ServerError => listed(FailoverOn::ServerError),
             // A 2xx that is not a completion, or a failure detected before sending: always
             // move on (ROUTING.md).
@@ -74,15 +72,28 @@ pub fn classify_status(status: u16, body: &[u8]) -> Class {
         402 => Class::QuotaExhausted,
         429 if says("insufficient_quota") || says("quota") => Class::QuotaExhausted,
         429 => Class::RateLimited,
-        400 | 413 | 422
-            if says("context_length") || says("maximum context") || says("too many tokens") =>
-        {
+        400 | 413 | 422 if says("context_length") || says("maximum context") || says("too many tokens") => {
             Class::ContextLength
         }
         500..=599 => Class::ServerError,
         // A redirect is not followed (egress policy) and is not a completion.
         300..=399 => Class::BadResponse,
         _ => Class::ClientError,
+    }
+}
+
+/// Classifies an error a provider sent inside a 200 stream (`data: {"error": ...}`) before
+/// any content: the provider's words decide, a server error otherwise.
+pub fn classify_error_event(body: &[u8]) -> Class {
+    let code = error_code(body).unwrap_or_default();
+    if code.contains("insufficient_quota") || code.contains("quota") {
+        Class::QuotaExhausted
+    } else if code.contains("rate_limit") {
+        Class::RateLimited
+    } else if code.contains("context_length") || code.contains("maximum context") {
+        Class::ContextLength
+    } else {
+        Class::ServerError
     }
 }
 
@@ -105,8 +116,8 @@ fn error_code(body: &[u8]) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(" "))
 }
 
-/// Whether a 2xx body is a chat completion: a JSON object with a `choices` array.
-pub fn is_completion(body: &serde_json::Value) -> bool {
+/// Whether a 2xx JSON object is a chat completion: it has a `choices` array.
+pub fn is_completion(body: &serde_json::Map<String, serde_json::Value>) -> bool {
     body.get("choices").is_some_and(serde_json::Value::is_array)
 }
 
@@ -130,27 +141,14 @@ mod tests {
             (400, openai_context, Class::ContextLength),
             (400, azure_context, Class::ContextLength),
             (400, vllm_context, Class::ContextLength),
-            (
-                400,
-                br#"{"error":{"message":"bad","type":"invalid_request_error"}}"#,
-                Class::ClientError,
-            ),
-            (
-                403,
-                br#"{"error":{"message":"quota of something"}}"#,
-                Class::ClientError,
-            ),
+            (400, br#"{"error":{"message":"bad","type":"invalid_request_error"}}"#, Class::ClientError),
+            (403, br#"{"error":{"message":"quota of something"}}"#, Class::ClientError),
             (503, b"<html>unavailable</html>", Class::ServerError),
             (301, b"", Class::BadResponse),
             (404, b"", Class::ClientError),
         ];
         for (status, body, want) in cases {
-            assert_eq!(
-                classify_status(status, body),
-                want,
-                "{status} {}",
-                String::from_utf8_lossy(body)
-            );
+            assert_eq!(classify_status(status, body), want, "{status} {}", String::from_utf8_lossy(body));
         }
     }
 
@@ -169,11 +167,19 @@ mod tests {
     }
 
     #[test]
+    fn error_events_in_a_stream() {
+        assert_eq!(
+            classify_error_event(br#"{"error":{"message":"overloaded","type":"server_error"}}"#),
+            Class::ServerError
+        );
+        assert_eq!(classify_error_event(br#"{"error":{"code":"rate_limit_exceeded"}}"#), Class::RateLimited);
+        assert_eq!(classify_error_event(br#"{"error":{"code":"insufficient_quota"}}"#), Class::QuotaExhausted);
+    }
+
+    #[test]
     fn completions() {
-        assert!(is_completion(&serde_json::json!({"choices": []})));
-        assert!(!is_completion(
-            &serde_json::json!({"error": {"message": "x"}})
-        ));
-        assert!(!is_completion(&serde_json::json!([1])));
+        let object = |v: serde_json::Value| v.as_object().cloned().unwrap();
+        assert!(is_completion(&object(serde_json::json!({"choices": []}))));
+        assert!(!is_completion(&object(serde_json::json!({"error": {"message": "x"}}))));
     }
 }

@@ -37,18 +37,14 @@ fn from_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, (FieldError, bool)> 
         let path = if path == "." { String::new() } else { path };
         let message = clean_message(&err.inner().to_string());
         // serde reports a missing field at its parent; name the field itself.
-        let field = match message
-            .strip_prefix("missing field `")
-            .and_then(|m| m.split('`').next())
-        {
+        let field = match message.strip_prefix("missing field `").and_then(|m| m.split('`').next()) {
             Some(missing) if path.is_empty() => missing.to_string(),
             Some(missing) => format!("{path}.{missing}"),
             None => path,
         };
         (FieldError::new(field, message), well_formed)
     })?;
-    de.end()
-        .map_err(|e| (FieldError::new("", clean_message(&e.to_string())), false))?;
+    de.end().map_err(|e| (FieldError::new("", clean_message(&e.to_string())), false))?;
     Ok(value)
 }
 
@@ -71,33 +67,18 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_named_with_their_path() {
-        let err = from_json::<Target>(
-            br#"{"base_url":"https://x.io","model":"m","auth":{"mode":"none","colour":"red"}}"#,
-        )
-        .unwrap_err();
+        let err =
+            from_json::<Target>(br#"{"base_url":"https://x.io","model":"m","auth":{"mode":"none","colour":"red"}}"#)
+                .unwrap_err();
         assert_eq!(err.field, "auth.colour");
-        assert!(
-            err.message.contains("unknown field `colour`"),
-            "{}",
-            err.message
-        );
-        let err = from_json::<Target>(
-            br#"{"base_url":"https://x.io","model":"m","auth":{"mode":"key"}}"#,
-        )
-        .unwrap_err();
+        assert!(err.message.contains("unknown field `colour`"), "{}", err.message);
+        let err = from_json::<Target>(br#"{"base_url":"https://x.io","model":"m","auth":{"mode":"key"}}"#).unwrap_err();
         assert_eq!(err.field, "auth.mode");
-        let err = from_json::<Target>(br#"{"base_url":"https://x.io","model":"m","timeout_s":-1}"#)
-            .unwrap_err();
+        let err = from_json::<Target>(br#"{"base_url":"https://x.io","model":"m","timeout_s":-1}"#).unwrap_err();
         assert_eq!(err.field, "timeout_s");
         let err = from_json::<Target>(br#"{"base_url": "#).unwrap_err();
         assert!(err.message.contains("EOF"), "{}", err.message);
-        assert!(matches!(
-            decode::<Target>(b"{nope"),
-            Err(DecodeError::Malformed(_))
-        ));
-        assert!(matches!(
-            decode::<Target>(br#"{"model": 1}"#),
-            Err(DecodeError::Invalid(_))
-        ));
+        assert!(matches!(decode::<Target>(b"{nope"), Err(DecodeError::Malformed(_))));
+        assert!(matches!(decode::<Target>(br#"{"model": 1}"#), Err(DecodeError::Invalid(_))));
     }
 }

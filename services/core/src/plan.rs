@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use rand::Rng;
+
 use crate::route::{Route, Strategy};
 use crate::target::{AuthMode, Target};
 
@@ -14,6 +16,8 @@ use crate::target::{AuthMode, Target};
 #[serde(rename_all = "snake_case")]
 pub enum Exclusion {
     Disabled,
+    /// This process's circuit breaker for the target is open (or its half-open probe is out).
+    CircuitOpen,
     /// The route lists a target the snapshot does not have (defence in depth; writes refuse it).
     Unknown,
     CredentialUnavailable,
@@ -23,6 +27,7 @@ impl Exclusion {
     pub fn as_str(self) -> &'static str {
         match self {
             Exclusion::Disabled => "disabled",
+            Exclusion::CircuitOpen => "circuit_open",
             Exclusion::Unknown => "unknown_target",
             Exclusion::CredentialUnavailable => "credential_unavailable",
         }
@@ -36,6 +41,10 @@ pub struct Facts {
     pub has_upstream_key: bool,
     /// Targets whose vault secret is in the snapshot, decrypts, and is bound to their host.
     pub vault_ready: BTreeSet<String>,
+    /// Targets this process's breaker does not admit now.
+    pub circuit_open: BTreeSet<String>,
+    /// This process's EWMA latency (ms) of successful attempts, per target.
+    pub latency_ms: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -51,18 +60,15 @@ pub struct Plan {
     pub excluded: Vec<Excluded>,
 }
 
-pub fn plan(route: &Route, targets: &BTreeMap<String, Target>, facts: &Facts) -> Plan {
+pub fn plan(route: &Route, targets: &BTreeMap<String, Target>, facts: &Facts, rng: &mut impl Rng) -> Plan {
     let mut out = Plan::default();
     for id in &route.targets {
         match admit(targets.get(id), facts) {
             Ok(()) => out.order.push(id.clone()),
-            Err(reason) => out.excluded.push(Excluded {
-                target: id.clone(),
-                reason,
-            }),
+            Err(reason) => out.excluded.push(Excluded { target: id.clone(), reason }),
         }
     }
-    order(route.strategy, &mut out.order);
+    out.order = order(route, facts, out.order, rng);
     out
 }
 
@@ -79,18 +85,78 @@ fn admit(target: Option<&Target>, facts: &Facts) -> Result<(), Exclusion> {
     if !credential_ready {
         return Err(Exclusion::CredentialUnavailable);
     }
+    if facts.circuit_open.contains(&target.id) {
+        return Err(Exclusion::CircuitOpen);
+    }
     Ok(())
 }
 
-/// The strategy's order. `priority` is the route's order. The health- and price-aware
-/// strategies (`lowest_latency`, `lowest_cost`, `weighted`) need the breaker/EWMA and pricing
-/// inputs that arrive with the streaming and budget work; until then they keep route order.
-fn order(strategy: Strategy, _eligible: &mut [String]) {
-    match strategy {
-        Strategy::Priority
-        | Strategy::LowestLatency
-        | Strategy::LowestCost
-        | Strategy::Weighted => {}
+/// The strategy's order over the eligible set (ROUTING.md step 5). `lowest_cost` needs the
+/// request's cost estimate, which arrives with the budgets work; until then it keeps route
+/// order.
+fn order(route: &Route, facts: &Facts, eligible: Vec<String>, rng: &mut impl Rng) -> Vec<String> {
+    match route.strategy {
+        Strategy::Priority | Strategy::LowestCost => eligible,
+        Strategy::LowestLatency => {
+            // Untried targets first (in route order), so every target gets measured; then
+            // the fastest. The sort is stable, so ties keep route order.
+            let mut ordered = eligible;
+            ordered.sort_by(|a, b| {
+                let key = |id: &String| facts.latency_ms.get(id).copied();
+                match (key(a), key(b)) {
+                    (None, None) => std::cmp::Ordering::Equal,
+                    (None, Some(_)) => std::cmp::Ordering::Less,
+                    (Some(_), None) => std::cmp::Ordering::Greater,
+                    (Some(x), Some(y)) => x.total_cmp(&y),
+                }
+            });
+            ordered
+        }
+        Strategy::Weighted => {
+            let weight = |id: &String| route.weights.as_ref().and_then(|w| w.get(id)).copied().unwrap_or(0);
+            let (mut weighted, zero): (Vec<String>, Vec<String>) = eligible.into_iter().partition(|id| weight(id) > 0);
+            // Weighted random without replacement: draw one in proportion to its weight, remove
+            // it, repeat. Zero-weight targets follow in route order.
+            let mut ordered = Vec::with_capacity(weighted.len() + zero.len());
+            while !weighted.is_empty() {
+                let total: u64 = weighted.iter().map(|id| u64::from(weight(id))).sum();
+                let mut pick = rng.random_range(0..total);
+                let index = weighted
+                    .iter()
+                    .position(|id| {
+                        let w = u64::from(weight(id));
+                        if pick < w {
+                            true
+                        } else {
+                            pick -= w;
+                            false
+                        }
+                    })
+                    .unwrap_or(0);
+                ordered.push(weighted.remove(index));
+            }
+            ordered.extend(zero);
+            ordered
+        }
+    }
+}
+
+/// Exponentially weighted moving average of a target's successful attempt latency.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Ewma(Option<f64>);
+
+impl Ewma {
+    const ALPHA: f64 = 0.3;
+
+    pub fn observe(&mut self, ms: f64) {
+        self.0 = Some(match self.0 {
+            None => ms,
+            Some(previous) => Self::ALPHA * ms + (1.0 - Self::ALPHA) * previous,
+        });
+    }
+
+    pub fn value(&self) -> Option<f64> {
+        self.0
     }
 }
 
@@ -112,27 +178,18 @@ mod tests {
         let targets: BTreeMap<String, Target> = [
             target("a", serde_json::json!({})),
             target("off", serde_json::json!({"enabled": false})),
-            target(
-                "vault",
-                serde_json::json!({"auth": {"mode": "vault", "secret_ref": "shield://s"}}),
-            ),
+            target("vault", serde_json::json!({"auth": {"mode": "vault", "secret_ref": "shield://s"}})),
             target("byok", serde_json::json!({"auth": {"mode": "passthrough"}})),
             target("b", serde_json::json!({})),
         ]
         .into_iter()
         .map(|t| (t.id.clone(), t))
         .collect();
-        let route: Route = from_json_field(
-            br#"{"name": "r", "targets": ["b", "off", "vault", "byok", "ghost", "a"]}"#,
-        )
-        .unwrap();
-        let p = plan(&route, &targets, &Facts::default());
+        let route: Route =
+            from_json_field(br#"{"name": "r", "targets": ["b", "off", "vault", "byok", "ghost", "a"]}"#).unwrap();
+        let p = plan(&route, &targets, &Facts::default(), &mut rng());
         assert_eq!(p.order, vec!["b", "a"]);
-        let reasons: Vec<(&str, Exclusion)> = p
-            .excluded
-            .iter()
-            .map(|e| (e.target.as_str(), e.reason))
-            .collect();
+        let reasons: Vec<(&str, Exclusion)> = p.excluded.iter().map(|e| (e.target.as_str(), e.reason)).collect();
         assert_eq!(
             reasons,
             vec![
@@ -142,13 +199,54 @@ mod tests {
                 ("ghost", Exclusion::Unknown)
             ]
         );
+        let facts =
+            Facts { has_upstream_key: true, vault_ready: BTreeSet::from(["vault".to_string()]), ..Facts::default() };
+        assert_eq!(plan(&route, &targets, &facts, &mut rng()).order, vec!["b", "vault", "byok", "a"]);
+        let facts = Facts { circuit_open: BTreeSet::from(["b".to_string()]), ..Facts::default() };
+        let p = plan(&route, &targets, &facts, &mut rng());
+        assert_eq!(p.order, vec!["a"]);
+        assert_eq!(p.excluded[0], Excluded { target: "b".into(), reason: Exclusion::CircuitOpen });
+    }
+
+    fn rng() -> rand::rngs::SmallRng {
+        rand::SeedableRng::seed_from_u64(7)
+    }
+
+    fn three() -> BTreeMap<String, Target> {
+        ["a", "b", "c"].into_iter().map(|id| (id.to_string(), target(id, serde_json::json!({})))).collect()
+    }
+
+    #[test]
+    fn lowest_latency_tries_untried_first_then_the_fastest() {
+        let route: Route =
+            from_json_field(br#"{"name": "r", "targets": ["a", "b", "c"], "strategy": "lowest_latency"}"#).unwrap();
         let facts = Facts {
-            has_upstream_key: true,
-            vault_ready: BTreeSet::from(["vault".to_string()]),
+            latency_ms: BTreeMap::from([("a".to_string(), 300.0), ("c".to_string(), 20.0)]),
+            ..Facts::default()
         };
-        assert_eq!(
-            plan(&route, &targets, &facts).order,
-            vec!["b", "vault", "byok", "a"]
-        );
+        assert_eq!(plan(&route, &three(), &facts, &mut rng()).order, vec!["b", "c", "a"]);
+        let mut ewma = Ewma::default();
+        ewma.observe(100.0);
+        ewma.observe(200.0);
+        assert_eq!(ewma.value(), Some(130.0));
+    }
+
+    #[test]
+    fn weighted_draws_without_replacement_in_proportion() {
+        let route: Route = from_json_field(
+            br#"{"name": "r", "targets": ["a", "b", "c"], "strategy": "weighted", "weights": {"a": 70, "b": 30}}"#,
+        )
+        .unwrap();
+        let mut rng = rng();
+        let mut first_a = 0;
+        for _ in 0..1000 {
+            let order = plan(&route, &three(), &Facts::default(), &mut rng).order;
+            assert_eq!(order.len(), 3, "every eligible target, once");
+            assert_eq!(order[2], "c", "zero weight comes last");
+            if order[0] == "a" {
+                first_a += 1;
+            }
+        }
+        assert!((650..=750).contains(&first_a), "70/30 within ±5 %: {first_a}/1000");
     }
 }

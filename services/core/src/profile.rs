@@ -24,14 +24,8 @@ pub struct Profile {
     pub zdr: Option<bool>,
 }
 
-pub const PROFILE_KEYS: [&str; 6] = [
-    "region",
-    "retention_class",
-    "moderation_profile",
-    "tool_profile",
-    "log_profile",
-    "zdr",
-];
+pub const PROFILE_KEYS: [&str; 6] =
+    ["region", "retention_class", "moderation_profile", "tool_profile", "log_profile", "zdr"];
 
 /// One requirement of a route's envelope: a required value or a list of allowed values.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -60,20 +54,14 @@ impl Profile {
     /// The profile keys (in `required` order) this profile fails. An undeclared value never
     /// satisfies a requirement: an envelope is preserved only by a promise, not by silence.
     pub fn unmet<'r>(&self, required: &'r RequiredProfile) -> Vec<&'r str> {
-        required
-            .iter()
-            .filter(|(key, want)| !self.meets(key, want))
-            .map(|(key, _)| key.as_str())
-            .collect()
+        required.iter().filter(|(key, want)| !self.meets(key, want)).map(|(key, _)| key.as_str()).collect()
     }
 
     fn meets(&self, key: &str, want: &Requirement) -> bool {
         match (key, want) {
             ("zdr", Requirement::Flag(flag)) => self.zdr == Some(*flag),
             (_, Requirement::Exactly(value)) => self.text(key) == Some(value.as_str()),
-            (_, Requirement::AnyOf(values)) => self
-                .text(key)
-                .is_some_and(|v| values.iter().any(|w| w == v)),
+            (_, Requirement::AnyOf(values)) => self.text(key).is_some_and(|v| values.iter().any(|w| w == v)),
             _ => false,
         }
     }
@@ -85,16 +73,10 @@ mod tests {
 
     #[test]
     fn envelope_checks() {
-        let profile = Profile {
-            region: Some("eu".into()),
-            zdr: Some(true),
-            ..Default::default()
-        };
-        let req: RequiredProfile =
-            serde_json::from_str(r#"{"region": ["eu","ch"], "zdr": true}"#).unwrap();
+        let profile = Profile { region: Some("eu".into()), zdr: Some(true), ..Default::default() };
+        let req: RequiredProfile = serde_json::from_str(r#"{"region": ["eu","ch"], "zdr": true}"#).unwrap();
         assert!(profile.unmet(&req).is_empty());
-        let req: RequiredProfile =
-            serde_json::from_str(r#"{"region": "us", "log_profile": "forensic"}"#).unwrap();
+        let req: RequiredProfile = serde_json::from_str(r#"{"region": "us", "log_profile": "forensic"}"#).unwrap();
         assert_eq!(profile.unmet(&req), vec!["log_profile", "region"]);
         let req: RequiredProfile = serde_json::from_str(r#"{"zdr": false}"#).unwrap();
         assert_eq!(profile.unmet(&req), vec!["zdr"]);

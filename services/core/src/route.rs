@@ -63,28 +63,12 @@ pub struct Failover {
 
 impl Default for Failover {
     fn default() -> Self {
-        Failover {
-            max_attempts: defaults::max_attempts(),
-            deadline_s: defaults::deadline_s(),
-            on: defaults::on(),
-        }
+        Failover { max_attempts: defaults::max_attempts(), deadline_s: defaults::deadline_s(), on: defaults::on() }
     }
 }
 
 /// The closed set of failure classes a route may fail over on (ROUTING.md).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    utoipa::ToSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum FailoverOn {
     #[serde(rename = "timeout")]
     Timeout,
@@ -166,11 +150,6 @@ mod defaults {
         120
     }
     pub fn on() -> Vec<FailoverOn> {
-        vec![
-            FailoverOn::Timeout,
-            FailoverOn::Connect,
-            FailoverOn::RateLimited,
-            FailoverOn::ServerError,
-        ]
+        vec![FailoverOn::Timeout, FailoverOn::Connect, FailoverOn::RateLimited, FailoverOn::ServerError]
     }
 }

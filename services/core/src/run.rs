@@ -80,14 +80,7 @@ pub struct Run {
 
 impl Run {
     pub fn new(order: Vec<String>, max_attempts: u32, on: Vec<FailoverOn>) -> Run {
-        Run {
-            order,
-            next: 0,
-            max_attempts,
-            on,
-            attempts: Vec::new(),
-            halted: None,
-        }
+        Run { order, next: 0, max_attempts, on, attempts: Vec::new(), halted: None }
     }
 
     /// The next target to try, or why the run stops. `deadline_passed` is the caller's clock.
@@ -140,20 +133,33 @@ impl Run {
         });
         match result {
             Ok(()) => self.halted = Some(Halt::Succeeded),
-            Err(class) if !class.fails_over(&self.on) => {
-                self.halted = Some(Halt::IneligibleFailure)
-            }
+            Err(class) if !class.fails_over(&self.on) => self.halted = Some(Halt::IneligibleFailure),
             Err(_) => {}
         }
     }
 
+    /// Records the outcome of a streamed attempt that reached the client (the commit point):
+    /// a success, or a failure after visible output, which never fails over.
+    pub fn record_committed(&mut self, model: &str, result: Result<(), Class>, status: Option<u16>, ms: u64) {
+        self.record(model, result, status, ms);
+        if let Some(last) = self.attempts.last_mut() {
+            last.committed = true;
+        }
+        self.halted = Some(if result.is_ok() { Halt::Succeeded } else { Halt::VisibleOutput });
+    }
+
+    /// The client went away: nothing more is tried.
+    pub fn cancel(&mut self) {
+        self.halted = Some(Halt::Cancelled);
+    }
+
+    pub fn halt(&self) -> Option<Halt> {
+        self.halted
+    }
+
     /// Failed attempts after which another target was tried.
     pub fn failovers(&self) -> usize {
-        let failed = self
-            .attempts
-            .iter()
-            .filter(|a| a.outcome == "failed")
-            .count();
+        let failed = self.attempts.iter().filter(|a| a.outcome == "failed").count();
         match self.halted {
             Some(Halt::Succeeded) => failed,
             _ => failed.saturating_sub(1),
@@ -210,6 +216,16 @@ mod tests {
         run.step(false);
         run.record("m", Err(Class::Timeout), None, 1);
         assert_eq!(run.step(true), Step::Stop(Halt::Deadline));
+    }
+
+    #[test]
+    fn a_stream_that_breaks_after_the_commit_point_never_fails_over() {
+        let mut run = Run::new(vec!["a".into(), "b".into()], 3, default_on());
+        run.step(false);
+        run.record_committed("m", Err(Class::Connect), Some(200), 5);
+        assert_eq!(run.step(false), Step::Stop(Halt::VisibleOutput));
+        assert!(run.attempts[0].committed);
+        assert_eq!(run.failovers(), 0);
     }
 
     proptest! {

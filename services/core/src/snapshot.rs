@@ -51,11 +51,7 @@ impl SnapshotSecret {
 
     pub fn sealed(&self) -> Option<Sealed> {
         let nonce: [u8; NONCE_LEN] = B64.decode(&self.nonce).ok()?.try_into().ok()?;
-        Some(Sealed {
-            ciphertext: B64.decode(&self.ciphertext).ok()?,
-            nonce,
-            key_version: self.key_version,
-        })
+        Some(Sealed { ciphertext: B64.decode(&self.ciphertext).ok()?, nonce, key_version: self.key_version })
     }
 }
 
@@ -70,16 +66,8 @@ impl Snapshot {
         guardrails: GuardrailPolicy,
         secrets: BTreeMap<String, SnapshotSecret>,
     ) -> Snapshot {
-        let mut snapshot = Snapshot {
-            tenant,
-            version,
-            digest: String::new(),
-            published_at,
-            targets,
-            routes,
-            guardrails,
-            secrets,
-        };
+        let mut snapshot =
+            Snapshot { tenant, version, digest: String::new(), published_at, targets, routes, guardrails, secrets };
         snapshot.digest = snapshot.compute_digest();
         snapshot
     }
@@ -120,10 +108,7 @@ pub fn key_hash(key: &str) -> String {
 pub const API_KEY_PREFIX: &str = "sk-shield-";
 
 pub fn format_api_key(random: &[u8; 32]) -> String {
-    format!(
-        "{API_KEY_PREFIX}{}",
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random)
-    )
+    format!("{API_KEY_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random))
 }
 
 #[cfg(test)]
@@ -153,15 +138,7 @@ mod tests {
         assert_eq!(a.digest, b.digest);
         let mut policy = GuardrailPolicy::default();
         policy.tools.kill_switch = true;
-        let c = Snapshot::new(
-            "t".into(),
-            3,
-            300,
-            BTreeMap::new(),
-            BTreeMap::new(),
-            policy,
-            BTreeMap::new(),
-        );
+        let c = Snapshot::new("t".into(), 3, 300, BTreeMap::new(), BTreeMap::new(), policy, BTreeMap::new());
         assert_ne!(a.digest, c.digest);
     }
 
@@ -172,11 +149,6 @@ mod tests {
         assert_eq!(key.len(), 10 + 43);
         assert_eq!(key_hash(&key).len(), 64);
         let msg: ConfigMessage = serde_json::from_str(r#"{"key_hash":"ab"}"#).unwrap();
-        assert_eq!(
-            msg,
-            ConfigMessage::Key {
-                key_hash: "ab".into()
-            }
-        );
+        assert_eq!(msg, ConfigMessage::Key { key_hash: "ab".into() });
     }
 }

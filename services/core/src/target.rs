@@ -96,9 +96,7 @@ impl Default for Auth {
 impl Auth {
     /// The secret name a vault reference points at (`shield://openai_prod` → `openai_prod`).
     pub fn secret_name(&self) -> Option<&str> {
-        self.secret_ref
-            .as_deref()
-            .and_then(|r| r.strip_prefix(SECRET_REF_SCHEME))
+        self.secret_ref.as_deref().and_then(|r| r.strip_prefix(SECRET_REF_SCHEME))
     }
 }
 

@@ -11,10 +11,7 @@ use url::{Host, Url};
 pub fn parse_outbound_url(text: &str) -> Result<Url, String> {
     let url = Url::parse(text).map_err(|e| format!("is not a valid URL ({e})"))?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "scheme {:?} is not allowed; use https (or http)",
-            url.scheme()
-        ));
+        return Err(format!("scheme {:?} is not allowed; use https (or http)", url.scheme()));
     }
     if url.host().is_none() {
         return Err("has no host".into());
@@ -107,9 +104,7 @@ pub fn check_binding(binding: &str) -> Result<(), String> {
     if binding.split('.').all(label_ok) {
         Ok(())
     } else {
-        Err(format!(
-            "{binding:?} is not a bare host or IP (no scheme, port, path or wildcard)"
-        ))
+        Err(format!("{binding:?} is not a bare host or IP (no scheme, port, path or wildcard)"))
     }
 }
 
@@ -151,10 +146,7 @@ mod tests {
             ("http://10.1.2.3/v1", Some("private (RFC 1918)")),
             ("http://192.168.0.1/v1", Some("private (RFC 1918)")),
             ("http://172.16.5.5/v1", Some("private (RFC 1918)")),
-            (
-                "http://169.254.169.254/latest",
-                Some("link-local (cloud metadata lives here)"),
-            ),
+            ("http://169.254.169.254/latest", Some("link-local (cloud metadata lives here)")),
             ("http://100.64.0.1/", Some("carrier-grade NAT")),
             ("http://0.0.0.0/", Some("unspecified")),
             ("http://[::1]/", Some("loopback")),
@@ -176,14 +168,7 @@ mod tests {
         for ok in ["api.openai.com", "127.0.0.1", "::1", "my-host"] {
             assert!(check_binding(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "https://api.openai.com",
-            "api.openai.com:443",
-            "*.openai.com",
-            "a/b",
-            "",
-            "-x.io",
-        ] {
+        for bad in ["https://api.openai.com", "api.openai.com:443", "*.openai.com", "a/b", "", "-x.io"] {
             assert!(check_binding(bad).is_err(), "{bad}");
         }
         let url = parse_outbound_url("https://API.OpenAI.com./v1").unwrap();

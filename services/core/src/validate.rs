@@ -25,21 +25,11 @@ const MAX_EXTRA_BODY_BYTES: usize = 16 * 1024;
 /// Body fields `extra_body` may not set: Shield owns them.
 const RESERVED_BODY_FIELDS: [&str; 4] = ["model", "messages", "stream", "x_shield"];
 /// Header names a credential may not be sent in: they frame the request itself.
-const RESERVED_HEADERS: [&str; 6] = [
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "content-type",
-    "x-shield-hop",
-];
+const RESERVED_HEADERS: [&str; 6] =
+    ["host", "content-length", "transfer-encoding", "connection", "content-type", "x-shield-hop"];
 
 /// Checks a target about to be stored under `id`. `secrets` is the tenant's vault.
-pub fn validate_target(
-    id: &str,
-    target: &mut Target,
-    secrets: &SecretBindings,
-) -> Result<(), Vec<FieldError>> {
+pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) -> Result<(), Vec<FieldError>> {
     let mut p = Problems::default();
     if let Err(why) = names::check_target_id(id) {
         p.push("id", why);
@@ -47,10 +37,7 @@ pub fn validate_target(
     if target.id.is_empty() {
         target.id = id.to_string();
     } else if target.id != id {
-        p.push(
-            "id",
-            format!("{:?} does not match the id in the path ({id:?})", target.id),
-        );
+        p.push("id", format!("{:?} does not match the id in the path ({id:?})", target.id));
     }
     if target.name.is_empty() {
         target.name = id.to_string();
@@ -60,15 +47,8 @@ pub fn validate_target(
 
     let host = match url_safety::parse_outbound_url(&target.base_url) {
         Ok(url) => {
-            if let Some(why) =
-                url_safety::url_private_reason(&url).filter(|_| !target.allow_private)
-            {
-                p.push(
-                    "base_url",
-                    format!(
-                        "host is {why}; set allow_private: true (needs registry:write) to use it"
-                    ),
-                );
+            if let Some(why) = url_safety::url_private_reason(&url).filter(|_| !target.allow_private) {
+                p.push("base_url", format!("host is {why}; set allow_private: true (needs registry:write) to use it"));
             }
             url_safety::binding_host(&url)
         }
@@ -87,13 +67,8 @@ pub fn validate_target(
                 p.push("azure.api_version", "is required for flavor azure");
             }
         }
-        (Flavor::Azure, None) => p.push(
-            "azure",
-            "is required for flavor azure ({deployment, api_version})",
-        ),
-        (Flavor::Openai, Some(azure))
-            if !azure.deployment.is_empty() || !azure.api_version.is_empty() =>
-        {
+        (Flavor::Azure, None) => p.push("azure", "is required for flavor azure ({deployment, api_version})"),
+        (Flavor::Openai, Some(azure)) if !azure.deployment.is_empty() || !azure.api_version.is_empty() => {
             p.push("azure", "is only for flavor azure");
         }
         _ => {}
@@ -107,10 +82,7 @@ pub fn validate_target(
         ("idle_timeout_s", target.idle_timeout_s),
     ] {
         if !(1..=MAX_TIMEOUT_S).contains(&value) {
-            p.push(
-                field,
-                format!("must be between 1 and {MAX_TIMEOUT_S} seconds"),
-            );
+            p.push(field, format!("must be between 1 and {MAX_TIMEOUT_S} seconds"));
         }
     }
     if target.first_byte_timeout_s > target.timeout_s {
@@ -121,10 +93,9 @@ pub fn validate_target(
         if price.currency != "USD" {
             p.push("price.currency", "only USD is supported");
         }
-        for (field, amount) in [
-            ("price.input_per_mtok", price.input_per_mtok),
-            ("price.output_per_mtok", price.output_per_mtok),
-        ] {
+        for (field, amount) in
+            [("price.input_per_mtok", price.input_per_mtok), ("price.output_per_mtok", price.output_per_mtok)]
+        {
             if amount.micros() < 0 {
                 p.push(field, "must not be negative");
             }
@@ -158,21 +129,11 @@ pub fn validate_target(
     if let Some(extra) = &target.extra_body {
         for key in RESERVED_BODY_FIELDS {
             if extra.contains_key(key) {
-                p.push(
-                    format!("extra_body.{key}"),
-                    "is set by Shield and may not be overridden",
-                );
+                p.push(format!("extra_body.{key}"), "is set by Shield and may not be overridden");
             }
         }
-        if serde_json::to_vec(extra)
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX)
-            > MAX_EXTRA_BODY_BYTES
-        {
-            p.push(
-                "extra_body",
-                format!("must be at most {MAX_EXTRA_BODY_BYTES} bytes of JSON"),
-            );
+        if serde_json::to_vec(extra).map(|v| v.len()).unwrap_or(usize::MAX) > MAX_EXTRA_BODY_BYTES {
+            p.push("extra_body", format!("must be at most {MAX_EXTRA_BODY_BYTES} bytes of JSON"));
         }
     }
     p.into_result()
@@ -181,49 +142,40 @@ pub fn validate_target(
 fn check_auth(p: &mut Problems, target: &Target, host: Option<&str>, secrets: &SecretBindings) {
     let auth = &target.auth;
     if !names::is_header_token(&auth.header) {
-        p.push(
-            "auth.header",
-            format!("{:?} is not a valid header name", auth.header),
-        );
+        p.push("auth.header", format!("{:?} is not a valid header name", auth.header));
     } else if RESERVED_HEADERS.contains(&auth.header.to_ascii_lowercase().as_str()) {
-        p.push(
-            "auth.header",
-            format!("{:?} cannot carry a credential", auth.header),
-        );
+        p.push("auth.header", format!("{:?} cannot carry a credential", auth.header));
     }
     if !auth.scheme.is_empty() && !names::is_header_token(&auth.scheme) {
         p.push(
             "auth.scheme",
-            format!(
-                "{:?} is not a valid auth scheme (a single token such as Bearer, or empty)",
-                auth.scheme
-            ),
+            format!("{:?} is not a valid auth scheme (a single token such as Bearer, or empty)", auth.scheme),
         );
     }
     match auth.mode {
         AuthMode::Vault => {
             let Some(reference) = &auth.secret_ref else {
-                p.push(
-                    "auth.secret_ref",
-                    format!("is required for mode vault ({SECRET_REF_SCHEME}<secret name>)"),
-                );
+                p.push("auth.secret_ref", format!("is required for mode vault ({SECRET_REF_SCHEME}<secret name>)"));
                 return;
             };
             let Some(name) = auth.secret_name() else {
-                p.push(
-                    "auth.secret_ref",
-                    format!("{reference:?} must look like {SECRET_REF_SCHEME}<secret name>"),
-                );
+                p.push("auth.secret_ref", format!("{reference:?} must look like {SECRET_REF_SCHEME}<secret name>"));
                 return;
             };
             match secrets.get(name) {
-                None => p.push("auth.secret_ref", format!("secret {name:?} does not exist; create it with PUT /v1/tenant/me/secrets/{name}")),
+                None => p.push(
+                    "auth.secret_ref",
+                    format!("secret {name:?} does not exist; create it with PUT /v1/tenant/me/secrets/{name}"),
+                ),
                 Some(bindings) => {
                     if let Some(host) = host
                         && !bindings.iter().any(|b| b.eq_ignore_ascii_case(host))
                     {
                         let bound = bindings.join(", ");
-                        p.push("auth.secret_ref", format!("secret {name:?} is not bound to host {host:?} (bound to: {bound})"));
+                        p.push(
+                            "auth.secret_ref",
+                            format!("secret {name:?} is not bound to host {host:?} (bound to: {bound})"),
+                        );
                     }
                 }
             }
@@ -259,44 +211,27 @@ pub fn validate_route(
     if route.name.is_empty() {
         route.name = name.to_string();
     } else if route.name != name {
-        p.push(
-            "name",
-            format!(
-                "{:?} does not match the name in the path ({name:?})",
-                route.name
-            ),
-        );
+        p.push("name", format!("{:?} does not match the name in the path ({name:?})", route.name));
     }
 
     if route.targets.is_empty() {
         p.push("targets", "must list at least one target");
     }
     if route.targets.len() > crate::MAX_TARGETS_PER_TENANT {
-        p.push(
-            "targets",
-            format!(
-                "must list at most {} targets",
-                crate::MAX_TARGETS_PER_TENANT
-            ),
-        );
+        p.push("targets", format!("must list at most {} targets", crate::MAX_TARGETS_PER_TENANT));
     }
     let mut seen = BTreeSet::new();
     for (i, id) in route.targets.iter().enumerate() {
         if !seen.insert(id.as_str()) {
             p.push(format!("targets[{i}]"), format!("{id:?} is listed twice"));
         } else if !targets.contains_key(id) {
-            p.push(
-                format!("targets[{i}]"),
-                format!("target {id:?} does not exist"),
-            );
+            p.push(format!("targets[{i}]"), format!("target {id:?} does not exist"));
         }
     }
     let listed: BTreeSet<&str> = route.targets.iter().map(String::as_str).collect();
 
     match (&route.weights, route.strategy) {
-        (Some(_), strategy) if strategy != Strategy::Weighted => {
-            p.push("weights", "are only for strategy weighted")
-        }
+        (Some(_), strategy) if strategy != Strategy::Weighted => p.push("weights", "are only for strategy weighted"),
         (None, Strategy::Weighted) => p.push("weights", "are required for strategy weighted"),
         (Some(weights), _) => {
             for (id, weight) in weights {
@@ -316,16 +251,10 @@ pub fn validate_route(
 
     let failover = &route.failover;
     if !(1..=MAX_ATTEMPTS).contains(&failover.max_attempts) {
-        p.push(
-            "failover.max_attempts",
-            format!("must be between 1 and {MAX_ATTEMPTS}"),
-        );
+        p.push("failover.max_attempts", format!("must be between 1 and {MAX_ATTEMPTS}"));
     }
     if !(1..=MAX_TIMEOUT_S).contains(&failover.deadline_s) {
-        p.push(
-            "failover.deadline_s",
-            format!("must be between 1 and {MAX_TIMEOUT_S} seconds"),
-        );
+        p.push("failover.deadline_s", format!("must be between 1 and {MAX_TIMEOUT_S} seconds"));
     }
     let mut classes = BTreeSet::new();
     for (i, class) in failover.on.iter().enumerate() {
@@ -340,14 +269,10 @@ pub fn validate_route(
     for (i, rule) in route.rules.iter().enumerate() {
         let at = format!("rules[{i}]");
         match (&rule.use_targets, &rule.deny) {
-            (Some(_), Some(_)) => p.push(
-                &at,
-                "has both use and deny; a rule either narrows or refuses",
-            ),
-            (None, None) if rule.when.location_required.is_none() => p.push(
-                &at,
-                "needs use, deny or when.location_required; otherwise it does nothing",
-            ),
+            (Some(_), Some(_)) => p.push(&at, "has both use and deny; a rule either narrows or refuses"),
+            (None, None) if rule.when.location_required.is_none() => {
+                p.push(&at, "needs use, deny or when.location_required; otherwise it does nothing")
+            }
             _ => {}
         }
         if let Some(use_targets) = &rule.use_targets {
@@ -374,29 +299,20 @@ pub fn validate_route(
                 if !GUARDRAIL_NAMES.contains(&name.as_str()) {
                     p.push(
                         format!("{at}.when.flagged[{j}]"),
-                        format!(
-                            "{name:?} is not a guardrail (one of: {})",
-                            GUARDRAIL_NAMES.join(", ")
-                        ),
+                        format!("{name:?} is not a guardrail (one of: {})", GUARDRAIL_NAMES.join(", ")),
                     );
                 }
             }
         }
-        for (key, values) in [
-            ("flagged", &when.flagged),
-            ("data_class", &when.data_class),
-            ("agent", &when.agent),
-            ("role", &when.role),
-        ] {
+        for (key, values) in
+            [("flagged", &when.flagged), ("data_class", &when.data_class), ("agent", &when.agent), ("role", &when.role)]
+        {
             if let Some(values) = values {
                 if values.is_empty() {
                     p.push(format!("{at}.when.{key}"), "must list at least one value");
                 }
                 if values.iter().any(|v| v.trim().is_empty() || v.len() > 128) {
-                    p.push(
-                        format!("{at}.when.{key}"),
-                        "values must be 1-128 characters",
-                    );
+                    p.push(format!("{at}.when.{key}"), "values must be 1-128 characters");
                 }
             }
         }
@@ -414,10 +330,7 @@ pub fn validate_route(
         }
         for (i, id) in budget.fallback_targets.iter().enumerate() {
             if !listed.contains(id.as_str()) {
-                p.push(
-                    format!("budget.fallback_targets[{i}]"),
-                    format!("{id:?} is not one of the route's targets"),
-                );
+                p.push(format!("budget.fallback_targets[{i}]"), format!("{id:?} is not one of the route's targets"));
             }
         }
         if budget.at_limit == AtLimit::Fallback && budget.fallback_targets.is_empty() {
@@ -432,10 +345,7 @@ pub fn validate_route(
         for (key, requirement) in required {
             let field = format!("required_profile.{key}");
             if !PROFILE_KEYS.contains(&key.as_str()) {
-                p.push(
-                    &field,
-                    format!("is not a profile key (one of: {})", PROFILE_KEYS.join(", ")),
-                );
+                p.push(&field, format!("is not a profile key (one of: {})", PROFILE_KEYS.join(", ")));
                 continue;
             }
             let shape_ok = match requirement {
@@ -444,11 +354,7 @@ pub fn validate_route(
                 Requirement::AnyOf(values) => key != "zdr" && !values.is_empty(),
             };
             if !shape_ok {
-                let want = if key == "zdr" {
-                    "true or false"
-                } else {
-                    "a value or a non-empty list of values"
-                };
+                let want = if key == "zdr" { "true or false" } else { "a value or a non-empty list of values" };
                 p.push(&field, format!("must be {want}"));
             }
         }
@@ -460,10 +366,7 @@ pub fn validate_route(
             for key in unmet {
                 p.push(
                     format!("required_profile.{key}"),
-                    format!(
-                        "target {id:?} does not satisfy it (its profile {})",
-                        describe(target, key)
-                    ),
+                    format!("target {id:?} does not satisfy it (its profile {})", describe(target, key)),
                 );
             }
         }
@@ -492,11 +395,7 @@ pub fn routes_broken_by<'r>(target: &Target, routes: &'r [Route]) -> Vec<(&'r st
         .filter(|route| route.targets.iter().any(|t| t == &target.id))
         .filter_map(|route| {
             let required = route.required_profile.as_ref()?;
-            let unmet: Vec<String> = profile
-                .unmet(required)
-                .into_iter()
-                .map(str::to_string)
-                .collect();
+            let unmet: Vec<String> = profile.unmet(required).into_iter().map(str::to_string).collect();
             (!unmet.is_empty()).then_some((route.name.as_str(), unmet))
         })
         .collect()
@@ -504,11 +403,7 @@ pub fn routes_broken_by<'r>(target: &Target, routes: &'r [Route]) -> Vec<(&'r st
 
 /// Routes that list `target_id`.
 pub fn routes_using<'r>(target_id: &str, routes: &'r [Route]) -> Vec<&'r str> {
-    routes
-        .iter()
-        .filter(|r| r.targets.iter().any(|t| t == target_id))
-        .map(|r| r.name.as_str())
-        .collect()
+    routes.iter().filter(|r| r.targets.iter().any(|t| t == target_id)).map(|r| r.name.as_str()).collect()
 }
 
 #[cfg(test)]

@@ -7,10 +7,7 @@ use crate::target::Target;
 use serde_json::{Value, json};
 
 fn secrets() -> SecretBindings {
-    BTreeMap::from([(
-        "openai_prod".to_string(),
-        vec!["api.openai.com".to_string()],
-    )])
+    BTreeMap::from([("openai_prod".to_string(), vec!["api.openai.com".to_string()])])
 }
 
 fn base_target() -> Value {
@@ -48,10 +45,7 @@ fn a_good_target_passes_and_gets_defaults() {
     let mut t: Target = from_json(base_target().to_string().as_bytes()).unwrap();
     validate_target("openai-4o", &mut t, &secrets()).unwrap();
     assert_eq!(t.id, "openai-4o");
-    assert_eq!(
-        (t.timeout_s, t.first_byte_timeout_s, t.idle_timeout_s),
-        (60, 20, 15)
-    );
+    assert_eq!((t.timeout_s, t.first_byte_timeout_s, t.idle_timeout_s), (60, 20, 15));
     assert_eq!(t.auth.header, "Authorization");
     assert!(t.enabled);
 }
@@ -60,39 +54,19 @@ fn a_good_target_passes_and_gets_defaults() {
 fn target_rules() {
     let cases: Vec<(&str, Value, &str)> = vec![
         ("id mismatch", json!({"id": "other"}), "id"),
-        (
-            "unknown top-level field",
-            json!({"colour": "red"}),
-            "colour",
-        ),
+        ("unknown top-level field", json!({"colour": "red"}), "colour"),
         ("missing model", json!({"model": null}), "model"),
         ("empty model", json!({"model": " "}), "model"),
         ("bad URL", json!({"base_url": "not a url"}), "base_url"),
-        (
-            "bad scheme",
-            json!({"base_url": "ftp://api.openai.com"}),
-            "base_url",
-        ),
-        (
-            "credentials in URL",
-            json!({"base_url": "https://u:p@api.openai.com/v1"}),
-            "base_url",
-        ),
+        ("bad scheme", json!({"base_url": "ftp://api.openai.com"}), "base_url"),
+        ("credentials in URL", json!({"base_url": "https://u:p@api.openai.com/v1"}), "base_url"),
         (
             "loopback without allow_private",
             json!({"base_url": "http://127.0.0.1:9100/v1", "auth": {"mode": "none"}}),
             "base_url",
         ),
-        (
-            "metadata address",
-            json!({"base_url": "http://169.254.169.254/v1", "auth": {"mode": "none"}}),
-            "base_url",
-        ),
-        (
-            "private range",
-            json!({"base_url": "http://10.0.0.5/v1", "auth": {"mode": "none"}}),
-            "base_url",
-        ),
+        ("metadata address", json!({"base_url": "http://169.254.169.254/v1", "auth": {"mode": "none"}}), "base_url"),
+        ("private range", json!({"base_url": "http://10.0.0.5/v1", "auth": {"mode": "none"}}), "base_url"),
         ("unknown flavor", json!({"flavor": "bedrock"}), "flavor"),
         (
             "azure without deployment",
@@ -100,21 +74,9 @@ fn target_rules() {
             "azure.deployment",
         ),
         ("azure block missing", json!({"flavor": "azure"}), "azure"),
-        (
-            "azure settings on openai",
-            json!({"azure": {"deployment": "d"}}),
-            "azure",
-        ),
-        (
-            "unknown auth mode",
-            json!({"auth": {"mode": "key"}}),
-            "auth.mode",
-        ),
-        (
-            "vault without ref",
-            json!({"auth": {"mode": "vault"}}),
-            "auth.secret_ref",
-        ),
+        ("azure settings on openai", json!({"azure": {"deployment": "d"}}), "azure"),
+        ("unknown auth mode", json!({"auth": {"mode": "key"}}), "auth.mode"),
+        ("vault without ref", json!({"auth": {"mode": "vault"}}), "auth.secret_ref"),
         (
             "vault ref wrong scheme",
             json!({"auth": {"mode": "vault", "secret_ref": "vault://openai_prod"}}),
@@ -125,60 +87,24 @@ fn target_rules() {
             json!({"auth": {"mode": "vault", "secret_ref": "shield://nope"}}),
             "auth.secret_ref",
         ),
-        (
-            "vault ref not bound to host",
-            json!({"base_url": "https://evil.example.com/v1"}),
-            "auth.secret_ref",
-        ),
+        ("vault ref not bound to host", json!({"base_url": "https://evil.example.com/v1"}), "auth.secret_ref"),
         (
             "ref on passthrough",
             json!({"auth": {"mode": "passthrough", "secret_ref": "shield://openai_prod"}}),
             "auth.secret_ref",
         ),
-        (
-            "passthrough header not a token",
-            json!({"auth": {"mode": "passthrough", "header": "X Key"}}),
-            "auth.header",
-        ),
-        (
-            "header with CRLF",
-            json!({"auth": {"mode": "passthrough", "header": "X-Key\r\nHost"}}),
-            "auth.header",
-        ),
-        (
-            "reserved header",
-            json!({"auth": {"mode": "passthrough", "header": "Host"}}),
-            "auth.header",
-        ),
-        (
-            "scheme with space",
-            json!({"auth": {"mode": "none", "scheme": "Bearer x"}}),
-            "auth.scheme",
-        ),
-        (
-            "unknown auth field",
-            json!({"auth": {"mode": "none", "key": "sk-1"}}),
-            "auth.key",
-        ),
-        (
-            "location closed set",
-            json!({"location": "moon"}),
-            "location",
-        ),
+        ("passthrough header not a token", json!({"auth": {"mode": "passthrough", "header": "X Key"}}), "auth.header"),
+        ("header with CRLF", json!({"auth": {"mode": "passthrough", "header": "X-Key\r\nHost"}}), "auth.header"),
+        ("reserved header", json!({"auth": {"mode": "passthrough", "header": "Host"}}), "auth.header"),
+        ("scheme with space", json!({"auth": {"mode": "none", "scheme": "Bearer x"}}), "auth.scheme"),
+        ("unknown auth field", json!({"auth": {"mode": "none", "key": "sk-1"}}), "auth.key"),
+        ("location closed set", json!({"location": "moon"}), "location"),
         ("zero timeout", json!({"timeout_s": 0}), "timeout_s"),
         ("huge timeout", json!({"timeout_s": 100000}), "timeout_s"),
         ("negative timeout", json!({"timeout_s": -1}), "timeout_s"),
-        (
-            "first byte after timeout",
-            json!({"timeout_s": 10, "first_byte_timeout_s": 20}),
-            "first_byte_timeout_s",
-        ),
+        ("first byte after timeout", json!({"timeout_s": 10, "first_byte_timeout_s": 20}), "first_byte_timeout_s"),
         ("zero idle", json!({"idle_timeout_s": 0}), "idle_timeout_s"),
-        (
-            "negative price",
-            json!({"price": {"input_per_mtok": -1, "output_per_mtok": 1}}),
-            "price.input_per_mtok",
-        ),
+        ("negative price", json!({"price": {"input_per_mtok": -1, "output_per_mtok": 1}}), "price.input_per_mtok"),
         (
             "sub-micro price",
             json!({"price": {"input_per_mtok": 0.0000001, "output_per_mtok": 1}}),
@@ -189,60 +115,26 @@ fn target_rules() {
             json!({"price": {"input_per_mtok": 1, "output_per_mtok": 1, "currency": "EUR"}}),
             "price.currency",
         ),
-        (
-            "price as string",
-            json!({"price": {"input_per_mtok": "1", "output_per_mtok": 1}}),
-            "price.input_per_mtok",
-        ),
-        (
-            "zero context window",
-            json!({"capabilities": {"context_window": 0}}),
-            "capabilities.context_window",
-        ),
-        (
-            "unknown capability",
-            json!({"capabilities": {"vision": true}}),
-            "capabilities.vision",
-        ),
-        (
-            "unknown profile key",
-            json!({"profile": {"colour": "red"}}),
-            "profile.colour",
-        ),
-        (
-            "empty profile value",
-            json!({"profile": {"region": ""}}),
-            "profile.region",
-        ),
-        (
-            "extra_body sets model",
-            json!({"extra_body": {"model": "x"}}),
-            "extra_body.model",
-        ),
-        (
-            "extra_body sets stream",
-            json!({"extra_body": {"stream": true}}),
-            "extra_body.stream",
-        ),
-        (
-            "extra_body not an object",
-            json!({"extra_body": [1]}),
-            "extra_body",
-        ),
+        ("price as string", json!({"price": {"input_per_mtok": "1", "output_per_mtok": 1}}), "price.input_per_mtok"),
+        ("zero context window", json!({"capabilities": {"context_window": 0}}), "capabilities.context_window"),
+        ("unknown capability", json!({"capabilities": {"vision": true}}), "capabilities.vision"),
+        ("unknown profile key", json!({"profile": {"colour": "red"}}), "profile.colour"),
+        ("empty profile value", json!({"profile": {"region": ""}}), "profile.region"),
+        ("extra_body sets model", json!({"extra_body": {"model": "x"}}), "extra_body.model"),
+        ("extra_body sets stream", json!({"extra_body": {"stream": true}}), "extra_body.stream"),
+        ("extra_body not an object", json!({"extra_body": [1]}), "extra_body"),
         ("enabled not a bool", json!({"enabled": "yes"}), "enabled"),
     ];
     for (what, patch, field) in cases {
         let fields = target_fields(&with(base_target(), patch));
-        assert!(
-            fields.contains(&field.to_string()),
-            "{what}: expected {field:?}, got {fields:?}"
-        );
+        assert!(fields.contains(&field.to_string()), "{what}: expected {field:?}, got {fields:?}");
     }
 }
 
 #[test]
 fn private_hosts_pass_with_allow_private_and_bound_vault_refs() {
-    let body = json!({"base_url": "http://127.0.0.1:9100/v1", "model": "m", "allow_private": true, "auth": {"mode": "none"}});
+    let body =
+        json!({"base_url": "http://127.0.0.1:9100/v1", "model": "m", "allow_private": true, "auth": {"mode": "none"}});
     assert_eq!(target_fields(&body), Vec::<String>::new());
     let mut s = secrets();
     s.insert("local".into(), vec!["127.0.0.1".into()]);
@@ -258,33 +150,17 @@ fn private_hosts_pass_with_allow_private_and_bound_vault_refs() {
 
 #[test]
 fn errors_say_why() {
-    let mut t: Target = from_json(
-        with(
-            base_target(),
-            json!({"base_url": "https://evil.example.com/v1"}),
-        )
-        .to_string()
-        .as_bytes(),
-    )
-    .unwrap();
+    let mut t: Target =
+        from_json(with(base_target(), json!({"base_url": "https://evil.example.com/v1"})).to_string().as_bytes())
+            .unwrap();
     let errors = validate_target("x", &mut t, &secrets()).unwrap_err();
-    assert!(
-        errors[0]
-            .message
-            .contains("not bound to host \"evil.example.com\""),
-        "{}",
-        errors[0].message
-    );
+    assert!(errors[0].message.contains("not bound to host \"evil.example.com\""), "{}", errors[0].message);
     assert!(!errors[0].message.is_empty());
 }
 
 fn targets() -> BTreeMap<String, Target> {
     let mut out = BTreeMap::new();
-    for (id, region) in [
-        ("openai-4o", "us"),
-        ("azure-4o", "eu"),
-        ("onprem-qwen", "eu"),
-    ] {
+    for (id, region) in [("openai-4o", "us"), ("azure-4o", "eu"), ("onprem-qwen", "eu")] {
         let mut t: Target = from_json(
             json!({"base_url": "https://api.openai.com/v1", "model": "m", "auth": {"mode": "none"},
             "profile": {"region": region, "zdr": true}})
@@ -336,96 +212,28 @@ fn route_rules() {
         ("name mismatch", json!({"name": "other"}), "name"),
         ("unknown field", json!({"fallback": "x"}), "fallback"),
         ("no targets", json!({"targets": []}), "targets"),
-        (
-            "unknown target",
-            json!({"targets": ["openai-4o", "ghost"]}),
-            "targets[1]",
-        ),
-        (
-            "duplicate target",
-            json!({"targets": ["openai-4o", "openai-4o"]}),
-            "targets[1]",
-        ),
-        (
-            "unknown strategy",
-            json!({"strategy": "random"}),
-            "strategy",
-        ),
-        (
-            "weights without weighted",
-            json!({"weights": {"openai-4o": 1}}),
-            "weights",
-        ),
-        (
-            "weighted without weights",
-            json!({"strategy": "weighted"}),
-            "weights",
-        ),
+        ("unknown target", json!({"targets": ["openai-4o", "ghost"]}), "targets[1]"),
+        ("duplicate target", json!({"targets": ["openai-4o", "openai-4o"]}), "targets[1]"),
+        ("unknown strategy", json!({"strategy": "random"}), "strategy"),
+        ("weights without weighted", json!({"weights": {"openai-4o": 1}}), "weights"),
+        ("weighted without weights", json!({"strategy": "weighted"}), "weights"),
         (
             "weight for unlisted target",
             json!({"strategy": "weighted", "weights": {"ghost": 1, "openai-4o": 1}}),
             "weights.ghost",
         ),
-        (
-            "all weights zero",
-            json!({"strategy": "weighted", "weights": {"openai-4o": 0}}),
-            "weights",
-        ),
-        (
-            "failover class outside the set",
-            json!({"failover": {"on": ["timeout", "4xx"]}}),
-            "failover.on[1]",
-        ),
-        (
-            "failover class twice",
-            json!({"failover": {"on": ["timeout", "timeout"]}}),
-            "failover.on[1]",
-        ),
-        (
-            "zero attempts",
-            json!({"failover": {"max_attempts": 0}}),
-            "failover.max_attempts",
-        ),
-        (
-            "too many attempts",
-            json!({"failover": {"max_attempts": 11}}),
-            "failover.max_attempts",
-        ),
-        (
-            "zero deadline",
-            json!({"failover": {"deadline_s": 0}}),
-            "failover.deadline_s",
-        ),
-        (
-            "unknown failover field",
-            json!({"failover": {"retries": 2}}),
-            "failover.retries",
-        ),
-        (
-            "use outside targets",
-            json!({"rules": [{"when": {}, "use": ["ghost"]}]}),
-            "rules[0].use[0]",
-        ),
-        (
-            "empty use",
-            json!({"rules": [{"when": {}, "use": []}]}),
-            "rules[0].use",
-        ),
-        (
-            "use and deny",
-            json!({"rules": [{"when": {}, "use": ["openai-4o"], "deny": "no"}]}),
-            "rules[0]",
-        ),
-        (
-            "rule that does nothing",
-            json!({"rules": [{"when": {"role": ["x"]}}]}),
-            "rules[0]",
-        ),
-        (
-            "empty deny",
-            json!({"rules": [{"when": {}, "deny": " "}]}),
-            "rules[0].deny",
-        ),
+        ("all weights zero", json!({"strategy": "weighted", "weights": {"openai-4o": 0}}), "weights"),
+        ("failover class outside the set", json!({"failover": {"on": ["timeout", "4xx"]}}), "failover.on[1]"),
+        ("failover class twice", json!({"failover": {"on": ["timeout", "timeout"]}}), "failover.on[1]"),
+        ("zero attempts", json!({"failover": {"max_attempts": 0}}), "failover.max_attempts"),
+        ("too many attempts", json!({"failover": {"max_attempts": 11}}), "failover.max_attempts"),
+        ("zero deadline", json!({"failover": {"deadline_s": 0}}), "failover.deadline_s"),
+        ("unknown failover field", json!({"failover": {"retries": 2}}), "failover.retries"),
+        ("use outside targets", json!({"rules": [{"when": {}, "use": ["ghost"]}]}), "rules[0].use[0]"),
+        ("empty use", json!({"rules": [{"when": {}, "use": []}]}), "rules[0].use"),
+        ("use and deny", json!({"rules": [{"when": {}, "use": ["openai-4o"], "deny": "no"}]}), "rules[0]"),
+        ("rule that does nothing", json!({"rules": [{"when": {"role": ["x"]}}]}), "rules[0]"),
+        ("empty deny", json!({"rules": [{"when": {}, "deny": " "}]}), "rules[0].deny"),
         (
             "unknown guardrail",
             json!({"rules": [{"when": {"flagged": ["toxicity"]}, "use": ["openai-4o"]}]}),
@@ -461,43 +269,16 @@ fn route_rules() {
             json!({"budget": {"monthly": 1, "at_limit": "fallback"}}),
             "budget.fallback_targets",
         ),
-        (
-            "zero budget",
-            json!({"budget": {"monthly": 0}}),
-            "budget.monthly",
-        ),
-        (
-            "budget currency",
-            json!({"budget": {"monthly": 5, "currency": "EUR"}}),
-            "budget.currency",
-        ),
-        (
-            "unknown at_limit",
-            json!({"budget": {"monthly": 5, "at_limit": "panic"}}),
-            "budget.at_limit",
-        ),
-        (
-            "profile key unknown",
-            json!({"required_profile": {"colour": "red"}}),
-            "required_profile.colour",
-        ),
-        (
-            "profile not met",
-            json!({"required_profile": {"region": "eu"}}),
-            "required_profile.region",
-        ),
-        (
-            "zdr as string",
-            json!({"required_profile": {"zdr": "yes"}}),
-            "required_profile.zdr",
-        ),
+        ("zero budget", json!({"budget": {"monthly": 0}}), "budget.monthly"),
+        ("budget currency", json!({"budget": {"monthly": 5, "currency": "EUR"}}), "budget.currency"),
+        ("unknown at_limit", json!({"budget": {"monthly": 5, "at_limit": "panic"}}), "budget.at_limit"),
+        ("profile key unknown", json!({"required_profile": {"colour": "red"}}), "required_profile.colour"),
+        ("profile not met", json!({"required_profile": {"region": "eu"}}), "required_profile.region"),
+        ("zdr as string", json!({"required_profile": {"zdr": "yes"}}), "required_profile.zdr"),
     ];
     for (what, patch, field) in cases {
         let fields = route_fields(&with(base_route(), patch));
-        assert!(
-            fields.contains(&field.to_string()),
-            "{what}: expected {field:?}, got {fields:?}"
-        );
+        assert!(fields.contains(&field.to_string()), "{what}: expected {field:?}, got {fields:?}");
     }
 }
 
@@ -517,17 +298,11 @@ fn envelope_met_by_every_target_passes_and_names_the_offender_otherwise() {
         "required_profile": {"region": ["eu"], "zdr": true}}),
     );
     assert_eq!(route_fields(&body), Vec::<String>::new());
-    let mut r: Route = from_json(
-        with(base_route(), json!({"required_profile": {"region": "eu"}}))
-            .to_string()
-            .as_bytes(),
-    )
-    .unwrap();
+    let mut r: Route =
+        from_json(with(base_route(), json!({"required_profile": {"region": "eu"}})).to_string().as_bytes()).unwrap();
     let errors = validate_route("smart", &mut r, &targets()).unwrap_err();
     assert!(
-        errors
-            .iter()
-            .any(|e| e.message.contains("\"openai-4o\"") && e.message.contains("region = \"us\"")),
+        errors.iter().any(|e| e.message.contains("\"openai-4o\"") && e.message.contains("region = \"us\"")),
         "{errors:?}"
     );
 }
@@ -548,13 +323,7 @@ fn target_changes_that_break_a_route_envelope_are_found() {
     let mut t = targets()["azure-4o"].clone();
     assert!(routes_broken_by(&t, std::slice::from_ref(&r)).is_empty());
     t.profile.as_mut().unwrap().region = Some("us".into());
-    assert_eq!(
-        routes_broken_by(&t, std::slice::from_ref(&r)),
-        vec![("eu-only", vec!["region".to_string()])]
-    );
-    assert_eq!(
-        routes_using("azure-4o", std::slice::from_ref(&r)),
-        vec!["eu-only"]
-    );
+    assert_eq!(routes_broken_by(&t, std::slice::from_ref(&r)), vec![("eu-only", vec!["region".to_string()])]);
+    assert_eq!(routes_using("azure-4o", std::slice::from_ref(&r)), vec!["eu-only"]);
     assert!(routes_using("openai-4o", &[r]).is_empty());
 }

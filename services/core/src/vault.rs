@@ -50,14 +50,9 @@ pub struct Sealed {
 impl Keyring {
     /// One key (`SHIELD_VAULT_KEY`, base64 of 32 bytes) as version `version`.
     pub fn from_base64(master_key: &str, version: u32) -> Result<Keyring, VaultError> {
-        let bytes = B64
-            .decode(master_key.trim())
-            .map_err(|_| VaultError::BadMasterKey)?;
+        let bytes = B64.decode(master_key.trim()).map_err(|_| VaultError::BadMasterKey)?;
         let key: [u8; 32] = bytes.try_into().map_err(|_| VaultError::BadMasterKey)?;
-        Ok(Keyring {
-            current: version,
-            keys: BTreeMap::from([(version, key)]),
-        })
+        Ok(Keyring { current: version, keys: BTreeMap::from([(version, key)]) })
     }
 
     /// Adds an older key so secrets sealed with it still open after a rotation.
@@ -72,43 +67,22 @@ impl Keyring {
     }
 
     pub fn seal(&self, aad: &str, plaintext: &[u8], nonce: [u8; NONCE_LEN]) -> Sealed {
-        let cipher = self
-            .cipher(self.current)
-            .expect("the current key is always present");
+        let cipher = self.cipher(self.current).expect("the current key is always present");
         let ciphertext = cipher
-            .encrypt(
-                &Nonce::from(nonce),
-                Payload {
-                    msg: plaintext,
-                    aad: aad.as_bytes(),
-                },
-            )
+            .encrypt(&Nonce::from(nonce), Payload { msg: plaintext, aad: aad.as_bytes() })
             .expect("AES-GCM encryption cannot fail for inputs under 64 GiB");
-        Sealed {
-            ciphertext,
-            nonce,
-            key_version: self.current,
-        }
+        Sealed { ciphertext, nonce, key_version: self.current }
     }
 
     pub fn open(&self, aad: &str, sealed: &Sealed) -> Result<Vec<u8>, VaultError> {
         let cipher = self.cipher(sealed.key_version)?;
         cipher
-            .decrypt(
-                &Nonce::from(sealed.nonce),
-                Payload {
-                    msg: &sealed.ciphertext,
-                    aad: aad.as_bytes(),
-                },
-            )
+            .decrypt(&Nonce::from(sealed.nonce), Payload { msg: &sealed.ciphertext, aad: aad.as_bytes() })
             .map_err(|_| VaultError::Undecryptable)
     }
 
     fn cipher(&self, version: u32) -> Result<Aes256Gcm, VaultError> {
-        let key = self
-            .keys
-            .get(&version)
-            .ok_or(VaultError::UnknownKeyVersion(version))?;
+        let key = self.keys.get(&version).ok_or(VaultError::UnknownKeyVersion(version))?;
         Aes256Gcm::new_from_slice(key).map_err(|_| VaultError::BadMasterKey)
     }
 }
@@ -138,59 +112,36 @@ mod tests {
         let k = keyring();
         let sealed = k.seal(&secret_aad("acme", "openai"), b"sk-live-123", [1; 12]);
         assert_ne!(sealed.ciphertext, b"sk-live-123");
-        assert_eq!(
-            k.open(&secret_aad("acme", "openai"), &sealed).unwrap(),
-            b"sk-live-123"
-        );
+        assert_eq!(k.open(&secret_aad("acme", "openai"), &sealed).unwrap(), b"sk-live-123");
     }
 
     #[test]
     fn ciphertext_is_bound_to_tenant_name_and_key() {
         let k = keyring();
         let sealed = k.seal(&secret_aad("acme", "openai"), b"sk-live-123", [1; 12]);
-        assert_eq!(
-            k.open(&secret_aad("evil", "openai"), &sealed),
-            Err(VaultError::Undecryptable)
-        );
-        assert_eq!(
-            k.open(&secret_aad("acme", "other"), &sealed),
-            Err(VaultError::Undecryptable)
-        );
+        assert_eq!(k.open(&secret_aad("evil", "openai"), &sealed), Err(VaultError::Undecryptable));
+        assert_eq!(k.open(&secret_aad("acme", "other"), &sealed), Err(VaultError::Undecryptable));
         let other = Keyring::from_base64(&B64.encode([8u8; 32]), 1).unwrap();
-        assert_eq!(
-            other.open(&secret_aad("acme", "openai"), &sealed),
-            Err(VaultError::Undecryptable)
-        );
+        assert_eq!(other.open(&secret_aad("acme", "openai"), &sealed), Err(VaultError::Undecryptable));
         let mut tampered = sealed.clone();
         tampered.ciphertext[0] ^= 1;
-        assert_eq!(
-            k.open(&secret_aad("acme", "openai"), &tampered),
-            Err(VaultError::Undecryptable)
-        );
+        assert_eq!(k.open(&secret_aad("acme", "openai"), &tampered), Err(VaultError::Undecryptable));
     }
 
     #[test]
     fn rotation_keeps_old_secrets_readable() {
         let old = keyring();
         let sealed = old.seal("a", b"v", [2; 12]);
-        let new = Keyring::from_base64(&B64.encode([9u8; 32]), 2)
-            .unwrap()
-            .with_previous(&B64.encode([7u8; 32]), 1)
-            .unwrap();
+        let new =
+            Keyring::from_base64(&B64.encode([9u8; 32]), 2).unwrap().with_previous(&B64.encode([7u8; 32]), 1).unwrap();
         assert_eq!(new.open("a", &sealed).unwrap(), b"v");
         assert_eq!(new.seal("a", b"v", [3; 12]).key_version, 2);
-        assert_eq!(
-            Keyring::from_base64("c2hvcnQ=", 1).unwrap_err(),
-            VaultError::BadMasterKey
-        );
+        assert_eq!(Keyring::from_base64("c2hvcnQ=", 1).unwrap_err(), VaultError::BadMasterKey);
     }
 
     #[test]
     fn hints_reveal_little() {
-        assert_eq!(
-            hint("sk-proj-abcdefghijklmnop1234").as_deref(),
-            Some("…1234")
-        );
+        assert_eq!(hint("sk-proj-abcdefghijklmnop1234").as_deref(), Some("…1234"));
         assert_eq!(hint("short-secret"), None);
     }
 }

@@ -11,9 +11,16 @@
 //!   `err:CODE` (the error body's `code`, e.g. `insufficient_quota`), `usage:P-C` (reported
 //!   prompt/completion tokens), `body:garbage` (a 200 that is not JSON), `body:nochoices`
 //!   (a 200 JSON without `choices`).
+//!   Streaming (`"stream": true` in the request): `chunks:N` content chunks (default 3),
+//!   `ttfb:MS` before the first event, `chunkdelay:MS` between events, `errfirst` (the first
+//!   event is an error), `break:N` (drop the connection after N chunks), `stall:N` (go silent
+//!   after N chunks), `malformed:N` (the N-th event is not JSON), `nodone` (end without
+//!   `[DONE]`). A usage chunk is sent when the request asks `stream_options.include_usage`.
 //! * `GET /v1/models`, `GET /mock/{scenario}/v1/models`.
 //! * `GET /_mock/requests[?id=TAG]` — the requests received (method, path, headers, body),
 //!   oldest first; `DELETE /_mock/requests` clears the log. The log keeps the last 10,000.
+//! * `GET /_mock/streams?id=TAG` — `{started, completed, dropped}`: streams the client dropped
+//!   before the end are counted, so tests can prove nothing keeps generating for nobody.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -39,6 +46,14 @@ pub struct Received {
 struct MockState {
     log: Mutex<VecDeque<Received>>,
     calls: Mutex<HashMap<String, usize>>,
+    streams: Mutex<HashMap<String, StreamCounts>>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+struct StreamCounts {
+    started: u64,
+    completed: u64,
+    dropped: u64,
 }
 
 /// One scenario, parsed from the path segment.
@@ -53,6 +68,14 @@ struct Scenario {
     error_code: Option<String>,
     usage: Option<(u64, u64)>,
     body: Option<String>,
+    chunks: Option<usize>,
+    ttfb: Option<Duration>,
+    chunk_delay: Option<Duration>,
+    error_first: bool,
+    break_after: Option<usize>,
+    stall_after: Option<usize>,
+    malformed_at: Option<usize>,
+    no_done: bool,
 }
 
 impl Scenario {
@@ -69,12 +92,16 @@ impl Scenario {
                 "reset" => s.reset = true,
                 "retry-after" => s.retry_after = Some(value.to_string()),
                 "err" => s.error_code = Some(value.to_string()),
-                "usage" => {
-                    s.usage = value
-                        .split_once('-')
-                        .and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?)))
-                }
+                "usage" => s.usage = value.split_once('-').and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?))),
                 "body" => s.body = Some(value.to_string()),
+                "chunks" => s.chunks = value.parse().ok(),
+                "ttfb" => s.ttfb = value.parse().ok().map(Duration::from_millis),
+                "chunkdelay" => s.chunk_delay = value.parse().ok().map(Duration::from_millis),
+                "errfirst" => s.error_first = true,
+                "break" => s.break_after = value.parse().ok(),
+                "stall" => s.stall_after = value.parse().ok(),
+                "malformed" => s.malformed_at = value.parse().ok(),
+                "nodone" => s.no_done = true,
                 _ => {}
             }
         }
@@ -87,21 +114,13 @@ fn completion(body: &Value, usage: Option<(u64, u64)>) -> Value {
     let last = body
         .get("messages")
         .and_then(Value::as_array)
-        .and_then(|m| {
-            m.iter()
-                .rev()
-                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-        })
+        .and_then(|m| m.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user")))
         .and_then(|m| m.get("content"))
         .and_then(Value::as_str)
         .unwrap_or("");
     let content = format!("mock answer to: {last}");
-    let prompt_chars = body
-        .get("messages")
-        .map(|m| m.to_string().len())
-        .unwrap_or(0) as u64;
-    let (input, output) =
-        usage.unwrap_or((prompt_chars.div_ceil(4), (content.len() as u64).div_ceil(4)));
+    let prompt_chars = body.get("messages").map(|m| m.to_string().len()).unwrap_or(0) as u64;
+    let (input, output) = usage.unwrap_or((prompt_chars.div_ceil(4), (content.len() as u64).div_ceil(4)));
     json!({
         "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
@@ -113,23 +132,14 @@ fn record(state: &MockState, req: &HttpRequest, body: &Bytes) {
     let headers = req
         .headers()
         .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_string(),
-                String::from_utf8_lossy(v.as_bytes()).to_string(),
-            )
-        })
+        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).to_string()))
         .collect();
     let path = match req.query_string() {
         "" => req.path().to_string(),
         q => format!("{}?{q}", req.path()),
     };
-    let entry = Received {
-        method: req.method().to_string(),
-        path,
-        headers,
-        body: String::from_utf8_lossy(body).to_string(),
-    };
+    let entry =
+        Received { method: req.method().to_string(), path, headers, body: String::from_utf8_lossy(body).to_string() };
     let mut log = state.log.lock().expect("mock log");
     if log.len() == LOG_CAPACITY {
         log.pop_front();
@@ -139,15 +149,8 @@ fn record(state: &MockState, req: &HttpRequest, body: &Bytes) {
 
 /// `/mock/{scenario}/rest` → (scenario, rest); plain paths have the empty scenario.
 fn split_path(path: &str) -> (Scenario, String, &str) {
-    match path
-        .strip_prefix("/mock/")
-        .and_then(|rest| rest.split_once('/'))
-    {
-        Some((spec, rest)) => (
-            Scenario::parse(spec),
-            spec.to_string(),
-            &path[path.len() - rest.len() - 1..],
-        ),
+    match path.strip_prefix("/mock/").and_then(|rest| rest.split_once('/')) {
+        Some((spec, rest)) => (Scenario::parse(spec), spec.to_string(), &path[path.len() - rest.len() - 1..]),
         None => (Scenario::default(), String::new(), path),
     }
 }
@@ -155,6 +158,14 @@ fn split_path(path: &str) -> (Scenario, String, &str) {
 async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> HttpResponse {
     if req.path() == "/_mock/requests" {
         return requests(&req, &state);
+    }
+    if req.path() == "/_mock/streams" {
+        let id = web::Query::<HashMap<String, String>>::from_query(req.query_string())
+            .ok()
+            .and_then(|q| q.get("id").cloned())
+            .unwrap_or_default();
+        let counts = state.streams.lock().expect("mock streams").get(&id).copied().unwrap_or_default();
+        return HttpResponse::Ok().json(counts);
     }
     if req.path() == "/healthz" {
         return HttpResponse::Ok().json(json!({"status": "ok"}));
@@ -173,30 +184,30 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     if scenario.hang {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
-    let status = scenario
-        .statuses
-        .get(call)
-        .or(scenario.statuses.last())
-        .copied()
-        .unwrap_or(200);
+    let status = scenario.statuses.get(call).or(scenario.statuses.last()).copied().unwrap_or(200);
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     if scenario.reset {
         let broken = futures_util::stream::once(async {
             Err::<Bytes, _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
         });
-        return HttpResponse::build(status)
-            .content_type("application/json")
-            .streaming(broken);
+        return HttpResponse::build(status).content_type("application/json").streaming(broken);
     }
     let mut response = HttpResponse::build(status);
     if let Some(retry_after) = &scenario.retry_after {
         response.insert_header(("retry-after", retry_after.as_str()));
     }
     match (req.method().as_str(), rest) {
-        ("GET", "/v1/models") => response.json(json!({"object": "list", "data": [{"id": "mock-1", "object": "model", "owned_by": "shield-mock"}]})),
+        ("GET", "/v1/models") => response
+            .json(json!({"object": "list", "data": [{"id": "mock-1", "object": "model", "owned_by": "shield-mock"}]})),
         ("POST", "/v1/chat/completions") if !status.is_success() => {
             let code = scenario.error_code.clone().map(Value::String).unwrap_or(Value::Null);
             response.json(json!({"error": {"message": format!("mock failure {}", status.as_u16()), "type": "mock_error", "code": code, "param": null}}))
+        }
+        ("POST", "/v1/chat/completions")
+            if serde_json::from_slice::<Value>(&body).ok().and_then(|b| b.get("stream")?.as_bool()) == Some(true) =>
+        {
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            response.content_type("text/event-stream").streaming(stream(state.into_inner(), scenario, request))
         }
         ("POST", "/v1/chat/completions") => match scenario.body.as_deref() {
             Some("garbage") => response.content_type("application/json").body("this is not json"),
@@ -206,7 +217,101 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
                 response.json(completion(&request, scenario.usage))
             }
         },
-        _ => HttpResponse::NotFound().json(json!({"error": {"message": format!("mock has no {} {rest}", req.method()), "type": "not_found"}})),
+        _ => HttpResponse::NotFound()
+            .json(json!({"error": {"message": format!("mock has no {} {rest}", req.method()), "type": "not_found"}})),
+    }
+}
+
+/// A streamed completion as SSE events, shaped by the scenario's streaming directives.
+fn stream(
+    state: std::sync::Arc<MockState>,
+    scenario: Scenario,
+    request: Value,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    let id = scenario.id.clone().unwrap_or_default();
+    state.streams.lock().expect("mock streams").entry(id.clone()).or_default().started += 1;
+    let model = request.get("model").and_then(Value::as_str).unwrap_or("mock").to_string();
+    let include_usage = request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    let chunks = scenario.chunks.unwrap_or(3);
+    let guard = StreamGuard { state, id, finished: false };
+    futures_util::stream::unfold((0usize, guard), move |(n, mut guard)| {
+        let scenario = scenario.clone();
+        let model = model.clone();
+        async move {
+            let delay = if n == 0 { scenario.ttfb } else { scenario.chunk_delay };
+            if let Some(delay) = delay {
+                tokio::time::sleep(delay).await;
+            }
+            let chunk = |delta: Value, finish: Value| {
+                json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            };
+            let event = |value: &Value| Bytes::from(format!("data: {value}\n\n"));
+            if n == 0 && scenario.error_first {
+                guard.finished = true;
+                let error = json!({"error": {"message": "mock overloaded", "type": "server_error", "code": null}});
+                return Some((Ok(event(&error)), (usize::MAX, guard)));
+            }
+            if n == usize::MAX {
+                return None;
+            }
+            if scenario.break_after == Some(n) {
+                guard.finished = true;
+                return Some((Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)), (usize::MAX, guard)));
+            }
+            if scenario.stall_after == Some(n) {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            let out = if n < chunks {
+                if scenario.malformed_at == Some(n + 1) {
+                    Bytes::from_static(b"data: {this is not json\n\n")
+                } else if n == 0 {
+                    event(&chunk(json!({"role": "assistant", "content": "mock "}), Value::Null))
+                } else {
+                    event(&chunk(json!({"content": format!("part{n} ")}), Value::Null))
+                }
+            } else if n == chunks {
+                event(&chunk(json!({}), json!("stop")))
+            } else if n == chunks + 1 && include_usage {
+                let (p, c) = scenario.usage.unwrap_or((10, chunks as u64));
+                event(
+                    &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [],
+                    "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}),
+                )
+            } else if !scenario.no_done && n <= chunks + 2 {
+                guard.finished = true;
+                return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), (usize::MAX, guard)));
+            } else {
+                guard.complete();
+                return None;
+            };
+            Some((Ok(out), (n + 1, guard)))
+        }
+    })
+}
+
+/// Counts a stream as completed or dropped (the client went away before the end).
+struct StreamGuard {
+    state: std::sync::Arc<MockState>,
+    id: String,
+    finished: bool,
+}
+
+impl StreamGuard {
+    fn complete(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let mut streams = self.state.streams.lock().expect("mock streams");
+        let counts = streams.entry(self.id.clone()).or_default();
+        if self.finished {
+            counts.completed += 1;
+        } else {
+            counts.dropped += 1;
+        }
     }
 }
 
@@ -215,20 +320,14 @@ fn requests(req: &HttpRequest, state: &MockState) -> HttpResponse {
         state.log.lock().expect("mock log").clear();
         return HttpResponse::NoContent().finish();
     }
-    let id = web::Query::<HashMap<String, String>>::from_query(req.query_string())
-        .ok()
-        .and_then(|q| q.get("id").cloned());
+    let id =
+        web::Query::<HashMap<String, String>>::from_query(req.query_string()).ok().and_then(|q| q.get("id").cloned());
     let log = state.log.lock().expect("mock log");
     let wanted = id.map(|id| format!("id:{id}"));
     let matching: Vec<&Received> = log
         .iter()
         .filter(|r| {
-            wanted.as_ref().is_none_or(|w| {
-                r.path
-                    .split('/')
-                    .nth(2)
-                    .is_some_and(|spec| spec.split(';').any(|d| d == w))
-            })
+            wanted.as_ref().is_none_or(|w| r.path.split('/').nth(2).is_some_and(|spec| spec.split(';').any(|d| d == w)))
         })
         .collect();
     HttpResponse::Ok().json(matching)
@@ -254,19 +353,14 @@ mod tests {
 
     #[test]
     fn scenarios_parse() {
-        let s = Scenario::parse(
-            "id:t1;seq:503-200;delay:5;retry-after:7;err:insufficient_quota;usage:10-20",
-        );
+        let s = Scenario::parse("id:t1;seq:503-200;delay:5;retry-after:7;err:insufficient_quota;usage:10-20");
         assert_eq!(s.id.as_deref(), Some("t1"));
         assert_eq!(s.statuses, vec![503, 200]);
         assert_eq!(s.delay, Some(Duration::from_millis(5)));
         assert_eq!(s.retry_after.as_deref(), Some("7"));
         assert_eq!(s.usage, Some((10, 20)));
         let (scenario, spec, rest) = split_path("/mock/status:503;id:x/v1/chat/completions");
-        assert_eq!(
-            (scenario.statuses, spec.as_str(), rest),
-            (vec![503], "status:503;id:x", "/v1/chat/completions")
-        );
+        assert_eq!((scenario.statuses, spec.as_str(), rest), (vec![503], "status:503;id:x", "/v1/chat/completions"));
         assert_eq!(split_path("/v1/models").2, "/v1/models");
     }
 }

@@ -10,37 +10,22 @@ use shield_core::snapshot::{ApiKeyRecord, key_hash};
 use crate::cache::{Caches, KeyLookup};
 use crate::error::ProxyError;
 
-pub async fn authenticate(
-    req: &HttpRequest,
-    caches: &Caches,
-) -> Result<Arc<ApiKeyRecord>, ProxyError> {
+pub async fn authenticate(req: &HttpRequest, caches: &Caches) -> Result<Arc<ApiKeyRecord>, ProxyError> {
     let key = presented_key(req).ok_or(ProxyError::InvalidApiKey(
         "missing API key: send Authorization: Bearer <your Shield key> (or x-api-key)",
     ))?;
     match caches.key(&key_hash(key)).await {
         KeyLookup::Valid(record) => Ok(record),
-        KeyLookup::Invalid => Err(ProxyError::InvalidApiKey(
-            "incorrect API key provided (unknown or revoked)",
-        )),
+        KeyLookup::Invalid => Err(ProxyError::InvalidApiKey("incorrect API key provided (unknown or revoked)")),
         KeyLookup::Unavailable => Err(ProxyError::AuthUnavailable),
     }
 }
 
 fn presented_key(req: &HttpRequest) -> Option<&str> {
     let headers = req.headers();
-    let bearer = headers
-        .get("authorization")
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| {
-            let (scheme, token) = h.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-        });
-    bearer
-        .or_else(|| {
-            headers
-                .get("x-api-key")
-                .and_then(|h| h.to_str().ok())
-                .map(str::trim)
-        })
-        .filter(|k| !k.is_empty())
+    let bearer = headers.get("authorization").and_then(|h| h.to_str().ok()).and_then(|h| {
+        let (scheme, token) = h.split_once(' ')?;
+        scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    });
+    bearer.or_else(|| headers.get("x-api-key").and_then(|h| h.to_str().ok()).map(str::trim)).filter(|k| !k.is_empty())
 }

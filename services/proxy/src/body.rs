@@ -17,8 +17,7 @@ const SHIELD_ONLY: [&str; 4] = ["x_shield", "prompt", "system", "run_id"];
 pub async fn read(mut payload: web::Payload) -> Result<Bytes, ProxyError> {
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk
-            .map_err(|e| ProxyError::BadRequest(format!("could not read the request body: {e}")))?;
+        let chunk = chunk.map_err(|e| ProxyError::BadRequest(format!("could not read the request body: {e}")))?;
         if body.len() + chunk.len() > MAX_BODY_BYTES {
             return Err(ProxyError::TooLarge(MAX_BODY_BYTES));
         }
@@ -35,58 +34,71 @@ pub struct ChatRequest {
 
 impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<ChatRequest, ProxyError> {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|e| ProxyError::BadRequest(format!("malformed JSON body: {e}")))?;
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| ProxyError::BadRequest(format!("malformed JSON body: {e}")))?;
         let Value::Object(fields) = value else {
-            return Err(ProxyError::BadRequest(
-                "the body must be a JSON object".into(),
-            ));
+            return Err(ProxyError::BadRequest("the body must be a JSON object".into()));
         };
         let model = match fields.get("model") {
             Some(Value::String(model)) if !model.is_empty() => model.clone(),
             Some(_) => {
-                return Err(ProxyError::BadRequest(
-                    "`model` must be a non-empty string".into(),
-                ));
+                return Err(ProxyError::BadRequest("`model` must be a non-empty string".into()));
             }
             None => {
-                return Err(ProxyError::BadRequest(
-                    "missing required field `model`".into(),
-                ));
+                return Err(ProxyError::BadRequest("missing required field `model`".into()));
             }
         };
         Ok(ChatRequest { fields, model })
     }
 
     pub fn stream(&self) -> bool {
-        self.fields
-            .get("stream")
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
+        self.fields.get("stream").and_then(Value::as_bool).unwrap_or(false)
     }
 
     /// Checks what a routed call needs beyond `model`.
     pub fn check_routable(&self) -> Result<(), ProxyError> {
         match self.fields.get("messages") {
             Some(Value::Array(messages)) if !messages.is_empty() => Ok(()),
-            Some(_) => Err(ProxyError::BadRequest(
-                "`messages` must be a non-empty array".into(),
-            )),
-            None => Err(ProxyError::BadRequest(
-                "missing required field `messages`".into(),
-            )),
+            Some(_) => Err(ProxyError::BadRequest("`messages` must be a non-empty array".into())),
+            None => Err(ProxyError::BadRequest("missing required field `messages`".into())),
         }
     }
 
     /// The body for one target: the caller's fields minus Shield-only ones, `model` set to the
     /// target's, `extra_body` merged over the rest.
-    pub fn upstream_body(&self, model: &str, extra: Option<&Map<String, Value>>) -> Vec<u8> {
-        serde_json::to_vec(&UpstreamBody {
-            fields: &self.fields,
-            model,
-            extra,
-        })
-        .unwrap_or_default()
+    /// With `ask_usage`, `stream_options.include_usage` is set (the client's other stream
+    /// options kept).
+    pub fn upstream_body(&self, model: &str, extra: Option<&Map<String, Value>>, ask_usage: bool) -> Vec<u8> {
+        let stream_options = ask_usage.then(|| {
+            let mut options = self.fields.get("stream_options").and_then(Value::as_object).cloned().unwrap_or_default();
+            options.insert("include_usage".into(), Value::Bool(true));
+            Value::Object(options)
+        });
+        let body = UpstreamBody { fields: &self.fields, model, extra, stream_options: stream_options.as_ref() };
+        serde_json::to_vec(&body).unwrap_or_default()
+    }
+
+    /// Whether the client itself asked for the final usage chunk.
+    pub fn wants_usage(&self) -> bool {
+        self.fields.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false)
+    }
+
+    /// Characters of the prompt's text (message contents, text parts included): the basis of
+    /// token estimates at 4 characters a token.
+    pub fn prompt_chars(&self) -> usize {
+        let messages = self.fields.get("messages").and_then(Value::as_array);
+        messages
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m.get("content"))
+            .map(|content| match content {
+                Value::String(text) => text.len(),
+                Value::Array(parts) => {
+                    parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).map(str::len).sum()
+                }
+                _ => 0,
+            })
+            .sum()
     }
 }
 
@@ -94,6 +106,7 @@ struct UpstreamBody<'a> {
     fields: &'a Map<String, Value>,
     model: &'a str,
     extra: Option<&'a Map<String, Value>>,
+    stream_options: Option<&'a Value>,
 }
 
 impl Serialize for UpstreamBody<'_> {
@@ -101,6 +114,7 @@ impl Serialize for UpstreamBody<'_> {
         let overridden = |key: &str| {
             key == "model"
                 || SHIELD_ONLY.contains(&key)
+                || (key == "stream_options" && self.stream_options.is_some())
                 || self.extra.is_some_and(|e| e.contains_key(key))
         };
         let mut map = serializer.serialize_map(None)?;
@@ -108,6 +122,9 @@ impl Serialize for UpstreamBody<'_> {
             map.serialize_entry(key, value)?;
         }
         map.serialize_entry("model", self.model)?;
+        if let Some(options) = self.stream_options {
+            map.serialize_entry("stream_options", options)?;
+        }
         for (key, value) in self.extra.into_iter().flatten() {
             map.serialize_entry(key, value)?;
         }
@@ -129,15 +146,22 @@ mod tests {
             .as_bytes(),
         )
         .unwrap();
-        let extra = json!({"provider": {"order": ["openai"]}})
-            .as_object()
-            .cloned();
-        let body: Value =
-            serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref())).unwrap();
+        let extra = json!({"provider": {"order": ["openai"]}}).as_object().cloned();
+        let body: Value = serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref(), false)).unwrap();
         assert_eq!(
             body,
             json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2, "provider": {"order": ["openai"]}})
         );
+    }
+
+    #[test]
+    fn streams_ask_for_usage_keeping_the_clients_options() {
+        let request =
+            ChatRequest::parse(br#"{"model": "m", "stream": true, "stream_options": {"x": 1}, "messages": []}"#)
+                .unwrap();
+        assert!(!request.wants_usage());
+        let body: Value = serde_json::from_slice(&request.upstream_body("t", None, true)).unwrap();
+        assert_eq!(body["stream_options"], json!({"x": 1, "include_usage": true}));
     }
 
     #[test]
@@ -152,12 +176,6 @@ mod tests {
             assert!(err.contains(want), "{err}");
         }
         let no_messages = ChatRequest::parse(br#"{"model": "m"}"#).unwrap();
-        assert!(
-            no_messages
-                .check_routable()
-                .unwrap_err()
-                .to_string()
-                .contains("messages")
-        );
+        assert!(no_messages.check_routable().unwrap_err().to_string().contains("messages"));
     }
 }

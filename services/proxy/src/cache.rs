@@ -60,12 +60,7 @@ pub struct Caches {
 }
 
 impl Caches {
-    pub fn new(
-        redis: deadpool_redis::Pool,
-        redis_keys: RedisKeys,
-        keyring: Keyring,
-        every: Duration,
-    ) -> Caches {
+    pub fn new(redis: deadpool_redis::Pool, redis_keys: RedisKeys, keyring: Keyring, every: Duration) -> Caches {
         Caches {
             redis,
             redis_keys,
@@ -88,19 +83,10 @@ impl Caches {
 
     /// Resolves a key by its SHA-256 hex.
     pub async fn key(&self, hash: &str) -> KeyLookup {
-        let cached = self
-            .api_keys
-            .read()
-            .expect("key cache lock")
-            .get(hash)
-            .cloned();
+        let cached = self.api_keys.read().expect("key cache lock").get(hash).cloned();
         match cached {
             Some(KeyEntry::Known(record)) => {
-                return if record.revoked {
-                    KeyLookup::Invalid
-                } else {
-                    KeyLookup::Valid(record)
-                };
+                return if record.revoked { KeyLookup::Invalid } else { KeyLookup::Valid(record) };
             }
             Some(KeyEntry::Unknown(at)) if at.elapsed() < self.every => return KeyLookup::Invalid,
             _ => {}
@@ -112,11 +98,7 @@ impl Caches {
                     .write()
                     .expect("key cache lock")
                     .insert(hash.to_string(), KeyEntry::Known(record.clone()));
-                if record.revoked {
-                    KeyLookup::Invalid
-                } else {
-                    KeyLookup::Valid(record)
-                }
+                if record.revoked { KeyLookup::Invalid } else { KeyLookup::Valid(record) }
             }
             Ok(None) => {
                 let mut keys = self.api_keys.write().expect("key cache lock");
@@ -134,21 +116,13 @@ impl Caches {
     /// The tenant's configuration: `Ok(None)` when it has published none; `Err` when it is not
     /// cached and Redis cannot be asked.
     pub async fn tenant(&self, tenant: &str) -> Result<Option<Arc<TenantConfig>>, StoreDown> {
-        let cached = self
-            .tenants
-            .read()
-            .expect("tenant cache lock")
-            .get(tenant)
-            .cloned();
+        let cached = self.tenants.read().expect("tenant cache lock").get(tenant).cloned();
         match cached {
             Some(TenantEntry::Loaded(config)) => Ok(Some(config)),
             Some(TenantEntry::Absent) => Ok(None),
             None => {
                 let entry = self.load_tenant(tenant).await?;
-                self.tenants
-                    .write()
-                    .expect("tenant cache lock")
-                    .insert(tenant.to_string(), entry.clone());
+                self.tenants.write().expect("tenant cache lock").insert(tenant.to_string(), entry.clone());
                 Ok(match entry {
                     TenantEntry::Loaded(config) => Some(config),
                     TenantEntry::Absent => None,
@@ -159,27 +133,17 @@ impl Caches {
 
     async fn load_tenant(&self, tenant: &str) -> Result<TenantEntry, StoreDown> {
         Ok(match self.fetch_snapshot(tenant).await? {
-            Some(snapshot) => {
-                TenantEntry::Loaded(Arc::new(TenantConfig::build(snapshot, &self.keyring)))
-            }
+            Some(snapshot) => TenantEntry::Loaded(Arc::new(TenantConfig::build(snapshot, &self.keyring))),
             None => TenantEntry::Absent,
         })
     }
 
     async fn get(&self, key: String) -> Result<Option<String>, StoreDown> {
         let read = async {
-            let mut conn = self
-                .redis
-                .get()
-                .await
-                .map_err(|e| StoreDown(e.to_string()))?;
-            conn.get::<_, Option<String>>(key)
-                .await
-                .map_err(|e| StoreDown(e.to_string()))
+            let mut conn = self.redis.get().await.map_err(|e| StoreDown(e.to_string()))?;
+            conn.get::<_, Option<String>>(key).await.map_err(|e| StoreDown(e.to_string()))
         };
-        let value = tokio::time::timeout(STORE_TIMEOUT, read)
-            .await
-            .map_err(|_| StoreDown("timed out".into()))??;
+        let value = tokio::time::timeout(STORE_TIMEOUT, read).await.map_err(|_| StoreDown("timed out".into()))??;
         self.answered();
         Ok(value)
     }
@@ -200,9 +164,7 @@ impl Caches {
         match text.map(|t| serde_json::from_str::<Snapshot>(&t)) {
             None => Ok(None),
             Some(Ok(snapshot)) => Ok(Some(snapshot)),
-            Some(Err(err)) => Err(StoreDown(format!(
-                "unreadable snapshot for {tenant}: {err}"
-            ))),
+            Some(Err(err)) => Err(StoreDown(format!("unreadable snapshot for {tenant}: {err}"))),
         }
     }
 
@@ -223,15 +185,10 @@ impl Caches {
             Ok(Some(snapshot)) if Some(snapshot.version) == cached_version => {}
             Ok(fetched) => {
                 let entry = match fetched {
-                    Some(snapshot) => {
-                        TenantEntry::Loaded(Arc::new(TenantConfig::build(snapshot, &self.keyring)))
-                    }
+                    Some(snapshot) => TenantEntry::Loaded(Arc::new(TenantConfig::build(snapshot, &self.keyring))),
                     None => TenantEntry::Absent,
                 };
-                self.tenants
-                    .write()
-                    .expect("tenant cache lock")
-                    .insert(tenant.to_string(), entry);
+                self.tenants.write().expect("tenant cache lock").insert(tenant.to_string(), entry);
             }
             Err(err) => {
                 tracing::debug!(tenant, error = %err, "snapshot refresh failed; serving the cached one")
@@ -267,13 +224,7 @@ impl Caches {
         for hash in keys {
             self.refresh_key(&hash).await;
         }
-        let tenants: Vec<String> = self
-            .tenants
-            .read()
-            .expect("tenant cache lock")
-            .keys()
-            .cloned()
-            .collect();
+        let tenants: Vec<String> = self.tenants.read().expect("tenant cache lock").keys().cloned().collect();
         for tenant in tenants {
             self.refresh_tenant(&tenant, None).await;
         }
@@ -281,15 +232,9 @@ impl Caches {
 
     pub async fn on_message(&self, message: ConfigMessage) {
         match message {
-            ConfigMessage::Tenant { tenant, version } => {
-                self.refresh_tenant(&tenant, Some(version)).await
-            }
+            ConfigMessage::Tenant { tenant, version } => self.refresh_tenant(&tenant, Some(version)).await,
             ConfigMessage::Key { key_hash } => {
-                let cached = self
-                    .api_keys
-                    .read()
-                    .expect("key cache lock")
-                    .contains_key(&key_hash);
+                let cached = self.api_keys.read().expect("key cache lock").contains_key(&key_hash);
                 if cached {
                     self.refresh_key(&key_hash).await;
                 }
@@ -301,16 +246,9 @@ impl Caches {
     pub async fn ping(&self) -> bool {
         let ping = async {
             let mut conn = self.redis.get().await.ok()?;
-            redis::cmd("PING")
-                .query_async::<String>(&mut *conn)
-                .await
-                .ok()
+            redis::cmd("PING").query_async::<String>(&mut *conn).await.ok()
         };
-        let ok = tokio::time::timeout(STORE_TIMEOUT, ping)
-            .await
-            .ok()
-            .flatten()
-            .is_some();
+        let ok = tokio::time::timeout(STORE_TIMEOUT, ping).await.ok().flatten().is_some();
         if ok {
             self.answered();
         }

@@ -12,6 +12,8 @@ pub struct ProxyConfig {
     pub redis_keys: RedisKeys,
     /// `SHIELD_LLM_ROUTING_CACHE_S`: how often cached keys and snapshots are refreshed.
     pub cache_every: Duration,
+    /// `SHIELD_LLM_ROUTING_FLUSH_S`: how often health (and, later, usage) goes to Redis.
+    pub flush_every: Duration,
     /// `SHIELD_LLM_ROUTING=0` sends every call down the default path.
     pub routing_enabled: bool,
     /// `SHIELD_DEFAULT_UPSTREAM_URL`, a base such as `https://api.openai.com/v1`.

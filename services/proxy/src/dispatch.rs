@@ -1,25 +1,32 @@
-//! The attempt loop: plan → for each step of the run, build the target's request (credential,
-//! hop, body) → call → classify → record. Selection and halting are shield-core's pure
-//! functions; this module only performs the calls, each bounded by the target's `timeout_s`
-//! and the route's remaining deadline.
+//! The attempt loop: plan → for each step of the run, ask the target's breaker → build the
+//! target's request (credential, hop, body) → call → classify → record. Selection and halting
+//! are shield-core's pure functions; this module performs the calls, each bounded by the
+//! target's timeout and the route's remaining deadline, and keeps this process's health view.
+//!
+//! One loop serves both shapes of call: a non-streaming attempt succeeds with a completion; a
+//! streaming attempt succeeds when its first usable event arrives (the commit point), after
+//! which [`crate::relay`] owns the stream and records how it ended.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value};
+use shield_core::breaker::Permit;
 use shield_core::outcome::Class;
-use shield_core::plan::{Excluded, Facts, plan};
+use shield_core::plan::{Excluded, Exclusion, Facts, plan};
 use shield_core::route::Route;
 use shield_core::run::{Attempt, Halt, Run, Step};
-use shield_core::target::{AuthMode, Target};
+use shield_core::target::{AuthMode, Flavor, Target};
 
 use crate::body::ChatRequest;
-use crate::egress::{Answer, Egress};
+use crate::egress::{Egress, Failure, Opened};
+use crate::health::Health;
 use crate::tenant::{TenantConfig, auth_header};
 
 pub const HOP_HEADER: &str = "x-shield-hop";
 
-/// What a routed call came to.
+/// What a routed call came to (before any stream is relayed).
 pub struct Routed {
     pub route: String,
     pub attempts: Vec<Attempt>,
@@ -31,17 +38,9 @@ pub struct Routed {
 
 pub enum RoutedResult {
     /// A completion from `target`.
-    Answer {
-        target: String,
-        model: String,
-        body: Map<String, Value>,
-    },
+    Answer { target: String, model: String, body: Map<String, Value> },
     /// A class that does not fail over, with the upstream's status and error body.
-    Refused {
-        target: String,
-        status: u16,
-        body: Option<Vec<u8>>,
-    },
+    Refused { target: String, status: u16, body: Option<Vec<u8>> },
     /// Nothing usable: every attempt failed, none was possible, or the deadline passed.
     Unavailable,
 }
@@ -56,112 +55,204 @@ pub struct Call<'a> {
     pub next_hop: u32,
 }
 
-pub async fn dispatch(egress: &Egress, call: Call<'_>) -> Routed {
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(u64::from(call.route.failover.deadline_s));
+/// The loop's result: the run so far and, when an attempt succeeded, its product.
+struct Loop<T> {
+    run: Run,
+    excluded: Vec<Excluded>,
+    success: Option<Success<T>>,
+    last_failure: Option<(String, Failure)>,
+}
+
+struct Success<T> {
+    target: String,
+    model: String,
+    value: T,
+    permit: Permit,
+    started: Instant,
+}
+
+async fn attempts<'t, T, F, Fut>(call: &Call<'t>, health: &Health, rng: &mut impl rand::Rng, mut attempt: F) -> Loop<T>
+where
+    F: FnMut(&'t Target, Duration) -> Fut,
+    Fut: Future<Output = Result<(u16, T), Failure>>,
+{
+    let tenant = call.tenant.snapshot.tenant.as_str();
+    let deadline = Instant::now() + Duration::from_secs(u64::from(call.route.failover.deadline_s));
+    let (circuit_open, latency_ms) = health.view(tenant, &call.route.targets);
     let facts = Facts {
         has_upstream_key: call.upstream_key.is_some(),
         vault_ready: call.tenant.vault_ready.clone(),
+        circuit_open,
+        latency_ms,
     };
-    let planned = plan(call.route, &call.tenant.snapshot.targets, &facts);
-    let mut run = Run::new(
-        planned.order,
-        call.route.failover.max_attempts,
-        call.route.failover.on.clone(),
-    );
-    let mut last: Option<(String, String, Answer)> = None;
-    let halt = loop {
-        let id = match run.step(Instant::now() >= deadline) {
-            Step::Try(id) => id,
-            Step::Stop(halt) => break halt,
-        };
-        let Some(target) = call.tenant.target(&id) else {
-            break Halt::NoEligibleTarget;
-        };
-        let attempt_started = Instant::now();
-        let remaining = deadline.saturating_duration_since(attempt_started);
-        let answer = attempt(egress, &call, target, remaining).await;
-        let ms = attempt_started.elapsed().as_millis() as u64;
-        let (result, status) = match &answer {
-            Answer::Completion { status, .. } => (Ok(()), Some(*status)),
-            Answer::Failed { class, status, .. } => (Err(*class), *status),
-        };
-        run.record(&target.model, result, status, ms);
-        last = Some((id, target.model.clone(), answer));
-    };
-    let result = match (halt, last) {
-        (Halt::Succeeded, Some((target, model, Answer::Completion { body, .. }))) => {
-            RoutedResult::Answer {
-                target,
-                model,
-                body,
+    let planned = plan(call.route, &call.tenant.snapshot.targets, &facts, rng);
+    let mut excluded = planned.excluded;
+    let mut run = Run::new(planned.order, call.route.failover.max_attempts, call.route.failover.on.clone());
+    let mut last_failure = None;
+    while let Step::Try(id) = run.step(Instant::now() >= deadline) {
+        let Some(target) = call.tenant.target(&id) else { continue };
+        let permit = health.acquire(tenant, &id);
+        if permit == Permit::Refused {
+            // Another request holds the half-open probe, or the circuit opened meanwhile.
+            excluded.push(Excluded { target: id, reason: Exclusion::CircuitOpen });
+            continue;
+        }
+        let started = Instant::now();
+        let result = attempt(target, deadline.saturating_duration_since(started)).await;
+        let ms = started.elapsed().as_millis() as u64;
+        match result {
+            Ok((status, value)) => {
+                run.record(&target.model, Ok(()), Some(status), ms);
+                let success = Success { target: id, model: target.model.clone(), value, permit, started };
+                return Loop { run, excluded, success: Some(success), last_failure };
+            }
+            Err(failure) => {
+                health.record(tenant, &id, permit, Err(failure.class), ms);
+                run.record(&target.model, Err(failure.class), failure.status, ms);
+                last_failure = Some((id, failure));
             }
         }
-        (
-            Halt::IneligibleFailure,
-            Some((
-                target,
-                _,
-                Answer::Failed {
-                    class: Class::ClientError | Class::ContextLength,
-                    status: Some(status),
-                    body,
-                },
-            )),
-        ) => RoutedResult::Refused {
-            target,
-            status,
-            body,
-        },
-        _ => RoutedResult::Unavailable,
+    }
+    Loop { run, excluded, success: None, last_failure }
+}
+
+/// A non-streaming routed call.
+pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Routed {
+    let mut rng = rand::rng();
+    let outcome = attempts(&call, health, &mut rng, |target, remaining| {
+        let request = prepare(&call, target, false);
+        let timeout = remaining.min(Duration::from_secs(u64::from(target.timeout_s)));
+        async move {
+            let (url, headers, body) = request?;
+            egress.call(&url, target.allow_private, headers, body, timeout).await
+        }
+    })
+    .await;
+    let tenant = call.tenant.snapshot.tenant.as_str();
+    let result = match outcome.success {
+        Some(success) => {
+            health.record(
+                tenant,
+                &success.target,
+                success.permit,
+                Ok(()),
+                success.started.elapsed().as_millis() as u64,
+            );
+            RoutedResult::Answer { target: success.target, model: success.model, body: success.value }
+        }
+        None => refused_or_unavailable(&outcome.run, outcome.last_failure),
     };
+    let mut run = outcome.run;
+    let halt = halt_of(&mut run);
     Routed {
         route: call.route.name.clone(),
         failovers: run.failovers(),
         attempts: run.attempts,
-        excluded: planned.excluded,
+        excluded: outcome.excluded,
         halt,
         result,
     }
 }
 
-async fn attempt(egress: &Egress, call: &Call<'_>, target: &Target, remaining: Duration) -> Answer {
-    let failed = |class| Answer::Failed {
-        class,
-        status: None,
-        body: None,
-    };
-    let Ok(url) = call.tenant.endpoint(&target.id) else {
-        return failed(Class::UnsafeUrl);
-    };
-    let Some(headers) = upstream_headers(call, target) else {
-        return failed(Class::CredentialUnavailable);
-    };
-    let body = call
-        .request
-        .upstream_body(&target.model, target.extra_body.as_ref());
-    let timeout = remaining.min(Duration::from_secs(u64::from(target.timeout_s)));
-    egress
-        .call(url, target.allow_private, headers, body, timeout)
-        .await
+/// A streamed call that reached its commit point: the relay takes it from here.
+pub struct Committed {
+    pub route: String,
+    pub tenant: String,
+    pub target: String,
+    pub model: String,
+    pub opened: Opened,
+    pub permit: Permit,
+    pub started: Instant,
+    pub run: Run,
+    pub excluded: Vec<Excluded>,
+    pub idle_timeout: Duration,
+}
+
+/// A streaming routed call up to the commit point: `Ok` once a target's first usable event
+/// arrived, `Err` (answered like a non-streaming failure) when none did.
+pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -> Result<Committed, Routed> {
+    let mut rng = rand::rng();
+    let outcome = attempts(&call, health, &mut rng, |target, remaining| {
+        let request = prepare(&call, target, true);
+        let first_byte = remaining.min(Duration::from_secs(u64::from(target.first_byte_timeout_s)));
+        async move {
+            let (url, headers, body) = request?;
+            egress
+                .open_stream(&url, target.allow_private, headers, body, first_byte)
+                .await
+                .map(|opened| (opened.status, opened))
+        }
+    })
+    .await;
+    match outcome.success {
+        Some(success) => {
+            let idle_timeout = call.tenant.target(&success.target).map(|t| t.idle_timeout_s).unwrap_or(15);
+            Ok(Committed {
+                route: call.route.name.clone(),
+                tenant: call.tenant.snapshot.tenant.clone(),
+                target: success.target,
+                model: success.model,
+                opened: success.value,
+                permit: success.permit,
+                started: success.started,
+                run: outcome.run,
+                excluded: outcome.excluded,
+                idle_timeout: Duration::from_secs(u64::from(idle_timeout)),
+            })
+        }
+        None => {
+            let result = refused_or_unavailable(&outcome.run, outcome.last_failure);
+            let mut run = outcome.run;
+            let halt = halt_of(&mut run);
+            Err(Routed {
+                route: call.route.name.clone(),
+                failovers: run.failovers(),
+                attempts: run.attempts,
+                excluded: outcome.excluded,
+                halt,
+                result,
+            })
+        }
+    }
+}
+
+fn halt_of(run: &mut Run) -> Halt {
+    match run.step(false) {
+        Step::Stop(halt) => halt,
+        Step::Try(_) => Halt::Exhausted,
+    }
+}
+
+fn refused_or_unavailable(run: &Run, last_failure: Option<(String, Failure)>) -> RoutedResult {
+    match (run.halt(), last_failure) {
+        (
+            Some(Halt::IneligibleFailure),
+            Some((target, Failure { class: Class::ClientError | Class::ContextLength, status: Some(status), body })),
+        ) => RoutedResult::Refused { target, status, body },
+        _ => RoutedResult::Unavailable,
+    }
+}
+
+/// The URL, headers and body for one attempt at `target`.
+fn prepare(call: &Call<'_>, target: &Target, stream: bool) -> Result<(url::Url, HeaderMap, Vec<u8>), Failure> {
+    let url = call.tenant.endpoint(&target.id).map_err(|_| Failure::of(Class::UnsafeUrl))?.clone();
+    let headers = upstream_headers(call, target, stream).ok_or(Failure::of(Class::CredentialUnavailable))?;
+    // OpenAI-flavour upstreams are asked for the final usage chunk (ROUTING.md streaming).
+    let ask_usage = stream && target.flavor == Flavor::Openai;
+    let body = call.request.upstream_body(&target.model, target.extra_body.as_ref(), ask_usage);
+    Ok((url, headers, body))
 }
 
 /// Headers for one target, built from scratch: the hop count and this target's credential.
-fn upstream_headers(call: &Call<'_>, target: &Target) -> Option<HeaderMap> {
+fn upstream_headers(call: &Call<'_>, target: &Target, stream: bool) -> Option<HeaderMap> {
     let mut headers = HeaderMap::with_capacity(3);
-    headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
-    headers.insert(
-        HeaderName::from_static(HOP_HEADER),
-        HeaderValue::from(call.next_hop),
-    );
+    let accept = if stream { "text/event-stream" } else { "application/json" };
+    headers.insert(ACCEPT, HeaderValue::from_static(accept));
+    headers.insert(HeaderName::from_static(HOP_HEADER), HeaderValue::from(call.next_hop));
     let credential = match target.auth.mode {
         AuthMode::None => None,
         AuthMode::Vault => Some(call.tenant.vault_credential(&target.id)?.clone()),
-        AuthMode::Passthrough => Some(auth_header(
-            &target.auth.header,
-            &target.auth.scheme,
-            call.upstream_key?,
-        )?),
+        AuthMode::Passthrough => Some(auth_header(&target.auth.header, &target.auth.scheme, call.upstream_key?)?),
     };
     if let Some((name, value)) = credential {
         headers.insert(name, value);

@@ -31,14 +31,9 @@ impl reqwest::dns::Resolve for GuardedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let host = name.as_str().to_string();
         Box::pin(async move {
-            let addrs: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if let Some((ip, why)) = addrs
-                .iter()
-                .find_map(|a| private_reason(a.ip()).map(|why| (a.ip(), why)))
-            {
-                return Err(Box::new(UnsafeAddress { host, ip, why })
-                    as Box<dyn std::error::Error + Send + Sync>);
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if let Some((ip, why)) = addrs.iter().find_map(|a| private_reason(a.ip()).map(|why| (a.ip(), why))) {
+                return Err(Box::new(UnsafeAddress { host, ip, why }) as Box<dyn std::error::Error + Send + Sync>);
             }
             Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
         })
@@ -53,14 +48,8 @@ fn client(guarded: bool) -> Client {
         .connect_timeout(Duration::from_secs(10))
         .pool_max_idle_per_host(512)
         .pool_idle_timeout(Duration::from_secs(90));
-    let builder = if guarded {
-        builder.dns_resolver(GuardedResolver)
-    } else {
-        builder
-    };
-    builder
-        .build()
-        .expect("the HTTP client configuration is static and valid")
+    let builder = if guarded { builder.dns_resolver(GuardedResolver) } else { builder };
+    builder.build().expect("the HTTP client configuration is static and valid")
 }
 
 pub struct Egress {
@@ -70,29 +59,60 @@ pub struct Egress {
 
 impl Default for Egress {
     fn default() -> Self {
-        Egress {
-            guarded: client(true),
-            private_ok: client(false),
-        }
+        Egress { guarded: client(true), private_ok: client(false) }
     }
 }
 
-/// What one attempt produced.
-pub enum Answer {
-    /// A 2xx whose body is a chat completion (a JSON object with `choices`).
-    Completion {
-        status: u16,
-        body: serde_json::Map<String, serde_json::Value>,
-    },
-    /// `body` is the upstream's error body, kept to explain a non-failover answer.
-    Failed {
-        class: Class,
-        status: Option<u16>,
-        body: Option<Vec<u8>>,
-    },
+/// Why an attempt failed. `body` is the upstream's error body, kept to explain a
+/// non-failover answer to the caller.
+#[derive(Debug)]
+pub struct Failure {
+    pub class: Class,
+    pub status: Option<u16>,
+    pub body: Option<Vec<u8>>,
+}
+
+impl Failure {
+    pub fn of(class: Class) -> Failure {
+        Failure { class, status: None, body: None }
+    }
+}
+
+/// What one non-streaming attempt produced: a 2xx chat completion, or a failure.
+pub type Answer = Result<(u16, serde_json::Map<String, serde_json::Value>), Failure>;
+
+/// The upstream's SSE events after the first one.
+pub type Events = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<eventsource_stream::Event, String>> + Send>>;
+
+/// A stream that reached its first usable event: everything up to the commit point.
+pub struct Opened {
+    pub status: u16,
+    /// The first chunk (valid JSON, not an error).
+    pub first: serde_json::Value,
+    pub rest: Events,
+    /// Malformed events dropped before the first chunk.
+    pub malformed: u32,
 }
 
 impl Egress {
+    fn post(
+        &self,
+        url: &Url,
+        allow_private: bool,
+        headers: HeaderMap,
+        body: Vec<u8>,
+    ) -> Result<reqwest::RequestBuilder, Failure> {
+        if !allow_private && url_private_reason(url).is_some() {
+            return Err(Failure::of(Class::UnsafeUrl));
+        }
+        let client = if allow_private { &self.private_ok } else { &self.guarded };
+        Ok(client
+            .post(url.clone())
+            .headers(headers)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .body(body))
+    }
+
     /// One upstream call, bounded by `timeout` from send to the last body byte.
     pub async fn call(
         &self,
@@ -102,28 +122,11 @@ impl Egress {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Answer {
-        if !allow_private && url_private_reason(url).is_some() {
-            return Answer::Failed {
-                class: Class::UnsafeUrl,
-                status: None,
-                body: None,
-            };
-        }
-        let client = if allow_private {
-            &self.private_ok
-        } else {
-            &self.guarded
-        };
-        let request = client
-            .post(url.clone())
-            .headers(headers)
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .body(body);
+        let request = self.post(url, allow_private, headers, body)?;
         let exchange = async {
             let mut response = request.send().await?;
             let status = response.status().as_u16();
-            let mut bytes =
-                Vec::with_capacity(response.content_length().unwrap_or(4096).min(1 << 20) as usize);
+            let mut bytes = Vec::with_capacity(response.content_length().unwrap_or(4096).min(1 << 20) as usize);
             while let Some(chunk) = response.chunk().await? {
                 if bytes.len() + chunk.len() > MAX_UPSTREAM_BODY {
                     return Ok((status, None));
@@ -133,41 +136,74 @@ impl Egress {
             Ok::<_, reqwest::Error>((status, Some(bytes)))
         };
         match tokio::time::timeout(timeout, exchange).await {
-            Err(_) => Answer::Failed {
-                class: Class::Timeout,
-                status: None,
-                body: None,
-            },
-            Ok(Err(err)) => Answer::Failed {
-                class: transport_class(&err),
-                status: None,
-                body: None,
-            },
-            Ok(Ok((status, None))) => Answer::Failed {
-                class: Class::BadResponse,
-                status: Some(status),
-                body: None,
-            },
+            Err(_) => Err(Failure::of(Class::Timeout)),
+            Ok(Err(err)) => Err(Failure::of(transport_class(&err))),
+            Ok(Ok((status, None))) => Err(Failure { class: Class::BadResponse, status: Some(status), body: None }),
             Ok(Ok((status, Some(bytes)))) if (200..300).contains(&status) => {
                 match serde_json::from_slice::<serde_json::Value>(&bytes) {
-                    Ok(serde_json::Value::Object(map))
-                        if is_completion(&serde_json::Value::Object(map.clone())) =>
-                    {
-                        Answer::Completion { status, body: map }
+                    Ok(serde_json::Value::Object(map)) if is_completion(&map) => Ok((status, map)),
+                    _ => Err(Failure { class: Class::BadResponse, status: Some(status), body: None }),
+                }
+            }
+            Ok(Ok((status, Some(bytes)))) => {
+                Err(Failure { class: classify_status(status, &bytes), status: Some(status), body: Some(bytes) })
+            }
+        }
+    }
+
+    /// Opens a streamed call and waits, within `first_byte`, for its first usable event: the
+    /// last moment this attempt can still fail over (the commit point is the first byte the
+    /// client gets). A status error, a stream that errors, closes or sends an error event
+    /// before any chunk, or silence past `first_byte`, is a failure.
+    pub async fn open_stream(
+        &self,
+        url: &Url,
+        allow_private: bool,
+        headers: HeaderMap,
+        body: Vec<u8>,
+        first_byte: Duration,
+    ) -> Result<Opened, Failure> {
+        use eventsource_stream::Eventsource;
+        use futures_util::StreamExt;
+        let request = self.post(url, allow_private, headers, body)?;
+        let opening = async {
+            let mut response = request.send().await.map_err(|e| Failure::of(transport_class(&e)))?;
+            let status = response.status().as_u16();
+            if !(200..300).contains(&status) {
+                let mut bytes = Vec::new();
+                while let Ok(Some(chunk)) = response.chunk().await {
+                    if bytes.len() + chunk.len() > 1 << 20 {
+                        break;
                     }
-                    _ => Answer::Failed {
-                        class: Class::BadResponse,
-                        status: Some(status),
-                        body: None,
+                    bytes.extend_from_slice(&chunk);
+                }
+                return Err(Failure {
+                    class: classify_status(status, &bytes),
+                    status: Some(status),
+                    body: Some(bytes),
+                });
+            }
+            let mut events: Events =
+                Box::pin(response.bytes_stream().eventsource().map(|e| e.map_err(|err| err.to_string())));
+            let mut malformed = 0;
+            loop {
+                let failed = |class| Err(Failure { class, status: Some(status), body: None });
+                match events.next().await {
+                    None => return failed(Class::BadResponse),
+                    Some(Err(_)) => return failed(Class::Connect),
+                    Some(Ok(event)) if event.data.trim() == "[DONE]" => return failed(Class::BadResponse),
+                    Some(Ok(event)) => match serde_json::from_str::<serde_json::Value>(&event.data) {
+                        Err(_) => malformed += 1,
+                        Ok(value) if value.get("error").is_some() => {
+                            let class = shield_core::outcome::classify_error_event(event.data.as_bytes());
+                            return Err(Failure { class, status: Some(status), body: Some(event.data.into_bytes()) });
+                        }
+                        Ok(first) => return Ok(Opened { status, first, rest: events, malformed }),
                     },
                 }
             }
-            Ok(Ok((status, Some(bytes)))) => Answer::Failed {
-                class: classify_status(status, &bytes),
-                status: Some(status),
-                body: Some(bytes),
-            },
-        }
+        };
+        tokio::time::timeout(first_byte, opening).await.unwrap_or(Err(Failure::of(Class::Timeout)))
     }
 
     /// The default path: the body as sent, the answer as received.
@@ -192,14 +228,7 @@ impl Egress {
     }
 
     pub async fn get_json(&self, url: Url, timeout: Duration) -> Option<serde_json::Value> {
-        let fetch = async {
-            self.private_ok
-                .get(url)
-                .send()
-                .await?
-                .json::<serde_json::Value>()
-                .await
-        };
+        let fetch = async { self.private_ok.get(url).send().await?.json::<serde_json::Value>().await };
         tokio::time::timeout(timeout, fetch).await.ok()?.ok()
     }
 }
@@ -212,11 +241,7 @@ fn transport_class(err: &reqwest::Error) -> Class {
         }
         source = e.source();
     }
-    if err.is_timeout() {
-        Class::Timeout
-    } else {
-        Class::Connect
-    }
+    if err.is_timeout() { Class::Timeout } else { Class::Connect }
 }
 
 /// A transport error in words, without URLs (they may carry a deployment name) or keys.
@@ -238,9 +263,7 @@ mod tests {
     #[tokio::test]
     async fn the_guarded_resolver_refuses_private_answers() {
         use reqwest::dns::Resolve;
-        let refused = GuardedResolver
-            .resolve(reqwest::dns::Name::from_str("localhost").unwrap())
-            .await;
+        let refused = GuardedResolver.resolve(reqwest::dns::Name::from_str("localhost").unwrap()).await;
         let err = refused.err().expect("localhost resolves to loopback");
         assert!(err.to_string().contains("loopback"), "{err}");
     }
@@ -249,39 +272,18 @@ mod tests {
     async fn a_name_resolving_to_a_private_address_is_unsafe_at_call_time() {
         // A name (not an IP literal) that resolves to loopback: the call-time DNS check, which
         // is what defeats rebinding, must classify the attempt `unsafe_url` without connecting.
-        let err = client(true)
-            .get("http://localhost:9/v1")
-            .send()
-            .await
-            .unwrap_err();
+        let err = client(true).get("http://localhost:9/v1").send().await.unwrap_err();
         assert_eq!(transport_class(&err), Class::UnsafeUrl);
-        let err = client(false)
-            .get("http://127.0.0.1:9/v1")
-            .send()
-            .await
-            .unwrap_err();
-        assert_eq!(
-            transport_class(&err),
-            Class::Connect,
-            "with allow_private the same host is merely closed"
-        );
+        let err = client(false).get("http://127.0.0.1:9/v1").send().await.unwrap_err();
+        assert_eq!(transport_class(&err), Class::Connect, "with allow_private the same host is merely closed");
     }
 
     #[tokio::test]
     async fn ip_literals_are_checked_before_any_connection() {
         let url = Url::parse("http://10.255.255.1/v1/chat/completions").unwrap();
-        match Egress::default()
-            .call(
-                &url,
-                false,
-                HeaderMap::new(),
-                Vec::new(),
-                Duration::from_secs(5),
-            )
-            .await
-        {
-            Answer::Failed { class, .. } => assert_eq!(class, Class::UnsafeUrl),
-            Answer::Completion { .. } => panic!("a private literal was called"),
+        match Egress::default().call(&url, false, HeaderMap::new(), Vec::new(), Duration::from_secs(5)).await {
+            Err(failure) => assert_eq!(failure.class, Class::UnsafeUrl),
+            Ok(_) => panic!("a private literal was called"),
         }
     }
 }

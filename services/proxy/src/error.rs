@@ -10,9 +10,7 @@ use serde_json::{Value, json};
 pub enum ProxyError {
     #[error("{0}")]
     InvalidApiKey(&'static str),
-    #[error(
-        "the API key cannot be verified right now (the configuration store is unreachable); retry shortly"
-    )]
+    #[error("the API key cannot be verified right now (the configuration store is unreachable); retry shortly")]
     AuthUnavailable,
     #[error("{0}")]
     BadRequest(String),
@@ -20,8 +18,6 @@ pub enum ProxyError {
     TooLarge(usize),
     #[error("The model `{0}` does not exist")]
     ModelNotFound(String),
-    #[error("streaming is not supported on routed models yet; send stream: false")]
-    StreamingNotSupported,
     #[error("this request has passed through {0} Shield gateways (X-Shield-Hop); refusing to loop")]
     LoopDetected(u32),
     #[error("the default upstream failed: {0}")]
@@ -36,9 +32,6 @@ impl ProxyError {
             ProxyError::BadRequest(_) => ("invalid_request_error", "invalid_request"),
             ProxyError::TooLarge(_) => ("invalid_request_error", "request_too_large"),
             ProxyError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
-            ProxyError::StreamingNotSupported => {
-                ("invalid_request_error", "streaming_not_supported")
-            }
             ProxyError::LoopDetected(_) => ("invalid_request_error", "loop_detected"),
             ProxyError::DefaultUpstream(_) => ("upstream_error", "upstream_error"),
         }
@@ -50,9 +43,7 @@ impl ResponseError for ProxyError {
         match self {
             ProxyError::InvalidApiKey(_) => StatusCode::UNAUTHORIZED,
             ProxyError::AuthUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::BadRequest(_) | ProxyError::StreamingNotSupported => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ProxyError::LoopDetected(_) => StatusCode::LOOP_DETECTED,
@@ -66,12 +57,7 @@ impl ResponseError for ProxyError {
             ProxyError::ModelNotFound(_) => json!("model"),
             _ => Value::Null,
         };
-        HttpResponse::build(self.status_code()).json(openai_error(
-            &self.to_string(),
-            kind,
-            code,
-            param,
-        ))
+        HttpResponse::build(self.status_code()).json(openai_error(&self.to_string(), kind, code, param))
     }
 }
 

@@ -15,7 +15,10 @@ pub mod default_path;
 pub mod dispatch;
 pub mod egress;
 pub mod error;
+pub mod flush;
+pub mod health;
 pub mod models;
+pub mod relay;
 pub mod sync;
 pub mod tenant;
 
@@ -36,22 +39,24 @@ use crate::tenant::TenantConfig;
 pub struct ProxyState {
     pub config: ProxyConfig,
     pub caches: Arc<Caches>,
+    pub health: Arc<health::Health>,
     /// Unix second of the last "taking the default path because the config is unavailable"
     /// log line (seed §7: logged once per minute).
     default_path_logged: AtomicU64,
 }
 
 impl ProxyState {
-    pub fn new(config: ProxyConfig, redis: deadpool_redis::Pool) -> ProxyState {
-        let caches = Arc::new(Caches::new(
-            redis,
-            config.redis_keys.clone(),
-            config.keyring.clone(),
-            config.cache_every,
-        ));
+    pub fn new(
+        config: ProxyConfig,
+        redis: deadpool_redis::Pool,
+        events: tokio::sync::mpsc::Sender<health::TargetDown>,
+    ) -> ProxyState {
+        let caches =
+            Arc::new(Caches::new(redis, config.redis_keys.clone(), config.keyring.clone(), config.cache_every));
         ProxyState {
             config,
             caches,
+            health: Arc::new(health::Health::new(events)),
             default_path_logged: AtomicU64::new(0),
         }
     }
@@ -62,10 +67,7 @@ impl ProxyState {
         match self.caches.tenant(tenant).await {
             Ok(config) => config,
             Err(err) => {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
                 let last = self.default_path_logged.load(Ordering::Relaxed);
                 if now >= last + 60
                     && self
@@ -109,21 +111,14 @@ async fn not_found() -> HttpResponse {
 /// A request id: the caller's `X-Request-Id` when it is short and printable, else a fresh one
 /// (a per-process random prefix and a counter: unique, and free of syscalls per request).
 fn request_id(inbound: Option<&HeaderValue>) -> HeaderValue {
-    if let Some(value) = inbound.filter(|v| {
-        (1..=128).contains(&v.len())
-            && v.to_str()
-                .is_ok_and(|s| s.bytes().all(|b| b.is_ascii_graphic()))
-    }) {
+    if let Some(value) = inbound
+        .filter(|v| (1..=128).contains(&v.len()) && v.to_str().is_ok_and(|s| s.bytes().all(|b| b.is_ascii_graphic())))
+    {
         return value.clone();
     }
-    static PREFIX: std::sync::LazyLock<u64> =
-        std::sync::LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    static PREFIX: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| uuid::Uuid::new_v4().as_u64_pair().0);
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let id = format!(
-        "{:016x}{:016x}",
-        *PREFIX,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    );
+    let id = format!("{:016x}{:016x}", *PREFIX, COUNTER.fetch_add(1, Ordering::Relaxed));
     HeaderValue::from_str(&id).expect("hex is a valid header value")
 }
 
@@ -142,13 +137,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 pub fn redacted(url: &str) -> String {
     url::Url::parse(url)
         .ok()
-        .map(|u| {
-            format!(
-                "{}:{}",
-                u.host_str().unwrap_or("?"),
-                u.port().unwrap_or(6379)
-            )
-        })
+        .map(|u| format!("{}:{}", u.host_str().unwrap_or("?"), u.port().unwrap_or(6379)))
         .unwrap_or_else(|| "?".into())
 }
 
@@ -163,19 +152,16 @@ pub fn redis_pool(url: &str) -> Result<deadpool_redis::Pool, String> {
         },
         ..Default::default()
     });
-    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .map_err(|e| format!("invalid REDIS_URL: {e}"))
+    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1)).map_err(|e| format!("invalid REDIS_URL: {e}"))
 }
 
 /// Runs the proxy until the process is stopped. Starts whether or not Redis is up.
 pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
     let redis = redis_pool(&config.redis_url).map_err(std::io::Error::other)?;
-    let state = web::Data::new(ProxyState::new(config.clone(), redis));
-    sync::spawn(
-        state.caches.clone(),
-        config.redis_url.clone(),
-        config.cache_every,
-    );
+    let (events, pending_events) = tokio::sync::mpsc::channel(1024);
+    let state = web::Data::new(ProxyState::new(config.clone(), redis.clone(), events));
+    sync::spawn(state.caches.clone(), config.redis_url.clone(), config.cache_every);
+    flush::spawn(state.health.clone(), redis, config.redis_keys.clone(), config.flush_every, pending_events);
     tracing::info!(addr = %config.addr, routing = config.routing_enabled, "proxy listening");
     let request_id_header = HeaderName::from_static("x-request-id");
     HttpServer::new(move || {

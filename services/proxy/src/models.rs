@@ -11,11 +11,7 @@ use crate::auth::authenticate;
 use crate::egress::Egress;
 
 #[get("/v1/models")]
-pub async fn list(
-    req: HttpRequest,
-    state: web::Data<ProxyState>,
-    egress: web::Data<Egress>,
-) -> HttpResponse {
+pub async fn list(req: HttpRequest, state: web::Data<ProxyState>, egress: web::Data<Egress>) -> HttpResponse {
     let caller = match authenticate(&req, &state.caches).await {
         Ok(caller) => caller,
         Err(err) => return err.error_response(),
@@ -25,18 +21,14 @@ pub async fn list(
         && let Some(tenant) = state.tenant_config(&caller.tenant).await
     {
         for route in tenant.snapshot.routes.values().filter(|r| r.enabled) {
-            data.push(
-                json!({"id": route.name, "object": "model", "created": 0, "owned_by": "shield"}),
-            );
+            data.push(json!({"id": route.name, "object": "model", "created": 0, "owned_by": "shield"}));
         }
     }
     if let Some(base) = &state.config.default_upstream {
         let url = url::Url::parse(&format!("{}/models", base.as_str().trim_end_matches('/')));
         if let Ok(url) = url
-            && let Some(Value::Array(models)) = egress
-                .get_json(url, Duration::from_secs(3))
-                .await
-                .and_then(|v| v.get("data").cloned())
+            && let Some(Value::Array(models)) =
+                egress.get_json(url, Duration::from_secs(3)).await.and_then(|v| v.get("data").cloned())
         {
             data.extend(models);
         }

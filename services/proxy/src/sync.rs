@@ -21,10 +21,7 @@ async fn refresher(caches: Arc<Caches>, redis_url: String, every: Duration) {
         let up = caches.ping().await;
         if up {
             if !was_up {
-                tracing::info!(
-                    "Redis is reachable again at {}",
-                    crate::redacted(&redis_url)
-                );
+                tracing::info!("Redis is reachable again at {}", crate::redacted(&redis_url));
             }
             caches.refresh_all().await;
         } else if was_up {
@@ -35,12 +32,7 @@ async fn refresher(caches: Arc<Caches>, redis_url: String, every: Duration) {
         }
         was_up = up;
         // While Redis is down, retry sooner than the refresh interval.
-        tokio::time::sleep(if up {
-            every
-        } else {
-            every.min(Duration::from_secs(1))
-        })
-        .await;
+        tokio::time::sleep(if up { every } else { every.min(Duration::from_secs(1)) }).await;
     }
 }
 

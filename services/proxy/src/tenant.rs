@@ -53,12 +53,7 @@ impl TenantConfig {
             endpoints.insert(id.clone(), endpoint);
         }
         let vault_ready = credentials.keys().cloned().collect();
-        TenantConfig {
-            snapshot,
-            credentials,
-            endpoints,
-            vault_ready,
-        }
+        TenantConfig { snapshot, credentials, endpoints, vault_ready }
     }
 
     pub fn target(&self, id: &str) -> Option<&Target> {
@@ -84,19 +79,13 @@ fn chat_url(target: &Target) -> Result<Url, &'static str> {
     let base = base.as_str().trim_end_matches('/');
     let url = match (target.flavor, &target.azure) {
         (Flavor::Azure, Some(azure)) => {
-            let mut url = Url::parse(&format!(
-                "{base}/openai/deployments/{}/chat/completions",
-                azure.deployment
-            ))
-            .map_err(|_| "invalid azure deployment")?;
-            url.query_pairs_mut()
-                .append_pair("api-version", &azure.api_version);
+            let mut url = Url::parse(&format!("{base}/openai/deployments/{}/chat/completions", azure.deployment))
+                .map_err(|_| "invalid azure deployment")?;
+            url.query_pairs_mut().append_pair("api-version", &azure.api_version);
             url
         }
         (Flavor::Azure, None) => return Err("azure target without deployment"),
-        (Flavor::Openai, _) => {
-            Url::parse(&format!("{base}/chat/completions")).map_err(|_| "invalid base_url")?
-        }
+        (Flavor::Openai, _) => Url::parse(&format!("{base}/chat/completions")).map_err(|_| "invalid base_url")?,
     };
     Ok(url)
 }
@@ -111,35 +100,22 @@ fn vault_header(
 ) -> Result<(HeaderName, HeaderValue), &'static str> {
     let reference = target.auth.secret_ref.as_deref().ok_or("no secret_ref")?;
     let name = target.auth.secret_name().ok_or("malformed secret_ref")?;
-    let published = snapshot
-        .secrets
-        .get(reference)
-        .ok_or("secret missing from the snapshot")?;
+    let published = snapshot.secrets.get(reference).ok_or("secret missing from the snapshot")?;
     let host = url_safety::binding_host(url).ok_or("no host")?;
-    if !published
-        .bindings
-        .iter()
-        .any(|b| b.eq_ignore_ascii_case(&host))
-    {
+    if !published.bindings.iter().any(|b| b.eq_ignore_ascii_case(&host)) {
         return Err("secret not bound to the target's host");
     }
     let sealed = published.sealed().ok_or("malformed sealed secret")?;
-    let plaintext = keyring
-        .open(&secret_aad(&snapshot.tenant, name), &sealed)
-        .map_err(|_| "secret does not decrypt")?;
+    let plaintext =
+        keyring.open(&secret_aad(&snapshot.tenant, name), &sealed).map_err(|_| "secret does not decrypt")?;
     let value = String::from_utf8(plaintext).map_err(|_| "secret is not text")?;
-    auth_header(&target.auth.header, &target.auth.scheme, &value)
-        .ok_or("secret is not a valid header value")
+    auth_header(&target.auth.header, &target.auth.scheme, &value).ok_or("secret is not a valid header value")
 }
 
 /// `{header}: {scheme} {key}` (or the bare key when the scheme is empty), marked sensitive.
 pub fn auth_header(header: &str, scheme: &str, key: &str) -> Option<(HeaderName, HeaderValue)> {
     let name = HeaderName::from_bytes(header.as_bytes()).ok()?;
-    let text = if scheme.is_empty() {
-        key.to_string()
-    } else {
-        format!("{scheme} {key}")
-    };
+    let text = if scheme.is_empty() { key.to_string() } else { format!("{scheme} {key}") };
     let mut value = HeaderValue::from_str(&text).ok()?;
     value.set_sensitive(true);
     Some((name, value))
@@ -153,11 +129,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn keyring() -> Keyring {
-        Keyring::from_base64(
-            &base64::engine::general_purpose::STANDARD.encode([3u8; 32]),
-            1,
-        )
-        .unwrap()
+        Keyring::from_base64(&base64::engine::general_purpose::STANDARD.encode([3u8; 32]), 1).unwrap()
     }
 
     fn snapshot(bindings: &[&str], aad_tenant: &str) -> Snapshot {
@@ -185,25 +157,15 @@ mod tests {
     fn a_vault_key_is_ready_only_for_a_bound_host_and_the_right_tenant() {
         let config = TenantConfig::build(snapshot(&["api.openai.com"], "acme"), &keyring());
         let (name, value) = config.vault_credential("t").expect("bound and decryptable");
-        assert_eq!(
-            (name.as_str(), value.to_str().unwrap()),
-            ("authorization", "Bearer sk-live")
-        );
+        assert_eq!((name.as_str(), value.to_str().unwrap()), ("authorization", "Bearer sk-live"));
         assert!(value.is_sensitive());
+        assert!(!format!("{config:?}").contains("sk-live"), "Debug never shows a credential");
         assert!(
-            !format!("{config:?}").contains("sk-live"),
-            "Debug never shows a credential"
-        );
-        assert!(
-            TenantConfig::build(snapshot(&["evil.example.com"], "acme"), &keyring())
-                .vault_ready
-                .is_empty(),
+            TenantConfig::build(snapshot(&["evil.example.com"], "acme"), &keyring()).vault_ready.is_empty(),
             "not bound to the host"
         );
         assert!(
-            TenantConfig::build(snapshot(&["api.openai.com"], "other"), &keyring())
-                .vault_ready
-                .is_empty(),
+            TenantConfig::build(snapshot(&["api.openai.com"], "other"), &keyring()).vault_ready.is_empty(),
             "sealed for another tenant"
         );
     }

@@ -22,14 +22,8 @@ pub struct AuditLog {
 #[utoipa::path(get, path = "/v1/tenant/me/audit", tag = "audit", security(("bearer" = ["tenant:read"])), params(AuditQuery),
     responses((status = 200, body = AuditLog)))]
 #[get("/v1/tenant/me/audit")]
-pub async fn list(
-    state: State,
-    principal: Principal,
-    query: web::Query<AuditQuery>,
-) -> ApiResult<HttpResponse> {
+pub async fn list(state: State, principal: Principal, query: web::Query<AuditQuery>) -> ApiResult<HttpResponse> {
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
     let limit = query.limit.unwrap_or(100).clamp(1, 1000);
-    Ok(HttpResponse::Ok().json(AuditLog {
-        entries: audit::list(&state.db, tenant.id, limit).await?,
-    }))
+    Ok(HttpResponse::Ok().json(AuditLog { entries: audit::list(&state.db, tenant.id, limit).await? }))
 }

@@ -26,17 +26,9 @@ pub async fn put(state: State, principal: Principal, body: Body) -> ApiResult<Ht
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let policy: GuardrailPolicy = decode(&body)?;
     policy.validate()?;
-    let mut write =
-        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
     let before = config::guardrails(write.conn(), tenant.id).await?;
     config::put_guardrails(write.conn(), tenant.id, &policy).await?;
-    write
-        .commit(
-            Action::GuardrailsSet,
-            "guardrails",
-            Some(digest_of(&before)),
-            Some(digest_of(&policy)),
-        )
-        .await?;
+    write.commit(Action::GuardrailsSet, "guardrails", Some(digest_of(&before)), Some(digest_of(&policy))).await?;
     Ok(HttpResponse::Ok().json(policy))
 }

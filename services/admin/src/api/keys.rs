@@ -47,9 +47,7 @@ pub struct KeyList {
 #[get("/v1/tenant/me/keys")]
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
-    Ok(HttpResponse::Ok().json(KeyList {
-        keys: keys::list(&state.db, tenant.id).await?,
-    }))
+    Ok(HttpResponse::Ok().json(KeyList { keys: keys::list(&state.db, tenant.id).await? }))
 }
 
 #[utoipa::path(post, path = "/v1/tenant/me/keys", tag = "keys", security(("bearer" = ["config:write"])), request_body = CreateKey,
@@ -82,32 +80,18 @@ pub async fn create(state: State, principal: Principal, body: Body) -> ApiResult
 #[utoipa::path(delete, path = "/v1/tenant/me/keys/{id}", tag = "keys", security(("bearer" = ["config:write"])),
     params(("id" = Uuid, Path)), responses((status = 204), (status = 404)))]
 #[delete("/v1/tenant/me/keys/{id}")]
-pub async fn revoke(
-    state: State,
-    principal: Principal,
-    id: web::Path<String>,
-) -> ApiResult<HttpResponse> {
+pub async fn revoke(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
     let id = id.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let not_found = || ApiError::NotFound(format!("key {id} does not exist"));
     let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
-    let mut write =
-        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
-    let before = keys::get(write.conn(), tenant.id, id)
-        .await?
-        .ok_or_else(not_found)?;
+    let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let before = keys::get(write.conn(), tenant.id, id).await?.ok_or_else(not_found)?;
     if before.revoked_at.is_some() {
         return Ok(HttpResponse::NoContent().finish()); // already revoked: nothing changes
     }
-    let meta = keys::revoke(write.conn(), tenant.id, id)
-        .await?
-        .ok_or_else(not_found)?;
-    write
-        .commit(Action::KeyRevoked, &id.to_string(), None, None)
-        .await?;
-    state
-        .publisher
-        .key_changed(tenant.id, &meta.key_hash, &key_record(&tenant.slug, &meta))
-        .await;
+    let meta = keys::revoke(write.conn(), tenant.id, id).await?.ok_or_else(not_found)?;
+    write.commit(Action::KeyRevoked, &id.to_string(), None, None).await?;
+    state.publisher.key_changed(tenant.id, &meta.key_hash, &key_record(&tenant.slug, &meta)).await;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -41,14 +41,9 @@ pub async fn login(state: State, body: Body) -> ApiResult<HttpResponse> {
         return Err(ApiError::RateLimited);
     }
     let user = users::by_email(&state.db, &email).await?;
-    let hash = user
-        .as_ref()
-        .map_or(DECOY_HASH.as_str(), |u| u.password_hash.as_str())
-        .to_string();
+    let hash = user.as_ref().map_or(DECOY_HASH.as_str(), |u| u.password_hash.as_str()).to_string();
     let password = request.password;
-    let valid = web::block(move || verify_password(&password, &hash))
-        .await
-        .map_err(|_| ApiError::Internal)?;
+    let valid = web::block(move || verify_password(&password, &hash)).await.map_err(|_| ApiError::Internal)?;
     let Some(user) = user.filter(|_| valid) else {
         state.login_limiter.failed(&email, Instant::now());
         return Err(ApiError::Unauthorized("wrong e-mail or password".into()));
@@ -56,20 +51,8 @@ pub async fn login(state: State, body: Body) -> ApiResult<HttpResponse> {
     state.login_limiter.succeeded(&email);
     let scopes = Scope::for_role(&user.role);
     let now = chrono::Utc::now().timestamp();
-    let (token, exp) = state.tokens.issue(
-        &user.email,
-        user.tenant_slug.as_deref(),
-        scopes.clone(),
-        state.login_token_ttl,
-        now,
-    );
-    let expires_at = chrono::DateTime::from_timestamp(exp, 0)
-        .unwrap_or_default()
-        .to_rfc3339();
-    Ok(HttpResponse::Ok().json(LoginResponse {
-        token,
-        expires_at,
-        tenant: user.tenant_slug,
-        scopes,
-    }))
+    let (token, exp) =
+        state.tokens.issue(&user.email, user.tenant_slug.as_deref(), scopes.clone(), state.login_token_ttl, now);
+    let expires_at = chrono::DateTime::from_timestamp(exp, 0).unwrap_or_default().to_rfc3339();
+    Ok(HttpResponse::Ok().json(LoginResponse { token, expires_at, tenant: user.tenant_slug, scopes }))
 }

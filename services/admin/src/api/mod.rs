@@ -29,19 +29,14 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 
 /// 201 with the body when the write created the object, 200 when it replaced one.
 pub fn created_or_replaced(created: bool, body: impl serde::Serialize) -> HttpResponse {
-    if created {
-        HttpResponse::Created().json(body)
-    } else {
-        HttpResponse::Ok().json(body)
-    }
+    if created { HttpResponse::Created().json(body) } else { HttpResponse::Ok().json(body) }
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     let openapi = crate::openapi::ApiDoc::openapi();
     cfg.app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
         .app_data(
-            web::PathConfig::default()
-                .error_handler(|err, _| ApiError::BadRequest(format!("bad path: {err}")).into()),
+            web::PathConfig::default().error_handler(|err, _| ApiError::BadRequest(format!("bad path: {err}")).into()),
         )
         .app_data(
             web::QueryConfig::default()
@@ -50,9 +45,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(ops::healthz)
         .service(ops::readyz)
         .service(ops::openapi_json)
-        .service(
-            utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}").url("/docs/openapi.json", openapi),
-        )
+        .service(utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}").url("/docs/openapi.json", openapi))
         .service(login::login)
         .service(tenants::create)
         .service(tenants::list)
@@ -93,19 +86,12 @@ impl actix_web::FromRequest for Body {
     type Error = ApiError;
     type Future = futures_util::future::LocalBoxFuture<'static, Result<Body, ApiError>>;
 
-    fn from_request(
-        req: &actix_web::HttpRequest,
-        payload: &mut actix_web::dev::Payload,
-    ) -> Self::Future {
+    fn from_request(req: &actix_web::HttpRequest, payload: &mut actix_web::dev::Payload) -> Self::Future {
         let bytes = web::Bytes::from_request(req, payload);
         Box::pin(async move {
-            bytes.await.map(Body).map_err(|err| {
-                match err.as_error::<actix_web::error::PayloadError>() {
-                    Some(actix_web::error::PayloadError::Overflow) => {
-                        ApiError::PayloadTooLarge(MAX_BODY_BYTES)
-                    }
-                    _ => ApiError::BadRequest(format!("could not read the body: {err}")),
-                }
+            bytes.await.map(Body).map_err(|err| match err.as_error::<actix_web::error::PayloadError>() {
+                Some(actix_web::error::PayloadError::Overflow) => ApiError::PayloadTooLarge(MAX_BODY_BYTES),
+                _ => ApiError::BadRequest(format!("could not read the body: {err}")),
             })
         })
     }

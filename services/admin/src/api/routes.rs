@@ -24,24 +24,16 @@ pub struct RouteList {
 #[get("/v1/tenant/me/gateway/routes")]
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    Ok(HttpResponse::Ok().json(RouteList {
-        routes: config::routes(&state.db, tenant.id).await?,
-    }))
+    Ok(HttpResponse::Ok().json(RouteList { routes: config::routes(&state.db, tenant.id).await? }))
 }
 
 #[utoipa::path(get, path = "/v1/tenant/me/gateway/routes/{name}", tag = "routes", security(("bearer" = ["tenant:read"])),
     params(("name" = String, Path, description = "percent-encoded: shield%2Fcheap")), responses((status = 200, body = Route), (status = 404)))]
 #[get("/v1/tenant/me/gateway/routes/{name}")]
-pub async fn get(
-    state: State,
-    principal: Principal,
-    name: web::Path<String>,
-) -> ApiResult<HttpResponse> {
+pub async fn get(state: State, principal: Principal, name: web::Path<String>) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    let route = config::route(&state.db, tenant.id, &name)
-        .await?
-        .ok_or_else(|| not_found(&name))?;
+    let route = config::route(&state.db, tenant.id, &name).await?.ok_or_else(|| not_found(&name))?;
     Ok(HttpResponse::Ok().json(route))
 }
 
@@ -50,64 +42,33 @@ pub async fn get(
     responses((status = 200, body = Route, description = "replaced"), (status = 201, body = Route, description = "created"),
         (status = 422, description = "validation error naming the field")))]
 #[put("/v1/tenant/me/gateway/routes/{name}")]
-pub async fn put(
-    state: State,
-    principal: Principal,
-    name: web::Path<String>,
-    body: Body,
-) -> ApiResult<HttpResponse> {
+pub async fn put(state: State, principal: Principal, name: web::Path<String>, body: Body) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let mut route: Route = decode(&body)?;
-    let mut write =
-        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
-    validate_route(
-        &name,
-        &mut route,
-        &config::targets(write.conn(), tenant.id).await?,
-    )?;
+    let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    validate_route(&name, &mut route, &config::targets(write.conn(), tenant.id).await?)?;
     let before = config::route(write.conn(), tenant.id, &name).await?;
-    if before.is_none()
-        && config::route_count(write.conn(), tenant.id).await? >= MAX_ROUTES_PER_TENANT as i64
-    {
-        return Err(ApiError::validation(
-            "name",
-            format!("a tenant has at most {MAX_ROUTES_PER_TENANT} routes"),
-        ));
+    if before.is_none() && config::route_count(write.conn(), tenant.id).await? >= MAX_ROUTES_PER_TENANT as i64 {
+        return Err(ApiError::validation("name", format!("a tenant has at most {MAX_ROUTES_PER_TENANT} routes")));
     }
     route.updated_at = chrono::Utc::now().timestamp();
     route.updated_by = principal.actor().to_string();
     let created = config::put_route(write.conn(), tenant.id, &route).await?;
-    write
-        .commit(
-            Action::RouteSet,
-            &name,
-            before.as_ref().map(digest_of),
-            Some(digest_of(&route)),
-        )
-        .await?;
+    write.commit(Action::RouteSet, &name, before.as_ref().map(digest_of), Some(digest_of(&route))).await?;
     Ok(created_or_replaced(created, route))
 }
 
 #[utoipa::path(delete, path = "/v1/tenant/me/gateway/routes/{name}", tag = "routes", security(("bearer" = ["config:write"])),
     params(("name" = String, Path)), responses((status = 204), (status = 404)))]
 #[delete("/v1/tenant/me/gateway/routes/{name}")]
-pub async fn delete(
-    state: State,
-    principal: Principal,
-    name: web::Path<String>,
-) -> ApiResult<HttpResponse> {
+pub async fn delete(state: State, principal: Principal, name: web::Path<String>) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
-    let mut write =
-        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
-    let before = config::route(write.conn(), tenant.id, &name)
-        .await?
-        .ok_or_else(|| not_found(&name))?;
+    let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let before = config::route(write.conn(), tenant.id, &name).await?.ok_or_else(|| not_found(&name))?;
     config::delete_route(write.conn(), tenant.id, &name).await?;
-    write
-        .commit(Action::RouteDeleted, &name, Some(digest_of(&before)), None)
-        .await?;
+    write.commit(Action::RouteDeleted, &name, Some(digest_of(&before)), None).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

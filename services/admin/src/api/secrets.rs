@@ -39,24 +39,16 @@ const MAX_BINDINGS: usize = 20;
 #[get("/v1/tenant/me/secrets")]
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    Ok(HttpResponse::Ok().json(SecretList {
-        secrets: secrets::list(&state.db, tenant.id).await?,
-    }))
+    Ok(HttpResponse::Ok().json(SecretList { secrets: secrets::list(&state.db, tenant.id).await? }))
 }
 
 #[utoipa::path(get, path = "/v1/tenant/me/secrets/{name}", tag = "secrets", security(("bearer" = ["tenant:read"])),
     params(("name" = String, Path)), responses((status = 200, body = SecretMeta), (status = 404)))]
 #[get("/v1/tenant/me/secrets/{name}")]
-pub async fn get(
-    state: State,
-    principal: Principal,
-    name: web::Path<String>,
-) -> ApiResult<HttpResponse> {
+pub async fn get(state: State, principal: Principal, name: web::Path<String>) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    let meta = secrets::get(&state.db, tenant.id, &name)
-        .await?
-        .ok_or_else(|| not_found(&name))?;
+    let meta = secrets::get(&state.db, tenant.id, &name).await?.ok_or_else(|| not_found(&name))?;
     Ok(HttpResponse::Ok().json(meta))
 }
 
@@ -66,12 +58,7 @@ pub async fn get(
     responses((status = 200, body = SecretMeta, description = "replaced"), (status = 201, body = SecretMeta, description = "created"),
         (status = 409, description = "a target using it would lose its binding"), (status = 422)))]
 #[put("/v1/tenant/me/secrets/{name}")]
-pub async fn put(
-    state: State,
-    principal: Principal,
-    name: web::Path<String>,
-    body: Body,
-) -> ApiResult<HttpResponse> {
+pub async fn put(state: State, principal: Principal, name: web::Path<String>, body: Body) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     check_secret_name(&name).map_err(|why| ApiError::validation("name", why))?;
@@ -79,8 +66,7 @@ pub async fn put(
     check_value(&request.value)?;
     let bindings = normalise_bindings(request.bindings)?;
 
-    let mut write =
-        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
     let unbound: Vec<String> = targets_using(write.conn(), tenant.id, &name)
         .await?
         .into_iter()
@@ -88,43 +74,16 @@ pub async fn put(
         .map(|(id, host)| format!("{id} ({host})"))
         .collect();
     if !unbound.is_empty() {
-        let message = format!(
-            "targets would lose their binding to secret {name:?}: {}",
-            unbound.join(", ")
-        );
-        return Err(ApiError::Conflict {
-            message,
-            key: "targets",
-            names: unbound,
-        });
+        let message = format!("targets would lose their binding to secret {name:?}: {}", unbound.join(", "));
+        return Err(ApiError::Conflict { message, key: "targets", names: unbound });
     }
-    let sealed = state.keyring.seal(
-        &secret_aad(&tenant.slug, &name),
-        request.value.as_bytes(),
-        random::bytes(),
-    );
+    let sealed = state.keyring.seal(&secret_aad(&tenant.slug, &name), request.value.as_bytes(), random::bytes());
     let existed = secrets::get(write.conn(), tenant.id, &name).await?;
-    let (meta, created) = secrets::put(
-        write.conn(),
-        tenant.id,
-        &name,
-        &sealed,
-        &bindings,
-        hint(&request.value).as_deref(),
-    )
-    .await?;
+    let (meta, created) =
+        secrets::put(write.conn(), tenant.id, &name, &sealed, &bindings, hint(&request.value).as_deref()).await?;
     // The digests cover metadata only: a hash of a secret value could be guessed offline.
-    let metadata = |m: &SecretMeta| {
-        digest_of(&serde_json::json!({"bindings": m.bindings, "updated_at": m.updated_at}))
-    };
-    write
-        .commit(
-            Action::SecretSet,
-            &name,
-            existed.as_ref().map(metadata),
-            Some(metadata(&meta)),
-        )
-        .await?;
+    let metadata = |m: &SecretMeta| digest_of(&serde_json::json!({"bindings": m.bindings, "updated_at": m.updated_at}));
+    write.commit(Action::SecretSet, &name, existed.as_ref().map(metadata), Some(metadata(&meta))).await?;
     Ok(created_or_replaced(created, meta))
 }
 
@@ -132,37 +91,20 @@ pub async fn put(
 #[utoipa::path(delete, path = "/v1/tenant/me/secrets/{name}", tag = "secrets", security(("bearer" = ["config:write"])),
     params(("name" = String, Path)), responses((status = 204), (status = 404), (status = 409, description = "used by targets (named)")))]
 #[delete("/v1/tenant/me/secrets/{name}")]
-pub async fn delete(
-    state: State,
-    principal: Principal,
-    name: web::Path<String>,
-) -> ApiResult<HttpResponse> {
+pub async fn delete(state: State, principal: Principal, name: web::Path<String>) -> ApiResult<HttpResponse> {
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
-    let mut write =
-        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
-    let users: Vec<String> = targets_using(write.conn(), tenant.id, &name)
-        .await?
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
+    let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let users: Vec<String> =
+        targets_using(write.conn(), tenant.id, &name).await?.into_iter().map(|(id, _)| id).collect();
     if !users.is_empty() {
-        let message = format!(
-            "secret {name:?} is used by targets: {}; change their auth first",
-            users.join(", ")
-        );
-        return Err(ApiError::Conflict {
-            message,
-            key: "targets",
-            names: users,
-        });
+        let message = format!("secret {name:?} is used by targets: {}; change their auth first", users.join(", "));
+        return Err(ApiError::Conflict { message, key: "targets", names: users });
     }
     if !secrets::delete(write.conn(), tenant.id, &name).await? {
         return Err(not_found(&name));
     }
-    write
-        .commit(Action::SecretDeleted, &name, None, None)
-        .await?;
+    write.commit(Action::SecretDeleted, &name, None, None).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -188,10 +130,7 @@ async fn targets_using(
 
 fn check_value(value: &str) -> Result<(), ApiError> {
     if value.is_empty() || value.len() > MAX_VALUE_BYTES {
-        return Err(ApiError::validation(
-            "value",
-            format!("must be 1-{MAX_VALUE_BYTES} bytes"),
-        ));
+        return Err(ApiError::validation("value", format!("must be 1-{MAX_VALUE_BYTES} bytes")));
     }
     // A credential ends up in a header: CR/LF or other control characters would be injection.
     if value.chars().any(char::is_control) {
@@ -212,8 +151,7 @@ fn normalise_bindings(bindings: Vec<String>) -> Result<Vec<String>, ApiError> {
     }
     let mut out: Vec<String> = Vec::with_capacity(bindings.len());
     for (i, binding) in bindings.into_iter().enumerate() {
-        check_binding(&binding)
-            .map_err(|why| ApiError::validation(format!("bindings[{i}]"), why))?;
+        check_binding(&binding).map_err(|why| ApiError::validation(format!("bindings[{i}]"), why))?;
         let binding = binding.to_ascii_lowercase();
         if !out.contains(&binding) {
             out.push(binding);
@@ -227,9 +165,7 @@ fn without_value(err: shield_core::parse::DecodeError) -> ApiError {
         shield_core::parse::DecodeError::Invalid(field) if field.field == "value" => {
             ApiError::validation("value", "must be a string")
         }
-        shield_core::parse::DecodeError::Malformed(_) => {
-            ApiError::BadRequest("malformed JSON body".into())
-        }
+        shield_core::parse::DecodeError::Malformed(_) => ApiError::BadRequest("malformed JSON body".into()),
         other => other.into(),
     }
 }

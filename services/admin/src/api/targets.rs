@@ -28,26 +28,17 @@ pub struct TargetList {
 #[get("/v1/tenant/me/gateway/targets")]
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    let targets = config::targets(&state.db, tenant.id)
-        .await?
-        .into_values()
-        .collect();
+    let targets = config::targets(&state.db, tenant.id).await?.into_values().collect();
     Ok(HttpResponse::Ok().json(TargetList { targets }))
 }
 
 #[utoipa::path(get, path = "/v1/tenant/me/gateway/targets/{id}", tag = "targets", security(("bearer" = ["tenant:read"])),
     params(("id" = String, Path)), responses((status = 200, body = Target), (status = 404)))]
 #[get("/v1/tenant/me/gateway/targets/{id}")]
-pub async fn get(
-    state: State,
-    principal: Principal,
-    id: web::Path<String>,
-) -> ApiResult<HttpResponse> {
+pub async fn get(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
     let id = id.into_inner();
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    let target = config::target(&state.db, tenant.id, &id)
-        .await?
-        .ok_or_else(|| not_found(&id))?;
+    let target = config::target(&state.db, tenant.id, &id).await?.ok_or_else(|| not_found(&id))?;
     Ok(HttpResponse::Ok().json(target))
 }
 
@@ -58,12 +49,7 @@ pub async fn get(
     responses((status = 200, body = Target, description = "replaced"), (status = 201, body = Target, description = "created"),
         (status = 409, description = "would break a route's required_profile"), (status = 422, description = "validation error naming the field")))]
 #[put("/v1/tenant/me/gateway/targets/{id}")]
-pub async fn put(
-    state: State,
-    principal: Principal,
-    id: web::Path<String>,
-    body: Body,
-) -> ApiResult<HttpResponse> {
+pub async fn put(state: State, principal: Principal, id: web::Path<String>, body: Body) -> ApiResult<HttpResponse> {
     let id = id.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let mut target: Target = decode(&body)?;
@@ -71,48 +57,25 @@ pub async fn put(
         principal.require(Scope::RegistryWrite)?;
     }
     check_resolved_hosts(&target).await?;
-    let mut write =
-        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
-    validate_target(
-        &id,
-        &mut target,
-        &secrets::bindings(write.conn(), tenant.id).await?,
-    )?;
+    let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    validate_target(&id, &mut target, &secrets::bindings(write.conn(), tenant.id).await?)?;
     let before = config::target(write.conn(), tenant.id, &id).await?;
-    if before.is_none()
-        && config::target_count(write.conn(), tenant.id).await? >= MAX_TARGETS_PER_TENANT as i64
-    {
-        return Err(ApiError::validation(
-            "id",
-            format!("a tenant has at most {MAX_TARGETS_PER_TENANT} targets"),
-        ));
+    if before.is_none() && config::target_count(write.conn(), tenant.id).await? >= MAX_TARGETS_PER_TENANT as i64 {
+        return Err(ApiError::validation("id", format!("a tenant has at most {MAX_TARGETS_PER_TENANT} targets")));
     }
     let broken = routes_broken_by(&target, &config::routes(write.conn(), tenant.id).await?)
         .into_iter()
         .map(|(route, keys)| format!("{route} ({})", keys.join(", ")))
         .collect::<Vec<_>>();
     if !broken.is_empty() {
-        let message = format!(
-            "target {id:?} would no longer satisfy the required_profile of routes: {}",
-            broken.join("; ")
-        );
-        return Err(ApiError::Conflict {
-            message,
-            key: "routes",
-            names: broken,
-        });
+        let message =
+            format!("target {id:?} would no longer satisfy the required_profile of routes: {}", broken.join("; "));
+        return Err(ApiError::Conflict { message, key: "routes", names: broken });
     }
     target.updated_at = chrono::Utc::now().timestamp();
     target.updated_by = principal.actor().to_string();
     let created = config::put_target(write.conn(), tenant.id, &target).await?;
-    write
-        .commit(
-            Action::TargetSet,
-            &id,
-            before.as_ref().map(digest_of),
-            Some(digest_of(&target)),
-        )
-        .await?;
+    write.commit(Action::TargetSet, &id, before.as_ref().map(digest_of), Some(digest_of(&target))).await?;
     Ok(created_or_replaced(created, target))
 }
 
@@ -120,38 +83,19 @@ pub async fn put(
 #[utoipa::path(delete, path = "/v1/tenant/me/gateway/targets/{id}", tag = "targets", security(("bearer" = ["config:write"])),
     params(("id" = String, Path)), responses((status = 204), (status = 404), (status = 409, description = "used by routes (named)")))]
 #[delete("/v1/tenant/me/gateway/targets/{id}")]
-pub async fn delete(
-    state: State,
-    principal: Principal,
-    id: web::Path<String>,
-) -> ApiResult<HttpResponse> {
+pub async fn delete(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
     let id = id.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
-    let mut write =
-        ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
-    let before = config::target(write.conn(), tenant.id, &id)
-        .await?
-        .ok_or_else(|| not_found(&id))?;
+    let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let before = config::target(write.conn(), tenant.id, &id).await?.ok_or_else(|| not_found(&id))?;
     let routes = config::routes(write.conn(), tenant.id).await?;
-    let using: Vec<String> = routes_using(&id, &routes)
-        .into_iter()
-        .map(str::to_string)
-        .collect();
+    let using: Vec<String> = routes_using(&id, &routes).into_iter().map(str::to_string).collect();
     if !using.is_empty() {
-        let message = format!(
-            "target {id:?} is used by routes: {}; remove it from them first",
-            using.join(", ")
-        );
-        return Err(ApiError::Conflict {
-            message,
-            key: "routes",
-            names: using,
-        });
+        let message = format!("target {id:?} is used by routes: {}; remove it from them first", using.join(", "));
+        return Err(ApiError::Conflict { message, key: "routes", names: using });
     }
     config::delete_target(write.conn(), tenant.id, &id).await?;
-    write
-        .commit(Action::TargetDeleted, &id, Some(digest_of(&before)), None)
-        .await?;
+    write.commit(Action::TargetDeleted, &id, Some(digest_of(&before)), None).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -173,17 +117,10 @@ async fn check_resolved_hosts(target: &Target) -> Result<(), ApiError> {
         return Ok(());
     };
     let port = url.port_or_known_default().unwrap_or(443);
-    let lookup = tokio::time::timeout(
-        Duration::from_secs(2),
-        tokio::net::lookup_host((name.to_string(), port)),
-    )
-    .await;
+    let lookup = tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host((name.to_string(), port))).await;
     let Ok(Ok(addrs)) = lookup else { return Ok(()) };
     let ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
-    match ips
-        .iter()
-        .find_map(|ip| url_safety::private_reason(*ip).map(|why| (ip, why)))
-    {
+    match ips.iter().find_map(|ip| url_safety::private_reason(*ip).map(|why| (ip, why))) {
         Some((ip, why)) => Err(ApiError::validation(
             "base_url",
             format!(

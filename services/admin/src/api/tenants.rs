@@ -37,14 +37,9 @@ pub struct TenantList {
 pub async fn create(state: State, principal: Principal, body: Body) -> ApiResult<HttpResponse> {
     principal.require(Scope::Operator)?;
     let request: CreateTenant = decode(&body)?;
-    let created = provision::create_tenant(
-        &state.db,
-        &request.slug,
-        &request.name,
-        &request.admin_email,
-        principal.actor(),
-    )
-    .await?;
+    let created =
+        provision::create_tenant(&state.db, &request.slug, &request.name, &request.admin_email, principal.actor())
+            .await?;
     Ok(HttpResponse::Created().json(TenantCreated {
         tenant: created.tenant.slug,
         admin_email: created.admin_email,
@@ -56,7 +51,5 @@ pub async fn create(state: State, principal: Principal, body: Body) -> ApiResult
 #[get("/v1/admin/tenants")]
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     principal.require(Scope::Operator)?;
-    Ok(HttpResponse::Ok().json(TenantList {
-        tenants: tenants::list(&state.db).await?,
-    }))
+    Ok(HttpResponse::Ok().json(TenantList { tenants: tenants::list(&state.db).await? }))
 }

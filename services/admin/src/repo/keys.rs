@@ -33,11 +33,7 @@ pub struct NewKey<'a> {
     pub prefix: &'a str,
 }
 
-pub async fn insert(
-    db: impl PgExecutor<'_>,
-    tenant_id: i64,
-    key: NewKey<'_>,
-) -> sqlx::Result<KeyMeta> {
+pub async fn insert(db: impl PgExecutor<'_>, tenant_id: i64, key: NewKey<'_>) -> sqlx::Result<KeyMeta> {
     sqlx::query_as(concat!("INSERT INTO api_keys (id, tenant_id, name, key_hash, prefix, agent, role) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING ", columns!(), ""))
     .bind(Uuid::new_v4())
     .bind(tenant_id)
@@ -51,39 +47,27 @@ pub async fn insert(
 }
 
 pub async fn list(db: impl PgExecutor<'_>, tenant_id: i64) -> sqlx::Result<Vec<KeyMeta>> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id"
-    ))
-    .bind(tenant_id)
-    .fetch_all(db)
-    .await
+    sqlx::query_as(concat!("SELECT ", columns!(), " FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id"))
+        .bind(tenant_id)
+        .fetch_all(db)
+        .await
 }
 
-pub async fn get(
-    db: impl PgExecutor<'_>,
-    tenant_id: i64,
-    id: Uuid,
-) -> sqlx::Result<Option<KeyMeta>> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM api_keys WHERE tenant_id = $1 AND id = $2"
-    ))
-    .bind(tenant_id)
-    .bind(id)
-    .fetch_optional(db)
-    .await
+pub async fn get(db: impl PgExecutor<'_>, tenant_id: i64, id: Uuid) -> sqlx::Result<Option<KeyMeta>> {
+    sqlx::query_as(concat!("SELECT ", columns!(), " FROM api_keys WHERE tenant_id = $1 AND id = $2"))
+        .bind(tenant_id)
+        .bind(id)
+        .fetch_optional(db)
+        .await
 }
 
 /// Marks the key revoked (idempotent); `None` when it is not this tenant's key.
-pub async fn revoke(
-    db: impl PgExecutor<'_>,
-    tenant_id: i64,
-    id: Uuid,
-) -> sqlx::Result<Option<KeyMeta>> {
-    sqlx::query_as(concat!("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE tenant_id = $1 AND id = $2 RETURNING ", columns!(), ""))
+pub async fn revoke(db: impl PgExecutor<'_>, tenant_id: i64, id: Uuid) -> sqlx::Result<Option<KeyMeta>> {
+    sqlx::query_as(concat!(
+        "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE tenant_id = $1 AND id = $2 RETURNING ",
+        columns!(),
+        ""
+    ))
     .bind(tenant_id)
     .bind(id)
     .fetch_optional(db)

@@ -31,11 +31,7 @@ pub struct SealedRow {
 impl SealedRow {
     pub fn sealed(&self) -> Option<Sealed> {
         let nonce: [u8; NONCE_LEN] = self.nonce.as_slice().try_into().ok()?;
-        Some(Sealed {
-            ciphertext: self.ciphertext.clone(),
-            nonce,
-            key_version: u32::try_from(self.key_version).ok()?,
-        })
+        Some(Sealed { ciphertext: self.ciphertext.clone(), nonce, key_version: u32::try_from(self.key_version).ok()? })
     }
 }
 
@@ -46,48 +42,31 @@ macro_rules! meta {
 }
 
 pub async fn list(db: impl PgExecutor<'_>, tenant_id: i64) -> sqlx::Result<Vec<SecretMeta>> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        meta!(),
-        " FROM secrets WHERE tenant_id = $1 ORDER BY name"
-    ))
-    .bind(tenant_id)
-    .fetch_all(db)
-    .await
+    sqlx::query_as(concat!("SELECT ", meta!(), " FROM secrets WHERE tenant_id = $1 ORDER BY name"))
+        .bind(tenant_id)
+        .fetch_all(db)
+        .await
 }
 
-pub async fn get(
-    db: impl PgExecutor<'_>,
-    tenant_id: i64,
-    name: &str,
-) -> sqlx::Result<Option<SecretMeta>> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        meta!(),
-        " FROM secrets WHERE tenant_id = $1 AND name = $2"
-    ))
-    .bind(tenant_id)
-    .bind(name)
-    .fetch_optional(db)
-    .await
+pub async fn get(db: impl PgExecutor<'_>, tenant_id: i64, name: &str) -> sqlx::Result<Option<SecretMeta>> {
+    sqlx::query_as(concat!("SELECT ", meta!(), " FROM secrets WHERE tenant_id = $1 AND name = $2"))
+        .bind(tenant_id)
+        .bind(name)
+        .fetch_optional(db)
+        .await
 }
 
 pub async fn bindings(db: impl PgExecutor<'_>, tenant_id: i64) -> sqlx::Result<SecretBindings> {
     let rows: Vec<(String, Vec<String>)> =
-        sqlx::query_as("SELECT name, bindings FROM secrets WHERE tenant_id = $1")
-            .bind(tenant_id)
-            .fetch_all(db)
-            .await?;
+        sqlx::query_as("SELECT name, bindings FROM secrets WHERE tenant_id = $1").bind(tenant_id).fetch_all(db).await?;
     Ok(rows.into_iter().collect())
 }
 
 pub async fn sealed(db: impl PgExecutor<'_>, tenant_id: i64) -> sqlx::Result<Vec<SealedRow>> {
-    sqlx::query_as(
-        "SELECT name, ciphertext, nonce, key_version, bindings FROM secrets WHERE tenant_id = $1",
-    )
-    .bind(tenant_id)
-    .fetch_all(db)
-    .await
+    sqlx::query_as("SELECT name, ciphertext, nonce, key_version, bindings FROM secrets WHERE tenant_id = $1")
+        .bind(tenant_id)
+        .fetch_all(db)
+        .await
 }
 
 pub async fn put(

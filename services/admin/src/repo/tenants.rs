@@ -21,43 +21,19 @@ macro_rules! columns {
 }
 
 pub async fn by_slug(db: impl PgExecutor<'_>, slug: &str) -> sqlx::Result<Option<Tenant>> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM tenants WHERE slug = $1"
-    ))
-    .bind(slug)
-    .fetch_optional(db)
-    .await
+    sqlx::query_as(concat!("SELECT ", columns!(), " FROM tenants WHERE slug = $1")).bind(slug).fetch_optional(db).await
 }
 
 pub async fn by_id(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<Tenant>> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM tenants WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(db)
-    .await
+    sqlx::query_as(concat!("SELECT ", columns!(), " FROM tenants WHERE id = $1")).bind(id).fetch_optional(db).await
 }
 
 pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Tenant>> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM tenants ORDER BY slug"
-    ))
-    .fetch_all(db)
-    .await
+    sqlx::query_as(concat!("SELECT ", columns!(), " FROM tenants ORDER BY slug")).fetch_all(db).await
 }
 
 /// Inserts a tenant; `None` when the slug is taken.
-pub async fn insert(
-    db: impl PgExecutor<'_>,
-    slug: &str,
-    name: &str,
-) -> sqlx::Result<Option<Tenant>> {
+pub async fn insert(db: impl PgExecutor<'_>, slug: &str, name: &str) -> sqlx::Result<Option<Tenant>> {
     sqlx::query_as(concat!(
         "INSERT INTO tenants (slug, name) VALUES ($1, $2) ON CONFLICT (slug) DO NOTHING RETURNING ",
         columns!(),

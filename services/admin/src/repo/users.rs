@@ -43,11 +43,7 @@ pub async fn insert(
     Ok(done.rows_affected() == 1)
 }
 
-pub async fn set_password(
-    db: impl PgExecutor<'_>,
-    email: &str,
-    password_hash: &str,
-) -> sqlx::Result<()> {
+pub async fn set_password(db: impl PgExecutor<'_>, email: &str, password_hash: &str) -> sqlx::Result<()> {
     sqlx::query("UPDATE admin_users SET password_hash = $2 WHERE email = $1")
         .bind(email.to_lowercase())
         .bind(password_hash)

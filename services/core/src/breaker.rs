@@ -1,0 +1,217 @@
+//! The per-process circuit breaker of one target (ROUTING.md "Circuit breaker"): 5 breaker
+//! failures within 60 s open the circuit for 30 s; then half-open admits exactly one probe;
+//! its success closes the circuit, its failure re-opens it. Time is passed in (milliseconds on
+//! any monotonic clock), so every transition is tested without sleeping.
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+pub const FAILURES_TO_OPEN: usize = 5;
+pub const WINDOW_MS: u64 = 60_000;
+pub const OPEN_MS: u64 = 30_000;
+/// `gateway_target_down` at most once per target per 10 minutes per process.
+pub const DOWN_EVENT_EVERY_MS: u64 = 600_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// What [`Breaker::acquire`] allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permit {
+    /// Closed: call as usual.
+    Call,
+    /// Half-open: this call is the one probe.
+    Probe,
+    /// Open, or half-open with its probe already out: skip without calling.
+    Refused,
+}
+
+/// The breaker opened on this failure; `announce` is whether to emit `gateway_target_down`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    pub announce: bool,
+    pub failures: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Breaker {
+    failures: VecDeque<u64>,
+    open_until: Option<u64>,
+    probe_out: bool,
+    half_open: bool,
+    last_announced: Option<u64>,
+}
+
+impl Breaker {
+    /// The state as of `now` (an open circuit whose time is up reads as half-open).
+    pub fn state(&self, now: u64) -> State {
+        match self.open_until {
+            Some(until) if now < until => State::Open,
+            Some(_) => State::HalfOpen,
+            None if self.half_open => State::HalfOpen,
+            None => State::Closed,
+        }
+    }
+
+    /// Whether a plan may include this target now (an open circuit, or a half-open one whose
+    /// probe is out, is excluded as `circuit_open`).
+    pub fn admits(&self, now: u64) -> bool {
+        match self.state(now) {
+            State::Closed => true,
+            State::HalfOpen => !self.probe_out,
+            State::Open => false,
+        }
+    }
+
+    /// Asks to call the target now. In half-open, exactly one caller gets the probe.
+    pub fn acquire(&mut self, now: u64) -> Permit {
+        match self.state(now) {
+            State::Closed => Permit::Call,
+            State::Open => Permit::Refused,
+            State::HalfOpen if self.probe_out => Permit::Refused,
+            State::HalfOpen => {
+                self.open_until = None;
+                self.half_open = true;
+                self.probe_out = true;
+                Permit::Probe
+            }
+        }
+    }
+
+    /// A call that was acquired ended without an outcome that counts (e.g. the client went
+    /// away, or a class that is not a breaker failure): give the probe back.
+    pub fn release(&mut self, permit: Permit) {
+        if permit == Permit::Probe {
+            self.probe_out = false;
+        }
+    }
+
+    pub fn success(&mut self) {
+        self.failures.clear();
+        self.open_until = None;
+        self.half_open = false;
+        self.probe_out = false;
+    }
+
+    /// Records a breaker failure; returns `Some` when this failure opened the circuit.
+    pub fn failure(&mut self, now: u64) -> Option<Opened> {
+        if self.half_open {
+            // The probe failed: re-open.
+            self.half_open = false;
+            self.probe_out = false;
+            return Some(self.open(now));
+        }
+        if self.state(now) == State::Open {
+            return None;
+        }
+        self.failures.push_back(now);
+        while self.failures.front().is_some_and(|t| now.saturating_sub(*t) > WINDOW_MS) {
+            self.failures.pop_front();
+        }
+        (self.failures.len() >= FAILURES_TO_OPEN).then(|| self.open(now))
+    }
+
+    fn open(&mut self, now: u64) -> Opened {
+        let failures = self.failures.len().max(1);
+        self.failures.clear();
+        self.open_until = Some(now + OPEN_MS);
+        let announce = self.last_announced.is_none_or(|at| now.saturating_sub(at) >= DOWN_EVENT_EVERY_MS);
+        if announce {
+            self.last_announced = Some(now);
+        }
+        Opened { announce, failures }
+    }
+
+    /// Failures counted in the current window (for health views).
+    pub fn recent_failures(&self) -> usize {
+        self.failures.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failing(b: &mut Breaker, at: u64, n: usize) -> Option<Opened> {
+        let mut opened = None;
+        for _ in 0..n {
+            assert_eq!(b.acquire(at), Permit::Call);
+            opened = b.failure(at);
+        }
+        opened
+    }
+
+    #[test]
+    fn opens_after_five_failures_in_the_window() {
+        let mut b = Breaker::default();
+        assert_eq!(failing(&mut b, 0, 4), None);
+        assert_eq!(b.state(0), State::Closed);
+        assert_eq!(b.failure(1_000), Some(Opened { announce: true, failures: 5 }));
+        assert_eq!(b.state(1_000), State::Open);
+        assert_eq!(b.acquire(1_000), Permit::Refused);
+        assert!(!b.admits(30_999));
+    }
+
+    #[test]
+    fn failures_outside_the_window_do_not_count() {
+        let mut b = Breaker::default();
+        failing(&mut b, 0, 4);
+        assert_eq!(failing(&mut b, 60_001, 1), None, "the first four fell out of the 60 s window");
+        assert_eq!(b.recent_failures(), 1);
+        b.success();
+        assert_eq!(b.recent_failures(), 0);
+    }
+
+    #[test]
+    fn half_open_admits_exactly_one_probe_and_closes_on_success() {
+        let mut b = Breaker::default();
+        failing(&mut b, 0, 5);
+        assert_eq!(b.state(30_000), State::HalfOpen);
+        assert!(b.admits(30_000));
+        assert_eq!(b.acquire(30_000), Permit::Probe);
+        assert_eq!(b.acquire(30_001), Permit::Refused, "exactly one probe");
+        assert!(!b.admits(30_001));
+        b.success();
+        assert_eq!(b.state(30_002), State::Closed);
+        assert_eq!(b.acquire(30_002), Permit::Call);
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_and_announcements_are_throttled() {
+        let mut b = Breaker::default();
+        assert!(failing(&mut b, 0, 5).unwrap().announce);
+        assert_eq!(b.acquire(30_000), Permit::Probe);
+        let reopened = b.failure(30_000).unwrap();
+        assert!(!reopened.announce, "at most once per 10 minutes");
+        assert_eq!(b.state(59_999), State::Open);
+        assert_eq!(b.acquire(60_000), Permit::Probe);
+        b.failure(60_000);
+        assert_eq!(b.acquire(600_000), Permit::Probe);
+        assert!(b.failure(600_000).unwrap().announce, "ten minutes later it is announced again");
+    }
+
+    #[test]
+    fn a_released_probe_can_be_taken_again() {
+        let mut b = Breaker::default();
+        failing(&mut b, 0, 5);
+        let permit = b.acquire(30_000);
+        b.release(permit);
+        assert_eq!(b.acquire(30_001), Permit::Probe);
+    }
+}

@@ -1,0 +1,162 @@
+//! This process's view of each target's health: a circuit breaker and a latency EWMA per
+//! (tenant, target), the last error and the last success. Decisions read it on the request path
+//! (in memory, one short lock); the flusher writes it to `gw_health:{tenant}` for the portal.
+//! Opening a circuit queues a `gateway_target_down` event (at most one per target per 10
+//! minutes per process); a background task writes it to the `gw_events` stream.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::Serialize;
+use shield_core::breaker::{Breaker, Permit};
+use shield_core::outcome::Class;
+use shield_core::plan::Ewma;
+
+#[derive(Default)]
+struct TargetHealth {
+    breaker: Breaker,
+    latency: Ewma,
+    last_error: Option<&'static str>,
+    last_ok_at: Option<i64>,
+}
+
+/// One row of `gw_health:{tenant}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthRow {
+    pub state: &'static str,
+    pub failures: usize,
+    pub last_error: Option<&'static str>,
+    pub last_ok_at: Option<i64>,
+    pub at: i64,
+    pub process: String,
+}
+
+/// `gateway_target_down`, to be written to `gw_events`.
+#[derive(Debug, Clone)]
+pub struct TargetDown {
+    pub tenant: String,
+    pub target: String,
+    pub failures: usize,
+    pub last_error: &'static str,
+}
+
+pub struct Health {
+    started: Instant,
+    targets: Mutex<HashMap<(String, String), TargetHealth>>,
+    events: tokio::sync::mpsc::Sender<TargetDown>,
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+impl Health {
+    pub fn new(events: tokio::sync::mpsc::Sender<TargetDown>) -> Health {
+        Health { started: Instant::now(), targets: Mutex::default(), events }
+    }
+
+    /// Milliseconds on this process's monotonic clock (the breaker's time).
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// For planning: the targets among `ids` the breaker does not admit now, and the latency
+    /// EWMA of those measured.
+    pub fn view(&self, tenant: &str, ids: &[String]) -> (BTreeSet<String>, BTreeMap<String, f64>) {
+        let now = self.now();
+        let targets = self.targets.lock().expect("health lock");
+        let mut open = BTreeSet::new();
+        let mut latency = BTreeMap::new();
+        for id in ids {
+            if let Some(health) = targets.get(&(tenant.to_string(), id.clone())) {
+                if !health.breaker.admits(now) {
+                    open.insert(id.clone());
+                }
+                if let Some(ms) = health.latency.value() {
+                    latency.insert(id.clone(), ms);
+                }
+            }
+        }
+        (open, latency)
+    }
+
+    /// Asks the breaker to call `target` now.
+    pub fn acquire(&self, tenant: &str, target: &str) -> Permit {
+        let now = self.now();
+        self.targets
+            .lock()
+            .expect("health lock")
+            .entry((tenant.to_string(), target.to_string()))
+            .or_default()
+            .breaker
+            .acquire(now)
+    }
+
+    pub fn release(&self, tenant: &str, target: &str, permit: Permit) {
+        if let Some(health) =
+            self.targets.lock().expect("health lock").get_mut(&(tenant.to_string(), target.to_string()))
+        {
+            health.breaker.release(permit);
+        }
+    }
+
+    /// Records an attempt's outcome; `ms` feeds the latency EWMA on success.
+    pub fn record(&self, tenant: &str, target: &str, permit: Permit, result: Result<(), Class>, ms: u64) {
+        let now = self.now();
+        let mut targets = self.targets.lock().expect("health lock");
+        let health = targets.entry((tenant.to_string(), target.to_string())).or_default();
+        match result {
+            Ok(()) => {
+                health.breaker.success();
+                health.latency.observe(ms as f64);
+                health.last_ok_at = Some(unix_now());
+            }
+            Err(class) if class.is_breaker_failure() => {
+                health.last_error = Some(class.as_str());
+                if let Some(opened) = health.breaker.failure(now) {
+                    tracing::warn!(
+                        tenant,
+                        target,
+                        failures = opened.failures,
+                        last_error = class.as_str(),
+                        "circuit opened"
+                    );
+                    if opened.announce {
+                        let down = TargetDown {
+                            tenant: tenant.into(),
+                            target: target.into(),
+                            failures: opened.failures,
+                            last_error: class.as_str(),
+                        };
+                        let _ = self.events.try_send(down);
+                    }
+                }
+            }
+            Err(class) => {
+                health.last_error = Some(class.as_str());
+                health.breaker.release(permit);
+            }
+        }
+    }
+
+    /// Every target this process knows, by tenant, as `gw_health` rows.
+    pub fn rows(&self, process: &str) -> BTreeMap<String, Vec<(String, HealthRow)>> {
+        let now = self.now();
+        let at = unix_now();
+        let targets = self.targets.lock().expect("health lock");
+        let mut out: BTreeMap<String, Vec<(String, HealthRow)>> = BTreeMap::new();
+        for ((tenant, target), health) in targets.iter() {
+            let row = HealthRow {
+                state: health.breaker.state(now).as_str(),
+                failures: health.breaker.recent_failures(),
+                last_error: health.last_error,
+                last_ok_at: health.last_ok_at,
+                at,
+                process: process.to_string(),
+            };
+            out.entry(tenant.clone()).or_default().push((target.clone(), row));
+        }
+        out
+    }
+}

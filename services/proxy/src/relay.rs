@@ -1,0 +1,192 @@
+//! Relaying a committed stream to the client as SSE, without buffering the answer.
+//!
+//! After the commit point there is no failover and no replay (ROUTING.md): a break, an error
+//! event or silence longer than the target's `idle_timeout_s` ends the stream with an
+//! `upstream_error` chunk and `data: [DONE]` (halt `visible_output`, counted `stream_broken`).
+//! A malformed upstream event is dropped and counted, never forwarded. An upstream that ends
+//! without `[DONE]` gets one. The usage chunk Shield asked for is stripped unless the client
+//! asked for it too; without reported usage the answer is estimated at 4 characters a token.
+//! When the client goes away, the body stream is dropped, which drops the upstream call
+//! (halt `cancelled`): nothing keeps generating for nobody.
+
+use std::sync::Arc;
+
+use actix_web::web::Bytes;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use shield_core::outcome::Class;
+use shield_core::run::Halt;
+
+use crate::dispatch::Committed;
+use crate::health::Health;
+
+/// How a relayed stream ended, for the logs (and, with the budgets work, for usage).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamEnd {
+    pub halt: Halt,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Usage was not reported by the upstream and was estimated.
+    pub estimated: bool,
+    pub malformed_events: u32,
+    pub broken: bool,
+}
+
+struct Relay {
+    committed: Committed,
+    health: Arc<Health>,
+    /// The client asked for `stream_options.include_usage` itself.
+    client_wants_usage: bool,
+    pending: Option<Bytes>,
+    usage: Option<(u64, u64)>,
+    prompt_chars: usize,
+    output_chars: usize,
+    malformed: u32,
+    ended: Option<StreamEnd>,
+}
+
+/// The SSE body for a committed stream.
+pub fn relay(
+    committed: Committed,
+    health: Arc<Health>,
+    client_wants_usage: bool,
+    prompt_chars: usize,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    let malformed = committed.opened.malformed;
+    let mut relay = Relay {
+        committed,
+        health,
+        client_wants_usage,
+        pending: None,
+        usage: None,
+        prompt_chars,
+        output_chars: 0,
+        malformed,
+        ended: None,
+    };
+    let first = std::mem::take(&mut relay.committed.opened.first);
+    relay.pending = relay.forward(first);
+    futures_util::stream::unfold(relay, |mut relay| async move {
+        loop {
+            if let Some(bytes) = relay.pending.take() {
+                return Some((Ok(bytes), relay));
+            }
+            if relay.ended.is_some() {
+                return None;
+            }
+            let next = tokio::time::timeout(relay.committed.idle_timeout, relay.committed.opened.rest.next()).await;
+            relay.pending = match next {
+                Err(_) => relay.break_off(Class::Timeout, "the upstream went silent"),
+                Ok(None) => relay.finish(),
+                Ok(Some(Err(_))) => relay.break_off(Class::Connect, "the upstream connection broke"),
+                Ok(Some(Ok(event))) if event.data.trim() == "[DONE]" => relay.finish(),
+                Ok(Some(Ok(event))) => match serde_json::from_str::<Value>(&event.data) {
+                    Err(_) => {
+                        relay.malformed += 1;
+                        None
+                    }
+                    Ok(chunk) if chunk.get("error").is_some() => {
+                        relay.break_off(Class::ServerError, "the upstream sent an error")
+                    }
+                    Ok(chunk) => relay.forward(chunk),
+                },
+            };
+        }
+    })
+}
+
+fn event(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+impl Relay {
+    /// One upstream chunk to the client: the model set to the target's, usage noted, and the
+    /// usage-only chunk Shield asked for kept back unless the client asked too.
+    fn forward(&mut self, mut chunk: Value) -> Option<Bytes> {
+        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+            let tokens = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
+            self.usage = Some((tokens("prompt_tokens"), tokens("completion_tokens")));
+        }
+        let choices = chunk.get("choices").and_then(Value::as_array);
+        for choice in choices.into_iter().flatten() {
+            if let Some(text) = choice.pointer("/delta/content").and_then(Value::as_str) {
+                self.output_chars += text.len();
+            }
+        }
+        let usage_only = choices.is_some_and(|c| c.is_empty()) && self.usage.is_some();
+        if usage_only && !self.client_wants_usage {
+            return None;
+        }
+        if let Some(object) = chunk.as_object_mut() {
+            object.insert("model".into(), Value::String(self.committed.model.clone()));
+        }
+        Some(event(&chunk))
+    }
+
+    /// The upstream finished (with or without `[DONE]`): the client gets `[DONE]`.
+    fn finish(&mut self) -> Option<Bytes> {
+        self.end(Ok(()));
+        Some(Bytes::from_static(DONE))
+    }
+
+    /// A failure after the commit point: an error chunk, then `[DONE]`.
+    fn break_off(&mut self, class: Class, why: &str) -> Option<Bytes> {
+        self.end(Err(class));
+        let error = json!({"error": {"message": format!("the stream from target `{}` broke: {why}", self.committed.target),
+            "type": "upstream_error", "code": "stream_broken", "param": null}});
+        let mut bytes = event(&error).to_vec();
+        bytes.extend_from_slice(DONE);
+        Some(Bytes::from(bytes))
+    }
+
+    fn end(&mut self, result: Result<(), Class>) {
+        let ms = self.committed.started.elapsed().as_millis() as u64;
+        let c = &mut self.committed;
+        c.run.record_committed(&c.model, result, Some(c.opened.status), ms);
+        self.health.record(&c.tenant, &c.target, c.permit, result, ms);
+        let (input, output, estimated) = match self.usage {
+            Some((input, output)) => (input, output, false),
+            None => ((self.prompt_chars as u64).div_ceil(4), (self.output_chars as u64).div_ceil(4), true),
+        };
+        let halt = if result.is_ok() { Halt::Succeeded } else { Halt::VisibleOutput };
+        let end = StreamEnd {
+            halt,
+            input_tokens: input,
+            output_tokens: output,
+            estimated,
+            malformed_events: self.malformed,
+            broken: result.is_err(),
+        };
+        log_end(c, &end);
+        self.ended = Some(end);
+    }
+}
+
+fn log_end(c: &Committed, end: &StreamEnd) {
+    tracing::debug!(
+        tenant = %c.tenant, route = %c.route, target = %c.target, halt = end.halt.as_str(), input_tokens = end.input_tokens,
+        output_tokens = end.output_tokens, estimated = end.estimated, malformed = end.malformed_events, "stream ended"
+    );
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if self.ended.is_none() {
+            // The client went away mid-stream: the upstream call is dropped with this relay.
+            let c = &mut self.committed;
+            c.run.cancel();
+            self.health.release(&c.tenant, &c.target, c.permit);
+            let end = StreamEnd {
+                halt: Halt::Cancelled,
+                input_tokens: 0,
+                output_tokens: 0,
+                estimated: true,
+                malformed_events: self.malformed,
+                broken: false,
+            };
+            log_end(c, &end);
+        }
+    }
+}
