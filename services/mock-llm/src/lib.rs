@@ -15,7 +15,8 @@
 //!   `ttfb:MS` before the first event, `chunkdelay:MS` between events, `errfirst` (the first
 //!   event is an error), `break:N` (drop the connection after N chunks), `stall:N` (go silent
 //!   after N chunks), `malformed:N` (the N-th event is not JSON), `nodone` (end without
-//!   `[DONE]`). A usage chunk is sent when the request asks `stream_options.include_usage`.
+//!   `[DONE]`), `empty` (a 200 stream that ends cleanly with no event). A usage chunk is
+//!   sent when the request asks `stream_options.include_usage`.
 //! * `GET /v1/models`, `GET /mock/{scenario}/v1/models`.
 //! * `GET /_mock/requests[?id=TAG]` — the requests received (method, path, headers, body),
 //!   oldest first; `DELETE /_mock/requests` clears the log. The log keeps the last 10,000.
@@ -76,6 +77,7 @@ struct Scenario {
     stall_after: Option<usize>,
     malformed_at: Option<usize>,
     no_done: bool,
+    empty: bool,
 }
 
 impl Scenario {
@@ -102,6 +104,7 @@ impl Scenario {
                 "stall" => s.stall_after = value.parse().ok(),
                 "malformed" => s.malformed_at = value.parse().ok(),
                 "nodone" => s.no_done = true,
+                "empty" => s.empty = true,
                 _ => {}
             }
         }
@@ -255,7 +258,13 @@ fn stream(
             if n == usize::MAX {
                 return None;
             }
+            if scenario.empty {
+                guard.complete();
+                return None;
+            }
             if scenario.break_after == Some(n) {
+                // Let what was sent reach the client first: actix flushes when the body pends.
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 guard.finished = true;
                 return Some((Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)), (usize::MAX, guard)));
             }
