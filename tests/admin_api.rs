@@ -35,6 +35,7 @@ fn tenant_endpoints() -> Vec<(Method, &'static str, Scope, Option<Value>)> {
         (Method::GET, "/v1/tenant/me/guardrails", Scope::TenantRead, None),
         (Method::PUT, "/v1/tenant/me/guardrails", Scope::ConfigWrite, Some(json!({}))),
         (Method::GET, "/v1/tenant/me/audit", Scope::TenantRead, None),
+        (Method::GET, "/v1/tenant/me/gateway/health", Scope::TenantRead, None),
     ]
 }
 

@@ -65,6 +65,7 @@ impl Stack {
             ("SHIELD_JWT_SECRET", JWT_SECRET.to_string()),
             ("SHIELD_VAULT_KEY", vault_key()),
             ("SHIELD_LLM_ROUTING_CACHE_S", "1".into()),
+            ("SHIELD_LLM_ROUTING_FLUSH_S", "1".into()),
             ("SHIELD_LLM_ROUTING", if options.routing { "1" } else { "0" }.into()),
             ("RUST_LOG", "info".into()),
         ];

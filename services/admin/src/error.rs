@@ -29,6 +29,8 @@ pub enum ApiError {
     RateLimited,
     #[error("Postgres is unavailable; the change was not made. Try again when the database is back.")]
     DatabaseUnavailable,
+    #[error("Redis is unavailable; this view is read from it. Try again when it is back.")]
+    RedisUnavailable,
     #[error("internal error")]
     Internal,
 }
@@ -44,7 +46,7 @@ impl ApiError {
             ApiError::BadRequest(_) => "invalid_request_error",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::RateLimited => "rate_limited",
-            ApiError::DatabaseUnavailable => "store_unavailable",
+            ApiError::DatabaseUnavailable | ApiError::RedisUnavailable => "store_unavailable",
             ApiError::Internal => "internal_error",
         }
     }
@@ -65,7 +67,7 @@ impl ResponseError for ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::DatabaseUnavailable | ApiError::RedisUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

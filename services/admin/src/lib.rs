@@ -36,12 +36,17 @@ pub struct AdminState {
     pub keyring: shield_core::vault::Keyring,
     pub login_limiter: rate_limit::LoginLimiter,
     pub login_token_ttl: Duration,
+    /// For reads of what the data plane writes (health; usage and spend later).
+    pub redis: deadpool_redis::Pool,
+    pub redis_keys: shield_core::keys::RedisKeys,
 }
 
 impl AdminState {
     pub fn new(db: PgPool, redis: deadpool_redis::Pool, config: &AdminConfig) -> Result<AdminState, String> {
         Ok(AdminState {
-            publisher: Arc::new(publish::Publisher::new(db.clone(), redis, config.redis_keys.clone())),
+            publisher: Arc::new(publish::Publisher::new(db.clone(), redis.clone(), config.redis_keys.clone())),
+            redis,
+            redis_keys: config.redis_keys.clone(),
             db,
             tokens: auth::Tokens::new(&config.jwt_secret)?,
             keyring: config.keyring.clone(),

@@ -19,6 +19,8 @@ struct TargetHealth {
     latency: Ewma,
     last_error: Option<&'static str>,
     last_ok_at: Option<i64>,
+    /// The failures that opened the circuit last (shown while it is not closed).
+    failures_at_open: usize,
 }
 
 /// One row of `gw_health:{tenant}`.
@@ -115,6 +117,7 @@ impl Health {
             Err(class) if class.is_breaker_failure() => {
                 health.last_error = Some(class.as_str());
                 if let Some(opened) = health.breaker.failure(now) {
+                    health.failures_at_open = opened.failures;
                     tracing::warn!(
                         tenant,
                         target,
@@ -147,9 +150,13 @@ impl Health {
         let targets = self.targets.lock().expect("health lock");
         let mut out: BTreeMap<String, Vec<(String, HealthRow)>> = BTreeMap::new();
         for ((tenant, target), health) in targets.iter() {
+            let state = health.breaker.state(now);
             let row = HealthRow {
-                state: health.breaker.state(now).as_str(),
-                failures: health.breaker.recent_failures(),
+                state: state.as_str(),
+                failures: match state {
+                    shield_core::breaker::State::Closed => health.breaker.recent_failures(),
+                    _ => health.failures_at_open,
+                },
                 last_error: health.last_error,
                 last_ok_at: health.last_ok_at,
                 at,

@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod guardrails;
+pub mod health;
 pub mod keys;
 pub mod login;
 pub mod ops;
@@ -53,6 +54,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(targets::get)
         .service(targets::put)
         .service(targets::delete)
+        .service(health::get)
         .service(routes::list)
         .service(routes::get)
         .service(routes::put)
