@@ -426,4 +426,10 @@ async fn unknown_paths_and_docs() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(admin.call(Method::GET, "/healthz", None, None).await.0, StatusCode::OK);
     assert_eq!(admin.call(Method::GET, "/readyz", None, None).await.0, StatusCode::OK);
+    let metrics = admin.client_text("/metrics").await;
+    assert!(
+        metrics.contains(r#"shield_admin_requests_total{method="GET",route="/openapi.json",status="200"} 1"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"route="unmatched",status="404""#), "unknown paths are one label, not their raw path");
 }

@@ -32,13 +32,21 @@ async fn an_open_circuit_is_skipped_announced_and_reported() {
     // gateway_target_down, once, on the gw_events stream.
     let client = redis::Client::open(shield_e2e::redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let entries: Vec<(String, Vec<(String, String)>)> =
-        redis::cmd("XRANGE").arg(format!("{}gw_events", stack.prefix)).arg("-").arg("+").query_async(&mut conn).await.unwrap();
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(format!("{}gw_events", stack.prefix))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(entries.len(), 1, "{entries:?}");
     let fields: std::collections::BTreeMap<_, _> = entries[0].1.iter().cloned().collect();
     assert_eq!((fields["type"].as_str(), fields["tenant"].as_str()), ("gateway_target_down", stack.tenant.as_str()));
     let data: Value = serde_json::from_str(&fields["data"]).unwrap();
-    assert_eq!((data["target"].as_str(), data["failures"].as_u64(), data["last_error"].as_str()), (Some("flaky"), Some(5), Some("server_error")));
+    assert_eq!(
+        (data["target"].as_str(), data["failures"].as_u64(), data["last_error"].as_str()),
+        (Some("flaky"), Some(5), Some("server_error"))
+    );
 
     // The health flush (every second here) reaches gw_health and the admin API.
     let health = eventually(10, "the health flush", || async {
@@ -54,6 +62,22 @@ async fn an_open_circuit_is_skipped_announced_and_reported() {
     assert_eq!((steady["state"].as_str(), steady["failures"].as_u64()), (Some("closed"), Some(0)));
     assert!(steady["last_ok_at"].as_i64().is_some());
     assert_eq!(flaky["process"], steady["process"]);
+
+    // Metrics: closed label sets, the circuit, the failovers.
+    let metrics = reqwest::get(format!("http://{}/metrics", stack.proxy)).await.unwrap().text().await.unwrap();
+    let tenant = &stack.tenant;
+    assert!(metrics.contains(&format!(r#"shield_circuit_state{{target="flaky",tenant="{tenant}"}} 2"#)), "{metrics}");
+    assert!(
+        metrics
+            .contains(&format!(r#"shield_failovers_total{{class="server_error",route="smart",tenant="{tenant}"}} 5"#)),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!(
+        r#"shield_requests_total{{halt="succeeded",route="smart",target="steady",tenant="{tenant}"}} 8"#
+    )));
+    assert!(metrics.contains("shield_gateway_added_seconds_bucket"));
+    assert!(metrics.contains(&format!(r#"shield_config_snapshot_age_seconds{{tenant="{tenant}"}}"#)));
+    assert!(!metrics.contains(&key), "no key in metrics");
 }
 
 #[tokio::test]
@@ -88,7 +112,12 @@ async fn weighted_spreads_calls_by_weight() {
     let stack = Stack::start().await;
     stack.mock_target("heavy", "", json!({})).await;
     stack.mock_target("light", "", json!({})).await;
-    stack.put_route("split", json!({"targets": ["heavy", "light"], "strategy": "weighted", "weights": {"heavy": 80, "light": 20}})).await;
+    stack
+        .put_route(
+            "split",
+            json!({"targets": ["heavy", "light"], "strategy": "weighted", "weights": {"heavy": 80, "light": 20}}),
+        )
+        .await;
     let (key, _) = stack.key(None).await;
     for _ in 0..200 {
         assert_eq!(stack.chat(&key, chat_body("split"), &[]).await.0, StatusCode::OK);

@@ -16,8 +16,14 @@ fn stream_body(model: &str) -> Value {
 
 /// Sends a streaming request and reads the whole SSE answer: (status, headers, data payloads).
 async fn stream(stack: &Stack, key: &str, body: Value) -> (StatusCode, reqwest::header::HeaderMap, Vec<String>) {
-    let response =
-        stack.client.post(format!("http://{}/v1/chat/completions", stack.proxy)).bearer_auth(key).json(&body).send().await.unwrap();
+    let response = stack
+        .client
+        .post(format!("http://{}/v1/chat/completions", stack.proxy))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     let status = response.status();
     let headers = response.headers().clone();
     let text = response.text().await.unwrap();
@@ -41,7 +47,10 @@ async fn a_stream_is_relayed_event_by_event_with_routing_headers() {
     let (status, headers, data) = stream(&stack, &key, stream_body("smart")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-type"], "text/event-stream");
-    assert_eq!((headers["x-shield-route"].to_str().unwrap(), headers["x-shield-target"].to_str().unwrap()), ("smart", "a"));
+    assert_eq!(
+        (headers["x-shield-route"].to_str().unwrap(), headers["x-shield-target"].to_str().unwrap()),
+        ("smart", "a")
+    );
     assert_eq!(headers["x-shield-failovers"], "0");
     assert_eq!(content(&data), "mock part1 part2 ");
     assert_eq!(data.last().unwrap(), "[DONE]");

@@ -66,12 +66,16 @@ impl Admin {
         let pool = shield_admin::redis_pool(redis).expect("redis pool");
         let state = web::Data::new(AdminState::new(db.pool.clone(), pool, &config).expect("admin state"));
         let app_state = state.clone();
-        let server =
-            HttpServer::new(move || App::new().app_data(app_state.clone()).configure(shield_admin::api::configure))
-                .workers(1)
-                .disable_signals()
-                .bind(("127.0.0.1", 0))
-                .expect("bind");
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(app_state.clone())
+                .wrap(actix_web::middleware::from_fn(shield_admin::metrics::track))
+                .configure(shield_admin::api::configure)
+        })
+        .workers(1)
+        .disable_signals()
+        .bind(("127.0.0.1", 0))
+        .expect("bind");
         let addr = server.addrs()[0];
         let server = server.run();
         let handle = server.handle();
@@ -171,6 +175,18 @@ impl Admin {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// A GET without a token, as text.
+    pub async fn client_text(&self, path: &str) -> String {
+        self.client
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .expect("admin answers")
+            .text()
+            .await
+            .unwrap_or_default()
     }
 
     /// The snapshot currently in Redis for `tenant`.

@@ -9,6 +9,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod openapi;
 pub mod provision;
 pub mod publish;
@@ -39,6 +40,7 @@ pub struct AdminState {
     /// For reads of what the data plane writes (health; usage and spend later).
     pub redis: deadpool_redis::Pool,
     pub redis_keys: shield_core::keys::RedisKeys,
+    pub metrics: metrics::AdminMetrics,
 }
 
 impl AdminState {
@@ -47,6 +49,7 @@ impl AdminState {
             publisher: Arc::new(publish::Publisher::new(db.clone(), redis.clone(), config.redis_keys.clone())),
             redis,
             redis_keys: config.redis_keys.clone(),
+            metrics: metrics::AdminMetrics::default(),
             db,
             tokens: auth::Tokens::new(&config.jwt_secret)?,
             keyring: config.keyring.clone(),
@@ -83,8 +86,13 @@ pub async fn serve(config: AdminConfig, db: PgPool) -> std::io::Result<()> {
     let state = web::Data::new(AdminState::new(db, redis, &config).map_err(std::io::Error::other)?);
     state.publisher.clone().spawn(config.republish_every);
     tracing::info!(addr = %config.addr, "admin listening");
-    HttpServer::new(move || App::new().app_data(state.clone()).configure(api::configure))
-        .bind(&config.addr)?
-        .run()
-        .await
+    HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .wrap(actix_web::middleware::from_fn(metrics::track))
+            .configure(api::configure)
+    })
+    .bind(&config.addr)?
+    .run()
+    .await
 }

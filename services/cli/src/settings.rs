@@ -104,6 +104,7 @@ impl Settings {
             routing_enabled,
             default_upstream,
             max_hops: env_parse("SHIELD_MAX_HOPS", 3)?,
+            metrics_tenant_labels: env_or("SHIELD_METRICS_TENANT_LABELS", "1") != "0",
             keyring: self.keyring()?,
         })
     }

@@ -242,6 +242,18 @@ impl Caches {
         }
     }
 
+    /// `published_at` of every cached snapshot, by tenant (for the snapshot-age gauge).
+    pub fn snapshot_times(&self) -> Vec<(String, i64)> {
+        let tenants = self.tenants.read().expect("tenant cache lock");
+        tenants
+            .iter()
+            .filter_map(|(tenant, entry)| match entry {
+                TenantEntry::Loaded(config) => Some((tenant.clone(), config.snapshot.published_at)),
+                TenantEntry::Absent => None,
+            })
+            .collect()
+    }
+
     /// Answers whether Redis is reachable now (and marks readiness when it is).
     pub async fn ping(&self) -> bool {
         let ping = async {

@@ -32,6 +32,7 @@ async fn handle(
     state: &ProxyState,
     egress: &Egress,
 ) -> Result<HttpResponse, ProxyError> {
+    let started = std::time::Instant::now();
     let hop = inbound_hop(req.headers(), state.config.max_hops)?;
     let caller = authenticate(&req, &state.caches).await?;
     let raw = body::read(payload).await?;
@@ -51,11 +52,49 @@ async fn handle(
     let call = Call { tenant, route, request: &request, upstream_key, next_hop: hop + 1 };
     if request.stream() {
         return Ok(match dispatch_stream(egress, &state.health, call).await {
-            Ok(committed) => stream_response(committed, state, &request),
-            Err(routed) => respond(routed),
+            Ok(committed) => {
+                let attempts = &committed.run.attempts;
+                let m = &state.metrics;
+                m.routed(
+                    &caller.tenant,
+                    &committed.route,
+                    Some(&committed.target),
+                    "committed",
+                    attempts,
+                    started.elapsed(),
+                    true,
+                );
+                stream_response(committed, state, &request)
+            }
+            Err(routed) => {
+                let m = &state.metrics;
+                m.routed(
+                    &caller.tenant,
+                    &routed.route,
+                    None,
+                    routed.halt.as_str(),
+                    &routed.attempts,
+                    started.elapsed(),
+                    true,
+                );
+                respond(routed)
+            }
         });
     }
     let routed = dispatch(egress, &state.health, call).await;
+    let target = match &routed.result {
+        RoutedResult::Answer { target, .. } | RoutedResult::Refused { target, .. } => Some(target.as_str()),
+        RoutedResult::Unavailable => None,
+    };
+    state.metrics.routed(
+        &caller.tenant,
+        &routed.route,
+        target,
+        routed.halt.as_str(),
+        &routed.attempts,
+        started.elapsed(),
+        false,
+    );
     tracing::debug!(
         tenant = %caller.tenant, route = %routed.route, halt = routed.halt.as_str(), attempts = routed.attempts.len(),
         failovers = routed.failovers, "routed"
@@ -75,7 +114,13 @@ fn stream_response(committed: Committed, state: &ProxyState, request: &ChatReque
         .insert_header(("x-shield-target", committed.target.as_str()))
         .insert_header(("x-shield-failovers", failovers.to_string()))
         .insert_header(("x-shield-budget", "ok"));
-    let body = crate::relay::relay(committed, state.health.clone(), request.wants_usage(), request.prompt_chars());
+    let body = crate::relay::relay(
+        committed,
+        state.health.clone(),
+        state.metrics.clone(),
+        request.wants_usage(),
+        request.prompt_chars(),
+    );
     response.streaming(body)
 }
 

@@ -18,6 +18,8 @@ pub struct ProxyConfig {
     pub routing_enabled: bool,
     /// `SHIELD_DEFAULT_UPSTREAM_URL`, a base such as `https://api.openai.com/v1`.
     pub default_upstream: Option<url::Url>,
+    /// `SHIELD_METRICS_TENANT_LABELS=0` drops tenant, route and target labels.
+    pub metrics_tenant_labels: bool,
     /// `SHIELD_MAX_HOPS`.
     pub max_hops: u32,
     pub keyring: Keyring,

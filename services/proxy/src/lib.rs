@@ -17,6 +17,7 @@ pub mod egress;
 pub mod error;
 pub mod flush;
 pub mod health;
+pub mod metrics;
 pub mod models;
 pub mod relay;
 pub mod sync;
@@ -40,6 +41,7 @@ pub struct ProxyState {
     pub config: ProxyConfig,
     pub caches: Arc<Caches>,
     pub health: Arc<health::Health>,
+    pub metrics: Arc<metrics::Metrics>,
     /// Unix second of the last "taking the default path because the config is unavailable"
     /// log line (seed §7: logged once per minute).
     default_path_logged: AtomicU64,
@@ -53,10 +55,12 @@ impl ProxyState {
     ) -> ProxyState {
         let caches =
             Arc::new(Caches::new(redis, config.redis_keys.clone(), config.keyring.clone(), config.cache_every));
+        let metrics = Arc::new(metrics::Metrics::new(config.metrics_tenant_labels));
         ProxyState {
             config,
             caches,
             health: Arc::new(health::Health::new(events)),
+            metrics,
             default_path_logged: AtomicU64::new(0),
         }
     }
@@ -99,6 +103,21 @@ async fn readyz(state: web::Data<ProxyState>) -> HttpResponse {
     }
 }
 
+/// Prometheus text format. Gauges of state (circuits, snapshot ages) are read at scrape time.
+#[get("/metrics")]
+async fn metrics_text(state: web::Data<ProxyState>) -> HttpResponse {
+    for (tenant, rows) in state.health.rows("") {
+        for (target, row) in rows {
+            state.metrics.circuit(&tenant, &target, row.state);
+        }
+    }
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    for (tenant, published_at) in state.caches.snapshot_times() {
+        state.metrics.snapshot_age(&tenant, now - published_at);
+    }
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render())
+}
+
 async fn not_found() -> HttpResponse {
     HttpResponse::NotFound().json(error::openai_error(
         "no such endpoint",
@@ -130,6 +149,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(models::list)
         .service(healthz)
         .service(readyz)
+        .service(metrics_text)
         .default_service(web::to(not_found));
 }
 

@@ -19,6 +19,7 @@ use shield_core::run::Halt;
 
 use crate::dispatch::Committed;
 use crate::health::Health;
+use crate::metrics::Metrics;
 
 /// How a relayed stream ended, for the logs (and, with the budgets work, for usage).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +36,7 @@ pub struct StreamEnd {
 struct Relay {
     committed: Committed,
     health: Arc<Health>,
+    metrics: Arc<Metrics>,
     /// The client asked for `stream_options.include_usage` itself.
     client_wants_usage: bool,
     pending: Option<Bytes>,
@@ -49,6 +51,7 @@ struct Relay {
 pub fn relay(
     committed: Committed,
     health: Arc<Health>,
+    metrics: Arc<Metrics>,
     client_wants_usage: bool,
     prompt_chars: usize,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
@@ -56,6 +59,7 @@ pub fn relay(
     let mut relay = Relay {
         committed,
         health,
+        metrics,
         client_wants_usage,
         pending: None,
         usage: None,
@@ -160,6 +164,7 @@ impl Relay {
             broken: result.is_err(),
         };
         log_end(c, &end);
+        self.metrics.stream_ended(&c.tenant, &c.route, &c.target, end.broken, end.malformed_events);
         self.ended = Some(end);
     }
 }

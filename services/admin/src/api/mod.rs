@@ -45,6 +45,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         )
         .service(ops::healthz)
         .service(ops::readyz)
+        .service(ops::metrics)
         .service(ops::openapi_json)
         .service(utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}").url("/docs/openapi.json", openapi))
         .service(login::login)

@@ -24,6 +24,12 @@ pub async fn readyz(state: State) -> HttpResponse {
     }
 }
 
+/// Prometheus text format.
+#[get("/metrics")]
+pub async fn metrics(state: State) -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render())
+}
+
 #[get("/openapi.json")]
 pub async fn openapi_json() -> HttpResponse {
     HttpResponse::Ok().json(crate::openapi::ApiDoc::openapi())
