@@ -12,6 +12,7 @@ use crate::body::{self, ChatRequest};
 use crate::dispatch::{Call, Committed, HOP_HEADER, Routed, RoutedResult, dispatch, dispatch_stream};
 use crate::egress::Egress;
 use crate::error::{ProxyError, openai_error};
+use crate::metrics::Observed;
 use crate::{ProxyState, default_path};
 
 pub const UPSTREAM_KEY_HEADER: &str = "x-shield-upstream-key";
@@ -55,28 +56,28 @@ async fn handle(
             Ok(committed) => {
                 let attempts = &committed.run.attempts;
                 let m = &state.metrics;
-                m.routed(
-                    &caller.tenant,
-                    &committed.route,
-                    Some(&committed.target),
-                    "committed",
+                m.routed(Observed {
+                    tenant: &caller.tenant,
+                    route: &committed.route,
+                    target: Some(&committed.target),
+                    halt: "committed",
                     attempts,
-                    started.elapsed(),
-                    true,
-                );
+                    total: started.elapsed(),
+                    stream: true,
+                });
                 stream_response(committed, state, &request)
             }
             Err(routed) => {
                 let m = &state.metrics;
-                m.routed(
-                    &caller.tenant,
-                    &routed.route,
-                    None,
-                    routed.halt.as_str(),
-                    &routed.attempts,
-                    started.elapsed(),
-                    true,
-                );
+                m.routed(Observed {
+                    tenant: &caller.tenant,
+                    route: &routed.route,
+                    target: None,
+                    halt: routed.halt.as_str(),
+                    attempts: &routed.attempts,
+                    total: started.elapsed(),
+                    stream: true,
+                });
                 respond(routed)
             }
         });
@@ -86,15 +87,15 @@ async fn handle(
         RoutedResult::Answer { target, .. } | RoutedResult::Refused { target, .. } => Some(target.as_str()),
         RoutedResult::Unavailable => None,
     };
-    state.metrics.routed(
-        &caller.tenant,
-        &routed.route,
+    state.metrics.routed(Observed {
+        tenant: &caller.tenant,
+        route: &routed.route,
         target,
-        routed.halt.as_str(),
-        &routed.attempts,
-        started.elapsed(),
-        false,
-    );
+        halt: routed.halt.as_str(),
+        attempts: &routed.attempts,
+        total: started.elapsed(),
+        stream: false,
+    });
     tracing::debug!(
         tenant = %caller.tenant, route = %routed.route, halt = routed.halt.as_str(), attempts = routed.attempts.len(),
         failovers = routed.failovers, "routed"

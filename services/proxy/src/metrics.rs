@@ -8,6 +8,18 @@ use prometheus::{
 };
 use shield_core::run::Attempt;
 
+/// What [`Metrics::routed`] records of one call.
+pub struct Observed<'a> {
+    pub tenant: &'a str,
+    pub route: &'a str,
+    pub target: Option<&'a str>,
+    pub halt: &'a str,
+    pub attempts: &'a [Attempt],
+    /// From the request's arrival to the answer (or the commit point of a stream).
+    pub total: std::time::Duration,
+    pub stream: bool,
+}
+
 pub struct Metrics {
     registry: Registry,
     tenant_labels: bool,
@@ -100,16 +112,8 @@ impl Metrics {
     }
 
     /// One routed call: its halt, its attempts and the time Shield added.
-    pub fn routed(
-        &self,
-        tenant: &str,
-        route: &str,
-        target: Option<&str>,
-        halt: &str,
-        attempts: &[Attempt],
-        total: std::time::Duration,
-        stream: bool,
-    ) {
+    pub fn routed(&self, call: Observed<'_>) {
+        let Observed { tenant, route, target, halt, attempts, total, stream } = call;
         let (t, r) = (self.id(tenant), self.id(route));
         self.requests.with_label_values(&[t, r, self.id(target.unwrap_or("")), halt]).inc();
         let mut upstream_ms = 0;
