@@ -74,6 +74,37 @@ def wrk(url, headers, connections=CONCURRENCY, duration=None):
     return {"rps": rps, "p50": pct["50"], "p99": pct["99"], "non_2xx": int(errors.group(1)) if errors else 0}
 
 
+def ttft(port, path, headers, n=300):
+    """Time to first token of `n` sequential streamed calls over one keep-alive connection:
+    from sending the request to reading the first `data:` line (ms, sorted)."""
+    import http.client
+    body = json.dumps({**json.loads(BODY), "stream": True})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    times = []
+    for i in range(n + 20):
+        started = time.perf_counter()
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        first = None
+        while True:
+            line = response.readline()
+            if not line:
+                break
+            if first is None and line.startswith(b"data:"):
+                first = time.perf_counter()
+            if line.strip() == b"data: [DONE]":
+                response.read()
+                break
+        if i >= 20 and first is not None:  # the first 20 warm up
+            times.append((first - started) * 1000)
+    conn.close()
+    return sorted(times)
+
+
+def pct(sorted_values, p):
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * p / 100))]
+
+
 def to_ms(text):
     number, unit = re.match(r"([\d.]+)(\w+)", text).groups()
     return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
@@ -159,12 +190,22 @@ http {{
             print(f"{name:<8}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}")
         sd, ss = serial["direct"], serial["shield"]
         print(f"\nunloaded: shield added p50 {ss['p50'] - sd['p50']:+.3f} ms, added p99 {ss['p99'] - sd['p99']:+.3f} ms")
+        direct_ttft = ttft(ports["mock"], "/v1/chat/completions", {"Content-Type": "application/json"})
+        shield_ttft = ttft(ports["proxy"], "/v1/chat/completions", {"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        print("\nstreaming, time to first token (300 sequential calls, one keep-alive connection)")
+        print(f"{'path':<8}{'p50 ms':>10}{'p99 ms':>10}")
+        for name, values in (("direct", direct_ttft), ("shield", shield_ttft)):
+            print(f"{name:<8}{pct(values, 50):>10.3f}{pct(values, 99):>10.3f}")
+        print(f"streaming: shield added TTFT p50 {pct(shield_ttft, 50) - pct(direct_ttft, 50):+.3f} ms, "
+              f"p99 {pct(shield_ttft, 99) - pct(direct_ttft, 99):+.3f} ms")
+        streaming = {"direct": {"p50": pct(direct_ttft, 50), "p99": pct(direct_ttft, 99)},
+                     "shield": {"p50": pct(shield_ttft, 50), "p99": pct(shield_ttft, 99)}}
         d, n, s = results["direct"], results["nginx"], results["shield"]
         print(f"\nat c{CONCURRENCY}: shield added p50 over direct: {s['p50'] - d['p50']:+.3f} ms (target <= 0.5)")
         print(f"shield added p99 over direct: {s['p99'] - d['p99']:+.3f} ms (target <= 1.0)")
         print(f"shield throughput / nginx floor: {s['rps'] / n['rps']:.0%} (target >= 50%)")
         print(f"shield throughput / direct: {s['rps'] / d['rps']:.0%}")
-        print(json.dumps({"date": time.strftime("%Y-%m-%d"), "commit": commit, "c20": results, "c1": serial}))
+        print(json.dumps({"date": time.strftime("%Y-%m-%d"), "commit": commit, "c20": results, "c1": serial, "ttft": streaming}))
     finally:
         for child in children:
             child.send_signal(signal.SIGTERM)
