@@ -351,6 +351,11 @@ pub async fn serve(addr: &str) -> std::io::Result<()> {
             .app_data(web::PayloadConfig::new(64 * 1024 * 1024))
             .default_service(web::to(handle))
     })
+    .on_connect(|connection, _| {
+        if let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {
+            let _ = tcp.set_nodelay(true);
+        }
+    })
     .bind(addr)?
     .run()
     .await

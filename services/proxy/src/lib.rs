@@ -153,6 +153,13 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .default_service(web::to(not_found));
 }
 
+/// Sets TCP_NODELAY on every accepted connection.
+pub fn no_delay(connection: &dyn std::any::Any, _: &mut actix_web::dev::Extensions) {
+    if let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {
+        let _ = tcp.set_nodelay(true);
+    }
+}
+
 /// `redis://user:pass@host:port/db` → `host:port`, for log lines.
 pub fn redacted(url: &str) -> String {
     url::Url::parse(url)
@@ -205,6 +212,9 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
             .configure(configure)
     })
     .backlog(4096)
+    // Small SSE writes go out at once: without this, Nagle holds a chunk until the client ACKs
+    // the previous one (tens of milliseconds with delayed ACKs).
+    .on_connect(no_delay)
     .bind(&config.addr)?
     .run()
     .await

@@ -40,6 +40,7 @@ struct Relay {
     /// The client asked for `stream_options.include_usage` itself.
     client_wants_usage: bool,
     pending: Option<Bytes>,
+    first_flushed: bool,
     usage: Option<(u64, u64)>,
     prompt_chars: usize,
     output_chars: usize,
@@ -62,6 +63,7 @@ pub fn relay(
         metrics,
         client_wants_usage,
         pending: None,
+        first_flushed: false,
         usage: None,
         prompt_chars,
         output_chars: 0,
@@ -71,11 +73,24 @@ pub fn relay(
     let first = std::mem::take(&mut relay.committed.opened.first);
     relay.pending = relay.forward(first);
     futures_util::stream::unfold(relay, |mut relay| async move {
+        if relay.pending.is_none() && !std::mem::replace(&mut relay.first_flushed, true) {
+            // The server writes when the body stream pends: pending once right after the first
+            // chunk puts it on the wire at once, even when the upstream's next events are
+            // already waiting (time to first token).
+            tokio::task::yield_now().await;
+        }
         loop {
             if let Some(bytes) = relay.pending.take() {
                 return Some((Ok(bytes), relay));
             }
             if relay.ended.is_some() {
+                // After a clean end, read the upstream to its end (normally just the chunked
+                // terminator after `[DONE]`) so its keep-alive connection goes back to the pool;
+                // bounded, and the client already has `[DONE]`.
+                if relay.ended.as_ref().is_some_and(|end| !end.broken) {
+                    let drain = async { while relay.committed.opened.rest.next().await.is_some() {} };
+                    let _ = tokio::time::timeout(std::time::Duration::from_millis(100), drain).await;
+                }
                 return None;
             }
             let next = tokio::time::timeout(relay.committed.idle_timeout, relay.committed.opened.rest.next()).await;
