@@ -172,6 +172,30 @@ async fn a_client_that_goes_away_stops_the_upstream() {
     assert_eq!(counts["completed"], 0, "nothing kept generating for nobody: {counts}");
 }
 
+/// actix-web notices a vanished client when it writes, so a call abandoned before the first
+/// token is dropped at its commit point at the latest: the upstream never streams for nobody.
+#[tokio::test]
+async fn a_client_that_goes_away_before_the_first_token_stops_the_upstream_too() {
+    let stack = Stack::start().await;
+    stack.mock_target("waiting", "ttfb:2000;chunks:100;chunkdelay:100", json!({})).await;
+    stack.put_route("waiting", json!({"targets": ["waiting"]})).await;
+    let (key, _) = stack.key(None).await;
+    let request = stack
+        .client
+        .post(format!("http://{}/v1/chat/completions", stack.proxy))
+        .bearer_auth(&key)
+        .json(&stream_body("waiting"));
+    // Give up while Shield waits for the first token.
+    let _ = tokio::time::timeout(Duration::from_millis(500), request.send()).await;
+    let url = format!("http://{}/_mock/streams?id=waiting", stack.mock);
+    let counts = eventually(10, "the waiting upstream to be dropped", || async {
+        let counts: Value = reqwest::get(&url).await.ok()?.json().await.ok()?;
+        (counts["dropped"] == 1).then_some(counts)
+    })
+    .await;
+    assert_eq!(counts["completed"], 0, "{counts}");
+}
+
 #[tokio::test]
 async fn curl_n_and_the_official_sdk_stream_unchanged() {
     let stack = Stack::start().await;

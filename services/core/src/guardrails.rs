@@ -62,3 +62,112 @@ impl GuardrailPolicy {
         problems.into_result()
     }
 }
+
+/// One guardrail's verdict on a text, as reported in `x_shield.guardrail_results`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuardrailResult {
+    pub name: &'static str,
+    pub mode: Mode,
+    /// `false` when the detector found something (whatever the mode made of it).
+    pub passed: bool,
+    /// Kind → count; never the matched text.
+    pub findings: crate::detect::Findings,
+}
+
+/// The guardrails' verdict on one text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    pub results: Vec<GuardrailResult>,
+    /// Guardrails that did not pass but allowed the text (monitor, warn): what rules' `flagged`
+    /// condition reads.
+    pub flagged: Vec<&'static str>,
+    /// The first guardrail in `block` mode that did not pass.
+    pub blocked_by: Option<&'static str>,
+}
+
+impl GuardrailPolicy {
+    /// Runs every enabled detector over `text`.
+    pub fn check(&self, text: &str) -> Verdict {
+        let mut verdict = Verdict::default();
+        for (name, detector, run) in [
+            ("pii_detection", &self.pii_detection, crate::detect::pii as fn(&str) -> crate::detect::Findings),
+            ("secrets_detection", &self.secrets_detection, crate::detect::secrets),
+        ] {
+            if detector.mode == Mode::Off {
+                continue;
+            }
+            let findings = run(text);
+            let passed = findings.is_empty();
+            if !passed {
+                match detector.mode {
+                    Mode::Block => {
+                        verdict.blocked_by.get_or_insert(name);
+                    }
+                    _ => verdict.flagged.push(name),
+                }
+            }
+            verdict.results.push(GuardrailResult { name, mode: detector.mode, passed, findings });
+        }
+        verdict
+    }
+
+    /// Tool RBAC on an answer: with the kill switch every tool call is refused; a role listed in
+    /// `allowed_by_role` may call only its tools; other roles are not restricted. Returns the
+    /// first tool refused.
+    pub fn refused_tool<'t>(&self, role: Option<&str>, tools: &[&'t str]) -> Option<&'t str> {
+        if self.tools.kill_switch {
+            return tools.first().copied();
+        }
+        let allowed = role.and_then(|r| self.tools.allowed_by_role.get(r))?;
+        tools.iter().find(|tool| !allowed.iter().any(|a| a == *tool)).copied()
+    }
+
+    /// Human-readable name of a guardrail, for refusal messages.
+    pub fn title(name: &str) -> &'static str {
+        match name {
+            "pii_detection" => "PII detection",
+            "secrets_detection" => "secrets detection",
+            _ => "a guardrail",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(pii: Mode, secrets: Mode) -> GuardrailPolicy {
+        GuardrailPolicy {
+            pii_detection: Detector { mode: pii },
+            secrets_detection: Detector { mode: secrets },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn modes_decide_flagged_or_blocked() {
+        let text = "mail jane@example.com, key sk-proj-abcdefghijklmnopqrstuvwxyz012345";
+        let v = policy(Mode::Monitor, Mode::Block).check(text);
+        assert_eq!(v.flagged, vec!["pii_detection"]);
+        assert_eq!(v.blocked_by, Some("secrets_detection"));
+        assert!(v.results.iter().all(|r| !r.passed));
+        let v = policy(Mode::Off, Mode::Off).check(text);
+        assert!(v.results.is_empty() && v.flagged.is_empty() && v.blocked_by.is_none());
+        let v = policy(Mode::Warn, Mode::Monitor).check("nothing to see");
+        assert!(v.results.iter().all(|r| r.passed) && v.flagged.is_empty());
+        assert!(!format!("{v:?}").contains("jane"), "findings never carry the text");
+    }
+
+    #[test]
+    fn tool_rbac() {
+        let mut p = GuardrailPolicy::default();
+        p.tools.allowed_by_role.insert("contractor".into(), vec!["search".into()]);
+        assert_eq!(p.refused_tool(Some("contractor"), &["search"]), None);
+        assert_eq!(p.refused_tool(Some("contractor"), &["search", "shell"]), Some("shell"));
+        assert_eq!(p.refused_tool(Some("admin"), &["shell"]), None, "roles without a list are not restricted");
+        assert_eq!(p.refused_tool(None, &["shell"]), None);
+        p.tools.kill_switch = true;
+        assert_eq!(p.refused_tool(Some("admin"), &["search"]), Some("search"));
+        assert_eq!(p.refused_tool(Some("admin"), &[]), None);
+    }
+}

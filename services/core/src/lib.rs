@@ -6,6 +6,7 @@
 //! clock and holds no global state: time, randomness and nonces are passed in.
 
 pub mod breaker;
+pub mod detect;
 pub mod error;
 pub mod guardrails;
 pub mod keys;

@@ -8,13 +8,15 @@ use serde::Serialize;
 
 use rand::Rng;
 
-use crate::route::{Route, Strategy};
+use crate::route::{Route, Rule, Strategy};
 use crate::target::{AuthMode, Target};
 
 /// Why a candidate is not eligible for this request (a closed set; also a metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Exclusion {
+    /// Not in the set the matched rule narrowed the route to.
+    Rule,
     Disabled,
     /// This process's circuit breaker for the target is open (or its half-open probe is out).
     CircuitOpen,
@@ -26,6 +28,7 @@ pub enum Exclusion {
 impl Exclusion {
     pub fn as_str(self) -> &'static str {
         match self {
+            Exclusion::Rule => "rule",
             Exclusion::Disabled => "disabled",
             Exclusion::CircuitOpen => "circuit_open",
             Exclusion::Unknown => "unknown_target",
@@ -37,6 +40,15 @@ impl Exclusion {
 /// What the proxy knows about the request and its own state, as plain data.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
+    /// Guardrails that flagged the input but allowed it (monitor, warn).
+    pub flagged: BTreeSet<String>,
+    /// `X-Shield-Data-Class`.
+    pub data_class: Option<String>,
+    /// From the caller's API key, never from a header.
+    pub agent: Option<String>,
+    pub role: Option<String>,
+    /// Characters of the prompt / 4.
+    pub prompt_tokens: u64,
     /// The caller sent `X-Shield-Upstream-Key` (for passthrough targets).
     pub has_upstream_key: bool,
     /// Targets whose vault secret is in the snapshot, decrypts, and is bound to their host.
@@ -55,14 +67,33 @@ pub struct Excluded {
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Plan {
+    /// The index of the rule that decided (first match), if any.
+    pub rule: Option<usize>,
+    /// A `deny` rule refused the call with this reason: nothing is tried.
+    pub denied: Option<String>,
     /// The eligible set in the order attempts will go.
     pub order: Vec<String>,
     pub excluded: Vec<Excluded>,
 }
 
+/// ROUTING.md steps 2, 4 and 5: the first matching rule narrows (or denies), admission
+/// excludes with reasons, the strategy orders what is left. Nothing outside the rule's set is
+/// ever in `order` (the narrowing invariant).
 pub fn plan(route: &Route, targets: &BTreeMap<String, Target>, facts: &Facts, rng: &mut impl Rng) -> Plan {
     let mut out = Plan::default();
+    let matched = route.rules.iter().position(|rule| matches(rule, facts));
+    out.rule = matched;
+    if let Some(reason) = matched.and_then(|i| route.rules[i].deny.clone()) {
+        out.denied = Some(reason);
+        return out;
+    }
     for id in &route.targets {
+        if let Some(rule) = matched.map(|i| &route.rules[i])
+            && !selects(rule, id, targets)
+        {
+            out.excluded.push(Excluded { target: id.clone(), reason: Exclusion::Rule });
+            continue;
+        }
         match admit(targets.get(id), facts) {
             Ok(()) => out.order.push(id.clone()),
             Err(reason) => out.excluded.push(Excluded { target: id.clone(), reason }),
@@ -70,6 +101,29 @@ pub fn plan(route: &Route, targets: &BTreeMap<String, Target>, facts: &Facts, rn
     }
     out.order = order(route, facts, out.order, rng);
     out
+}
+
+/// Seed §3.2: all present conditions hold; `location_required` is not a test ("As built").
+pub fn matches(rule: &Rule, facts: &Facts) -> bool {
+    let when = &rule.when;
+    let one_of = |values: &Option<Vec<String>>, fact: Option<&str>| match values {
+        None => true,
+        Some(values) => fact.is_some_and(|f| values.iter().any(|v| v == f)),
+    };
+    when.flagged.as_ref().is_none_or(|names| names.iter().any(|n| facts.flagged.contains(n)))
+        && one_of(&when.data_class, facts.data_class.as_deref())
+        && one_of(&when.agent, facts.agent.as_deref())
+        && one_of(&when.role, facts.role.as_deref())
+        && when.prompt_tokens_over.is_none_or(|limit| facts.prompt_tokens > limit)
+}
+
+/// Whether a matched rule keeps `id`: in its `use` list (when it has one) and at its required
+/// location (when it sets one).
+fn selects(rule: &Rule, id: &str, targets: &BTreeMap<String, Target>) -> bool {
+    let listed = rule.use_targets.as_ref().is_none_or(|use_targets| use_targets.iter().any(|t| t == id));
+    let located =
+        rule.when.location_required.is_none_or(|location| targets.get(id).is_some_and(|t| t.location == location));
+    listed && located
 }
 
 fn admit(target: Option<&Target>, facts: &Facts) -> Result<(), Exclusion> {
@@ -159,6 +213,10 @@ impl Ewma {
         self.0
     }
 }
+
+#[cfg(test)]
+#[path = "narrowing_tests.rs"]
+mod narrowing_tests;
 
 #[cfg(test)]
 mod tests {

@@ -130,6 +130,47 @@ pub struct Budget {
     pub fallback_targets: Vec<String>,
 }
 
+impl Rule {
+    /// The rule in plain words, e.g. "If the prompt is flagged by PII detection → only
+    /// onprem-qwen" (the portal and the simulator show it).
+    pub fn describe(&self) -> String {
+        let w = &self.when;
+        let list = |values: &[String]| values.join(" or ");
+        let mut conditions = Vec::new();
+        if let Some(names) = &w.flagged {
+            let titles: Vec<&str> = names.iter().map(|n| crate::guardrails::GuardrailPolicy::title(n)).collect();
+            conditions.push(format!("the prompt is flagged by {}", titles.join(" or ")));
+        }
+        if let Some(values) = &w.data_class {
+            conditions.push(format!("the data class is {}", list(values)));
+        }
+        if let Some(values) = &w.agent {
+            conditions.push(format!("the agent is {}", list(values)));
+        }
+        if let Some(values) = &w.role {
+            conditions.push(format!("the role is {}", list(values)));
+        }
+        if let Some(tokens) = w.prompt_tokens_over {
+            conditions.push(format!("the prompt is over {tokens} tokens"));
+        }
+        let when =
+            if conditions.is_empty() { "Always".to_string() } else { format!("If {}", conditions.join(" and ")) };
+        let mut then = match (&self.deny, &self.use_targets) {
+            (Some(reason), _) => format!("refuse: \"{reason}\""),
+            (None, Some(targets)) => format!("only {}", targets.join(", ")),
+            (None, None) => "any target".to_string(),
+        };
+        if let (None, Some(location)) = (&self.deny, w.location_required) {
+            let place = match location {
+                Location::Cloud => "cloud",
+                Location::OnPrem => "on-prem",
+            };
+            then = format!("{then}, {place} only");
+        }
+        format!("{when} → {then}")
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AtLimit {

@@ -83,6 +83,23 @@ impl ChatRequest {
         self.fields.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false)
     }
 
+    /// The prompt's text (message contents, text parts included), for the input guardrails.
+    pub fn prompt_text(&self) -> String {
+        let messages = self.fields.get("messages").and_then(Value::as_array);
+        let mut text = String::new();
+        for content in messages.into_iter().flatten().filter_map(|m| m.get("content")) {
+            match content {
+                Value::String(s) => text.push_str(s),
+                Value::Array(parts) => {
+                    parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).for_each(|s| text.push_str(s))
+                }
+                _ => {}
+            }
+            text.push('\n');
+        }
+        text
+    }
+
     /// Characters of the prompt's text (message contents, text parts included): the basis of
     /// token estimates at 4 characters a token.
     pub fn prompt_chars(&self) -> usize {

@@ -1,21 +1,28 @@
 //! `POST /v1/chat/completions`, in the order it runs: loop check → authenticate → read and
-//! parse the body once → resolve the tenant's route (or take the default path) → dispatch with
-//! failover → respond with the routing record.
+//! parse the body once → input guardrails (once, before routing) → resolve the tenant's route
+//! (or take the default path) → rules and dispatch with failover → output guardrails and tool
+//! RBAC (once, on the answer returned) → respond with the routing record. [`pipeline`] is the
+//! part shared with the Shield-native endpoint; the rest renders OpenAI's shapes.
+
+use std::time::Instant;
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::HeaderMap as InboundHeaders;
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, ResponseError, post, web};
 use serde_json::{Value, json};
+use shield_core::plan::Facts;
 
 use crate::auth::authenticate;
 use crate::body::{self, ChatRequest};
 use crate::dispatch::{Call, Committed, HOP_HEADER, Routed, RoutedResult, dispatch, dispatch_stream};
 use crate::egress::Egress;
 use crate::error::{ProxyError, openai_error};
+use crate::guard::{self, StreamGuard};
 use crate::metrics::Observed;
 use crate::{ProxyState, default_path};
 
 pub const UPSTREAM_KEY_HEADER: &str = "x-shield-upstream-key";
+pub const DATA_CLASS_HEADER: &str = "x-shield-data-class";
 
 #[post("/v1/chat/completions")]
 pub async fn chat_completions(
@@ -24,87 +31,140 @@ pub async fn chat_completions(
     state: web::Data<ProxyState>,
     egress: web::Data<Egress>,
 ) -> HttpResponse {
-    handle(req, payload, &state, &egress).await.unwrap_or_else(|err| err.error_response())
+    let result = async {
+        let caller = admit(&req, &state).await?;
+        let raw = body::read(payload).await?;
+        let request = ChatRequest::parse(&raw)?;
+        Ok::<_, ProxyError>(match pipeline(&req, caller, raw, &request, &state, &egress, true).await? {
+            Outcome::Relayed(response) => response,
+            Outcome::InputBlocked { reason, guardrails } => refusal(&request, &reason, None, guardrails),
+            Outcome::Routed { routed, guardrails } => respond(routed, &request, guardrails),
+        })
+    };
+    result.await.unwrap_or_else(|err| err.error_response())
 }
 
-async fn handle(
-    req: HttpRequest,
-    payload: web::Payload,
+/// What the shared part of the request path came to.
+pub enum Outcome {
+    /// Already a response: the default path's relay, or a committed stream.
+    Relayed(HttpResponse),
+    /// The input guardrails refused the request before routing.
+    InputBlocked { reason: String, guardrails: Vec<Value> },
+    /// A routed, non-streaming call (answered, refused or failed).
+    Routed { routed: Routed, guardrails: Vec<Value> },
+}
+
+/// The loop check and the caller's key, before the body is read: who may be answered at all.
+pub async fn admit(req: &HttpRequest, state: &ProxyState) -> Result<Caller, ProxyError> {
+    let hop = inbound_hop(req.headers(), state.config.max_hops)?;
+    let key = authenticate(req, &state.caches).await?;
+    Ok(Caller { key, hop, arrived: Instant::now() })
+}
+
+/// An authenticated caller.
+pub struct Caller {
+    pub key: std::sync::Arc<shield_core::snapshot::ApiKeyRecord>,
+    pub hop: u32,
+    pub arrived: Instant,
+}
+
+/// Input guardrails → route → dispatch → output guardrails. `allow_stream` is false for
+/// endpoints that do not stream.
+pub async fn pipeline(
+    req: &HttpRequest,
+    caller: Caller,
+    raw: web::Bytes,
+    request: &ChatRequest,
     state: &ProxyState,
     egress: &Egress,
-) -> Result<HttpResponse, ProxyError> {
-    let started = std::time::Instant::now();
-    let hop = inbound_hop(req.headers(), state.config.max_hops)?;
-    let caller = authenticate(&req, &state.caches).await?;
-    let raw = body::read(payload).await?;
-    let request = ChatRequest::parse(&raw)?;
+    allow_stream: bool,
+) -> Result<Outcome, ProxyError> {
+    let (started, hop, caller) = (caller.arrived, caller.hop, caller.key);
+    let tenant = state.tenant_config(&caller.tenant).await;
 
-    let tenant = match state.config.routing_enabled {
-        true => state.tenant_config(&caller.tenant).await,
-        false => None,
-    };
+    // Seed §5: input guardrails run once, before routing, whatever path the call takes.
+    let input = tenant.as_deref().map(|t| t.snapshot.guardrails.check(&request.prompt_text())).unwrap_or_default();
+    let mut guardrails = guard::results_json("input", &input.results);
+    if let Some(name) = input.blocked_by {
+        return Ok(Outcome::InputBlocked { reason: guard::blocked_reason("input", name), guardrails });
+    }
+
+    let routing = tenant.as_deref().filter(|_| state.config.routing_enabled);
     let Some((tenant, route)) =
-        tenant.as_deref().and_then(|t| t.snapshot.routes.get(&request.model).filter(|r| r.enabled).map(|r| (t, r)))
+        routing.and_then(|t| t.snapshot.routes.get(&request.model).filter(|r| r.enabled).map(|r| (t, r)))
     else {
-        return default_path::forward(state, egress, &request.model, raw, hop + 1).await;
+        return default_path::forward(state, egress, &request.model, raw, hop + 1).await.map(Outcome::Relayed);
     };
     request.check_routable()?;
+    if request.stream() && !allow_stream {
+        return Err(ProxyError::BadRequest("this endpoint does not stream; send stream: false".into()));
+    }
+    let facts = Facts {
+        flagged: input.flagged.iter().map(|f| f.to_string()).collect(),
+        data_class: req.headers().get(DATA_CLASS_HEADER).and_then(|v| v.to_str().ok()).map(|v| v.trim().to_string()),
+        agent: caller.agent.clone(),
+        role: caller.role.clone(),
+        prompt_tokens: (request.prompt_chars() as u64).div_ceil(4),
+        ..Facts::default()
+    };
     let upstream_key = req.headers().get(UPSTREAM_KEY_HEADER).and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
-    let call = Call { tenant, route, request: &request, upstream_key, next_hop: hop + 1 };
+    let call = Call { tenant, route, request, upstream_key, next_hop: hop + 1, facts };
+    let observe =
+        |routed_route: &str, target: Option<&str>, halt: &str, attempts: &[shield_core::run::Attempt], stream| {
+            let total = started.elapsed();
+            state.metrics.routed(Observed {
+                tenant: &caller.tenant,
+                route: routed_route,
+                target,
+                halt,
+                attempts,
+                total,
+                stream,
+            });
+        };
+
     if request.stream() {
         return Ok(match dispatch_stream(egress, &state.health, call).await {
             Ok(committed) => {
-                let attempts = &committed.run.attempts;
-                let m = &state.metrics;
-                m.routed(Observed {
-                    tenant: &caller.tenant,
-                    route: &committed.route,
-                    target: Some(&committed.target),
-                    halt: "committed",
-                    attempts,
-                    total: started.elapsed(),
-                    stream: true,
-                });
-                stream_response(committed, state, &request)
+                observe(&committed.route, Some(&committed.target), "committed", &committed.run.attempts, true);
+                let output = StreamGuard::new(tenant.snapshot.guardrails.clone(), caller.role.clone());
+                Outcome::Relayed(stream_response(committed, state, request, output))
             }
             Err(routed) => {
-                let m = &state.metrics;
-                m.routed(Observed {
-                    tenant: &caller.tenant,
-                    route: &routed.route,
-                    target: None,
-                    halt: routed.halt.as_str(),
-                    attempts: &routed.attempts,
-                    total: started.elapsed(),
-                    stream: true,
-                });
-                respond(routed)
+                observe(&routed.route, None, routed.halt.as_str(), &routed.attempts, true);
+                Outcome::Routed { routed, guardrails }
             }
         });
     }
-    let routed = dispatch(egress, &state.health, call).await;
+    let mut routed = dispatch(egress, &state.health, call).await;
+    // Seed §5: output guardrails and tool RBAC once, on the answer actually returned.
+    if let RoutedResult::Answer { target, body, .. } = &routed.result {
+        let (verdict, allowed) = guard::check_answer(&tenant.snapshot.guardrails, caller.role.as_deref(), body);
+        guardrails.extend(guard::results_json("output", &verdict.results));
+        if let Err(reason) = allowed {
+            routed.result = RoutedResult::Refusal { reason, target: Some(target.clone()) };
+        }
+    }
     let target = match &routed.result {
         RoutedResult::Answer { target, .. } | RoutedResult::Refused { target, .. } => Some(target.as_str()),
+        RoutedResult::Refusal { target, .. } => target.as_deref(),
         RoutedResult::Unavailable => None,
     };
-    state.metrics.routed(Observed {
-        tenant: &caller.tenant,
-        route: &routed.route,
-        target,
-        halt: routed.halt.as_str(),
-        attempts: &routed.attempts,
-        total: started.elapsed(),
-        stream: false,
-    });
+    observe(&routed.route, target, routed.halt.as_str(), &routed.attempts, false);
     tracing::debug!(
         tenant = %caller.tenant, route = %routed.route, halt = routed.halt.as_str(), attempts = routed.attempts.len(),
         failovers = routed.failovers, "routed"
     );
-    Ok(respond(routed))
+    Ok(Outcome::Routed { routed, guardrails })
 }
 
 /// The committed stream's response: routing headers on the head, then the relayed events.
-fn stream_response(committed: Committed, state: &ProxyState, request: &ChatRequest) -> HttpResponse {
+fn stream_response(
+    committed: Committed,
+    state: &ProxyState,
+    request: &ChatRequest,
+    output: StreamGuard,
+) -> HttpResponse {
     let failovers = committed.run.attempts.iter().filter(|a| a.outcome == "failed").count();
     let mut response = HttpResponse::Ok();
     response
@@ -115,14 +175,15 @@ fn stream_response(committed: Committed, state: &ProxyState, request: &ChatReque
         .insert_header(("x-shield-target", committed.target.as_str()))
         .insert_header(("x-shield-failovers", failovers.to_string()))
         .insert_header(("x-shield-budget", "ok"));
-    let body = crate::relay::relay(
+    let (health, metrics) = (state.health.clone(), state.metrics.clone());
+    response.streaming(crate::relay::relay(
         committed,
-        state.health.clone(),
-        state.metrics.clone(),
+        health,
+        metrics,
+        output,
         request.wants_usage(),
         request.prompt_chars(),
-    );
-    response.streaming(body)
+    ))
 }
 
 /// `X-Shield-Hop` of the inbound request; at `SHIELD_MAX_HOPS` or more the call is refused.
@@ -138,14 +199,18 @@ pub fn inbound_hop(headers: &InboundHeaders, max_hops: u32) -> Result<u32, Proxy
     if hop >= max_hops { Err(ProxyError::LoopDetected(hop)) } else { Ok(hop) }
 }
 
-fn routing_record(routed: &Routed, target: Option<&str>) -> Value {
+pub fn routing_record(routed: &Routed, target: Option<&str>) -> Value {
+    let reason = match &routed.result {
+        RoutedResult::Refusal { reason, .. } => Some(reason.as_str()),
+        _ => None,
+    };
     json!({
         "route": routed.route, "target": target, "attempts": routed.attempts, "excluded": routed.excluded,
-        "rule": null, "cost": null, "cost_micros": null, "halt": routed.halt, "budget": "ok",
+        "rule": routed.rule, "reason": reason, "cost": null, "cost_micros": null, "halt": routed.halt, "budget": "ok",
     })
 }
 
-fn with_routing_headers(
+pub fn with_routing_headers(
     mut response: HttpResponseBuilder,
     routed: &Routed,
     target: Option<&str>,
@@ -159,18 +224,24 @@ fn with_routing_headers(
     response
 }
 
-fn respond(mut routed: Routed) -> HttpResponse {
+fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Value>) -> HttpResponse {
+    let x_shield = |routed: &Routed, target: Option<&str>| json!({"routing": routing_record(routed, target), "guardrail_results": guardrails});
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, mut body } => {
             // Written into the upstream's own map: the answer is not copied.
             body.insert("model".into(), Value::String(model));
-            body.insert("x_shield".into(), json!({"routing": routing_record(&routed, Some(&target))}));
+            body.insert("x_shield".into(), x_shield(&routed, Some(&target)));
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(body)
+        }
+        RoutedResult::Refusal { reason, target } => {
+            routed.result = RoutedResult::Refusal { reason: reason.clone(), target: target.clone() };
+            let head = with_routing_headers(HttpResponse::Ok(), &routed, target.as_deref());
+            refusal_response(head, request, &reason, x_shield(&routed, target.as_deref()))
         }
         RoutedResult::Refused { target, status, body } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
             let mut error = refused_error(&target, status, body.as_deref());
-            error["x_shield"] = json!({"routing": routing_record(&routed, Some(&target))});
+            error["x_shield"] = x_shield(&routed, Some(&target));
             with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error)
         }
         RoutedResult::Unavailable => {
@@ -178,10 +249,42 @@ fn respond(mut routed: Routed) -> HttpResponse {
             let mut error = openai_error(&message, "upstream_error", routed.halt.as_str(), Value::Null);
             error["error"]["attempts"] = json!(routed.attempts);
             error["error"]["excluded"] = json!(routed.excluded);
-            error["x_shield"] = json!({"routing": routing_record(&routed, None)});
+            error["x_shield"] = x_shield(&routed, None);
             with_routing_headers(HttpResponse::build(status), &routed, None).json(error)
         }
     }
+}
+
+/// A refusal before routing (an input guardrail in block mode).
+fn refusal(request: &ChatRequest, reason: &str, routing: Option<Value>, guardrails: Vec<Value>) -> HttpResponse {
+    let x_shield = json!({"routing": routing.unwrap_or_else(|| json!({"reason": reason, "halt": "denied"})), "guardrail_results": guardrails});
+    refusal_response(HttpResponse::Ok(), request, reason, x_shield)
+}
+
+/// API.md: a refusal is HTTP 200 with one choice, `finish_reason: "content_filter"` and the
+/// reason as its content, in the shape the client asked for (a completion, or an SSE stream).
+fn refusal_response(
+    mut head: HttpResponseBuilder,
+    request: &ChatRequest,
+    reason: &str,
+    x_shield: Value,
+) -> HttpResponse {
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let id = format!("chatcmpl-shield-{created:x}");
+    if request.stream() {
+        let chunk = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": request.model,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": reason}, "finish_reason": "content_filter"}],
+            "x_shield": x_shield});
+        return head
+            .insert_header(("content-type", "text/event-stream"))
+            .body(format!("data: {chunk}\n\ndata: [DONE]\n\n"));
+    }
+    head.json(json!({
+        "id": id, "object": "chat.completion", "created": created, "model": request.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": reason}, "finish_reason": "content_filter"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "x_shield": x_shield,
+    }))
 }
 
 /// An upstream 4xx in OpenAI error shape, naming the target. A 401/403 is the target's

@@ -29,6 +29,8 @@ pub const HOP_HEADER: &str = "x-shield-hop";
 /// What a routed call came to (before any stream is relayed).
 pub struct Routed {
     pub route: String,
+    /// The rule that decided: `{index, description}`.
+    pub rule: Option<Value>,
     pub attempts: Vec<Attempt>,
     pub excluded: Vec<Excluded>,
     pub halt: Halt,
@@ -43,6 +45,9 @@ pub enum RoutedResult {
     Refused { target: String, status: u16, body: Option<Vec<u8>> },
     /// Nothing usable: every attempt failed, none was possible, or the deadline passed.
     Unavailable,
+    /// A `deny` rule refused the call (nothing was tried), or Shield refused the answer
+    /// (output guardrail, tool RBAC): a refusal in the endpoint's shape.
+    Refusal { reason: String, target: Option<String> },
 }
 
 pub struct Call<'a> {
@@ -53,10 +58,14 @@ pub struct Call<'a> {
     pub upstream_key: Option<&'a str>,
     /// The hop count to send upstream.
     pub next_hop: u32,
+    /// What rules read: flagged guardrails, data class, agent, role, prompt size.
+    pub facts: Facts,
 }
 
 /// The loop's result: the run so far and, when an attempt succeeded, its product.
 struct Loop<T> {
+    rule: Option<usize>,
+    denied: Option<String>,
     run: Run,
     excluded: Vec<Excluded>,
     success: Option<Success<T>>,
@@ -84,8 +93,10 @@ where
         vault_ready: call.tenant.vault_ready.clone(),
         circuit_open,
         latency_ms,
+        ..call.facts.clone()
     };
     let planned = plan(call.route, &call.tenant.snapshot.targets, &facts, rng);
+    let (rule, denied) = (planned.rule, planned.denied);
     let mut excluded = planned.excluded;
     let mut run = Run::new(planned.order, call.route.failover.max_attempts, call.route.failover.on.clone());
     let mut last_failure = None;
@@ -104,7 +115,7 @@ where
             Ok((status, value)) => {
                 run.record(&target.model, Ok(()), Some(status), ms);
                 let success = Success { target: id, model: target.model.clone(), value, permit, started };
-                return Loop { run, excluded, success: Some(success), last_failure };
+                return Loop { rule, denied, run, excluded, success: Some(success), last_failure };
             }
             Err(failure) => {
                 health.record(tenant, &id, permit, Err(failure.class), ms);
@@ -113,7 +124,7 @@ where
             }
         }
     }
-    Loop { run, excluded, success: None, last_failure }
+    Loop { rule, denied, run, excluded, success: None, last_failure }
 }
 
 /// A non-streaming routed call.
@@ -140,12 +151,14 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
             );
             RoutedResult::Answer { target: success.target, model: success.model, body: success.value }
         }
-        None => refused_or_unavailable(&outcome.run, outcome.last_failure),
+        None => return unsuccessful(&call, outcome),
     };
+    let rule = rule_record(&call, outcome.rule);
     let mut run = outcome.run;
     let halt = halt_of(&mut run);
     Routed {
         route: call.route.name.clone(),
+        rule,
         failovers: run.failovers(),
         attempts: run.attempts,
         excluded: outcome.excluded,
@@ -154,8 +167,37 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
     }
 }
 
+/// The routing record of a call that produced nothing usable: a denial, a refused request,
+/// or every attempt failed.
+fn unsuccessful<T>(call: &Call<'_>, outcome: Loop<T>) -> Routed {
+    let rule = rule_record(call, outcome.rule);
+    let mut run = outcome.run;
+    let (halt, result) = match outcome.denied {
+        Some(reason) => (Halt::Denied, RoutedResult::Refusal { reason, target: None }),
+        None => {
+            let result = refused_or_unavailable(&run, outcome.last_failure);
+            (halt_of(&mut run), result)
+        }
+    };
+    Routed {
+        route: call.route.name.clone(),
+        rule,
+        failovers: run.failovers(),
+        attempts: run.attempts,
+        excluded: outcome.excluded,
+        halt,
+        result,
+    }
+}
+
+fn rule_record(call: &Call<'_>, index: Option<usize>) -> Option<Value> {
+    let index = index?;
+    Some(serde_json::json!({"index": index, "description": call.route.rules.get(index)?.describe()}))
+}
+
 /// A streamed call that reached its commit point: the relay takes it from here.
 pub struct Committed {
+    pub rule: Option<Value>,
     pub route: String,
     pub tenant: String,
     pub target: String,
@@ -188,6 +230,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
         Some(success) => {
             let idle_timeout = call.tenant.target(&success.target).map(|t| t.idle_timeout_s).unwrap_or(15);
             Ok(Committed {
+                rule: rule_record(&call, outcome.rule),
                 route: call.route.name.clone(),
                 tenant: call.tenant.snapshot.tenant.clone(),
                 target: success.target,
@@ -200,19 +243,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
                 idle_timeout: Duration::from_secs(u64::from(idle_timeout)),
             })
         }
-        None => {
-            let result = refused_or_unavailable(&outcome.run, outcome.last_failure);
-            let mut run = outcome.run;
-            let halt = halt_of(&mut run);
-            Err(Routed {
-                route: call.route.name.clone(),
-                failovers: run.failovers(),
-                attempts: run.attempts,
-                excluded: outcome.excluded,
-                halt,
-                result,
-            })
-        }
+        None => Err(unsuccessful(&call, outcome)),
     }
 }
 

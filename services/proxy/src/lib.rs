@@ -16,9 +16,11 @@ pub mod dispatch;
 pub mod egress;
 pub mod error;
 pub mod flush;
+pub mod guard;
 pub mod health;
 pub mod metrics;
 pub mod models;
+pub mod native;
 pub mod relay;
 pub mod sync;
 pub mod tenant;
@@ -146,6 +148,7 @@ pub struct RequestId(pub HeaderValue);
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(chat::chat_completions)
+        .service(native::chat)
         .service(models::list)
         .service(healthz)
         .service(readyz)

@@ -18,6 +18,7 @@ use shield_core::outcome::Class;
 use shield_core::run::Halt;
 
 use crate::dispatch::Committed;
+use crate::guard::StreamGuard;
 use crate::health::Health;
 use crate::metrics::Metrics;
 
@@ -37,6 +38,8 @@ struct Relay {
     committed: Committed,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    /// Output guardrails and tool RBAC on the text as it flows.
+    output: StreamGuard,
     /// The client asked for `stream_options.include_usage` itself.
     client_wants_usage: bool,
     pending: Option<Bytes>,
@@ -53,6 +56,7 @@ pub fn relay(
     committed: Committed,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    output: StreamGuard,
     client_wants_usage: bool,
     prompt_chars: usize,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
@@ -61,6 +65,7 @@ pub fn relay(
         committed,
         health,
         metrics,
+        output,
         client_wants_usage,
         pending: None,
         first_flushed: false,
@@ -124,6 +129,9 @@ impl Relay {
     /// One upstream chunk to the client: the model set to the target's, usage noted, and the
     /// usage-only chunk Shield asked for kept back unless the client asked too.
     fn forward(&mut self, mut chunk: Value) -> Option<Bytes> {
+        if let Err(reason) = self.output.check(&chunk) {
+            return self.block(&reason);
+        }
         if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
             let tokens = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
             self.usage = Some((tokens("prompt_tokens"), tokens("completion_tokens")));
@@ -148,6 +156,18 @@ impl Relay {
     fn finish(&mut self) -> Option<Bytes> {
         self.end(Ok(()));
         Some(Bytes::from_static(DONE))
+    }
+
+    /// An output guardrail or tool RBAC refused this chunk: it is not sent; the stream ends with
+    /// a content-filter chunk carrying the reason, then `[DONE]`. Not a failure of the target.
+    fn block(&mut self, reason: &str) -> Option<Bytes> {
+        self.end(Ok(()));
+        let chunk = json!({"id": "chatcmpl-shield", "object": "chat.completion.chunk", "model": self.committed.model,
+            "choices": [{"index": 0, "delta": {"content": reason}, "finish_reason": "content_filter"}],
+            "x_shield": {"guardrail_results": crate::guard::results_json("output", &self.output.results)}});
+        let mut bytes = event(&chunk).to_vec();
+        bytes.extend_from_slice(DONE);
+        Some(Bytes::from(bytes))
     }
 
     /// A failure after the commit point: an error chunk, then `[DONE]`.

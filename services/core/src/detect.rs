@@ -1,0 +1,255 @@
+//! Content detectors for the guardrails: personal data (`pii_detection`) and credentials
+//! (`secrets_detection`). Precision matters as much as recall: a flagged prompt is routed
+//! on-prem or refused, so every detector checks structure (Luhn for cards, mod-97 for IBANs,
+//! valid SSN ranges, real key prefixes) rather than shape alone. Findings name the kind and
+//! count only: the matched text never leaves this module.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+/// What a detector found: kind → count. Never the text.
+pub type Findings = BTreeMap<&'static str, usize>;
+
+fn re(pattern: &str) -> Regex {
+    Regex::new(pattern).expect("detector patterns are static and valid")
+}
+
+static EMAIL: LazyLock<Regex> = LazyLock::new(|| re(r"(?i)\b[a-z0-9._%+-]+@([a-z0-9-]+\.)+([a-z]{2,24})\b(:?)"));
+static PHONE: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?x)
+        (?:^|[^\w+])(
+            \+[1-9]\d{0,2}[\s.-]?(?:\(?\d{1,4}\)?[\s.-]?){2,5}\d{2,4}   # +CC …
+          | \(\d{3}\)\s?\d{3}[\s.-]\d{4}                              # (555) 123-4567
+          | \b\d{3}[.-]\d{3}[.-]\d{4}\b                               # 555-123-4567
+        )(?:$|[^\w])")
+});
+static SSN: LazyLock<Regex> = LazyLock::new(|| re(r"\b(\d{3})-(\d{2})-(\d{4})\b"));
+static CARD: LazyLock<Regex> = LazyLock::new(|| re(r"\b(?:\d[ -]?){12,18}\d\b"));
+static IBAN: LazyLock<Regex> = LazyLock::new(|| re(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"));
+
+static PROVIDER_KEY: LazyLock<Regex> =
+    LazyLock::new(|| re(r"\bsk-(?:proj-|ant-(?:api\d{2}-)?|live-|or-v1-)?[A-Za-z0-9_-]{20,}\b"));
+static AWS_KEY: LazyLock<Regex> = LazyLock::new(|| re(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"));
+static GITHUB_TOKEN: LazyLock<Regex> =
+    LazyLock::new(|| re(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})\b"));
+static PRIVATE_KEY: LazyLock<Regex> = LazyLock::new(|| re(r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----"));
+static BEARER: LazyLock<Regex> = LazyLock::new(|| re(r"(?i)\bbearer\s+([A-Za-z0-9._~+/=-]{24,})"));
+
+/// File and code suffixes that look like top-level domains in `name@2x.png` or `pkg@v1.ts`.
+const NOT_TLDS: [&str; 12] = ["png", "jpg", "jpeg", "gif", "svg", "webp", "js", "ts", "py", "rs", "go", "json"];
+
+pub fn pii(text: &str) -> Findings {
+    let mut found = Findings::new();
+    let mut add = |kind, n: usize| {
+        if n > 0 {
+            *found.entry(kind).or_insert(0) += n;
+        }
+    };
+    add(
+        "email",
+        EMAIL
+            .captures_iter(text)
+            .filter(|c| {
+                // `git@github.com:org/repo` is an SSH remote, not a mailbox.
+                let tld = c.get(2).map(|m| m.as_str().to_ascii_lowercase()).unwrap_or_default();
+                c.get(3).is_none_or(|colon| colon.as_str().is_empty()) && !NOT_TLDS.contains(&tld.as_str())
+            })
+            .count(),
+    );
+    add(
+        "phone",
+        PHONE.captures_iter(text).filter(|c| c.get(1).is_some_and(|m| digits(m.as_str()).len() >= 10)).count(),
+    );
+    add("us_ssn", SSN.captures_iter(text).filter(|c| valid_ssn(&c[1], &c[2], &c[3])).count());
+    add(
+        "payment_card",
+        CARD.find_iter(text)
+            .filter(|m| {
+                let d = digits(m.as_str());
+                (13..=19).contains(&d.len()) && card_prefix(&d) && luhn(&d) && standalone(text, m.start(), m.end())
+            })
+            .count(),
+    );
+    add("iban", IBAN.find_iter(text).filter(|m| iban_valid(m.as_str())).count());
+    found
+}
+
+pub fn secrets(text: &str) -> Findings {
+    let mut found = Findings::new();
+    for (kind, regex) in [
+        ("provider_api_key", &*PROVIDER_KEY),
+        ("aws_access_key", &*AWS_KEY),
+        ("github_token", &*GITHUB_TOKEN),
+        ("private_key", &*PRIVATE_KEY),
+    ] {
+        let n = regex.find_iter(text).count();
+        if n > 0 {
+            found.insert(kind, n);
+        }
+    }
+    // A bearer token is a credential when it looks random: letters and digits mixed.
+    let bearer = BEARER
+        .captures_iter(text)
+        .filter(|c| {
+            let token = &c[1];
+            token.bytes().any(|b| b.is_ascii_digit()) && token.bytes().any(|b| b.is_ascii_alphabetic())
+        })
+        .count();
+    if bearer > 0 {
+        found.insert("bearer_token", bearer);
+    }
+    found
+}
+
+/// A digit run is a candidate only as a whole: not the tail or head of a longer run of digit
+/// groups (an IBAN, a long reference number).
+fn standalone(text: &str, start: usize, end: usize) -> bool {
+    let before = &text.as_bytes()[..start];
+    let after = &text.as_bytes()[end..];
+    let glued_before = matches!(before, [.., d, b' ' | b'-'] if d.is_ascii_digit());
+    let glued_after = matches!(after, [b' ' | b'-', d, ..] if d.is_ascii_digit());
+    !glued_before && !glued_after
+}
+
+fn digits(text: &str) -> String {
+    text.chars().filter(char::is_ascii_digit).collect()
+}
+
+fn valid_ssn(area: &str, group: &str, serial: &str) -> bool {
+    let area: u32 = area.parse().unwrap_or(0);
+    area != 0 && area != 666 && area < 900 && group != "00" && serial != "0000"
+}
+
+/// Issuer prefixes of the card networks (Visa, Mastercard, Amex, Discover, JCB, Diners,
+/// UnionPay, Maestro): a random digit run that happens to pass Luhn rarely has one.
+fn card_prefix(d: &str) -> bool {
+    let p = |n: usize| d.get(..n).and_then(|s| s.parse::<u32>().ok()).unwrap_or(0);
+    d.starts_with('4')
+        || (51..=55).contains(&p(2))
+        || (2221..=2720).contains(&p(4))
+        || matches!(p(2), 34 | 37 | 36 | 38 | 62 | 65)
+        || p(4) == 6011
+        || (3528..=3589).contains(&p(4))
+        || (300..=305).contains(&p(3))
+        || matches!(p(2), 50 | 56..=58)
+}
+
+pub fn luhn(d: &str) -> bool {
+    let sum: u32 = d
+        .bytes()
+        .rev()
+        .enumerate()
+        .map(|(i, b)| {
+            let v = u32::from(b - b'0');
+            if i % 2 == 1 {
+                let doubled = v * 2;
+                if doubled > 9 { doubled - 9 } else { doubled }
+            } else {
+                v
+            }
+        })
+        .sum();
+    sum.is_multiple_of(10)
+}
+
+/// ISO 13616: move the first four characters to the end, letters to numbers, mod 97 == 1.
+fn iban_valid(text: &str) -> bool {
+    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    if !(15..=34).contains(&compact.len()) {
+        return false;
+    }
+    let rearranged = format!("{}{}", &compact[4..], &compact[..4]);
+    let mut remainder: u64 = 0;
+    for c in rearranged.chars() {
+        let value = match c {
+            '0'..='9' => u64::from(c as u8 - b'0'),
+            'A'..='Z' => u64::from(c as u8 - b'A') + 10,
+            _ => return false,
+        };
+        remainder = if value >= 10 { (remainder * 100 + value) % 97 } else { (remainder * 10 + value) % 97 };
+    }
+    remainder == 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(found: Findings) -> Vec<&'static str> {
+        found.into_keys().collect()
+    }
+
+    #[test]
+    fn pii_true_positives() {
+        let cases = [
+            ("write to jane.doe@example.com today", vec!["email"]),
+            ("call +1 415 555 2671 or (415) 555-2671", vec!["phone"]),
+            ("my SSN is 123-45-6789", vec!["us_ssn"]),
+            ("card 4111 1111 1111 1111 exp 12/29", vec!["payment_card"]),
+            ("amex 3782-822463-10005", vec!["payment_card"]),
+            ("IBAN DE89 3704 0044 0532 0130 00 please", vec!["iban"]),
+            ("GB82WEST12345698765432", vec!["iban"]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(kinds(pii(text)), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn pii_look_alikes_do_not_fire() {
+        for text in [
+            "order number 4111 1111 1111 1112 shipped",       // 16 digits, fails Luhn
+            "tracking 1234567812345678",                      // passes no issuer/Luhn check
+            "git clone git@github.com:acme/shield.git",       // SSH remote, not a mailbox
+            "use the icon logo@2x.png in the header",         // asset name
+            "npm install left-pad@1.3.0",                     // package version
+            "@app.route('/users') and x@y",                   // decorators and no TLD
+            "ssn-like 000-12-3456 and 666-12-3456",           // invalid SSN areas
+            "build 2024-11-29 took 12.5 s; version 10.2.3.4", // dates and versions
+            "IBAN-like DE89 3704 0044 0532 0130 01",          // bad check digits
+            "call extension 5551",                            // short number
+        ] {
+            assert_eq!(pii(text), Findings::new(), "{text}");
+        }
+    }
+
+    #[test]
+    fn secrets_true_positives() {
+        let cases = [
+            ("key sk-proj-abcdefghijklmnopqrstuvwxyz0123456789", "provider_api_key"),
+            ("ANTHROPIC=sk-ant-api03-abcdefghijklmnopqrstuvwx", "provider_api_key"),
+            ("aws AKIAIOSFODNN7EXAMPLE", "aws_access_key"),
+            ("token ghp_abcdefghijklmnopqrstuvwxyz0123456789", "github_token"),
+            ("-----BEGIN RSA PRIVATE KEY-----\nMIIE...", "private_key"),
+            ("-----BEGIN OPENSSH PRIVATE KEY-----", "private_key"),
+            ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.abc123def456", "bearer_token"),
+        ];
+        for (text, want) in cases {
+            assert_eq!(kinds(secrets(text)), vec![want], "{text}");
+        }
+    }
+
+    #[test]
+    fn secrets_look_alikes_do_not_fire() {
+        for text in [
+            "the sk-learn library (scikit-learn)",
+            "task-1234 and desk-abc",
+            "AKIA is the prefix of AWS access keys",
+            "-----BEGIN PUBLIC KEY-----",
+            "use a bearer token in the Authorization header",
+            "the ghp_ prefix marks GitHub tokens",
+        ] {
+            assert_eq!(secrets(text), Findings::new(), "{text}");
+        }
+    }
+
+    #[test]
+    fn luhn_and_iban_checks() {
+        assert!(luhn("4111111111111111"));
+        assert!(!luhn("4111111111111112"));
+        assert!(iban_valid("DE89 3704 0044 0532 0130 00"));
+        assert!(!iban_valid("DE89 3704 0044 0532 0130 01"));
+    }
+}

@@ -1,0 +1,269 @@
+//! Rules (seed §8 item 2) and the narrowing invariant (item 3): table tests for each condition,
+//! first match, `use`, `deny` and `location_required`; and a property test over random routes,
+//! rules, request facts and failure sequences that no attempt ever leaves the eligible set.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+
+use crate::outcome::Class;
+use crate::parse::from_json_field;
+use crate::plan::{Exclusion, Facts, plan};
+use crate::route::Route;
+use crate::run::{Run, Step};
+use crate::target::{Location, Target};
+
+fn target(id: &str, location: &str) -> Target {
+    let body = serde_json::json!({"id": id, "base_url": "https://x.example.com/v1", "model": "m", "auth": {"mode": "none"}, "location": location});
+    from_json_field(body.to_string().as_bytes()).unwrap()
+}
+
+fn targets() -> BTreeMap<String, Target> {
+    [target("openai-4o", "cloud"), target("azure-4o", "cloud"), target("onprem-qwen", "on_prem")]
+        .into_iter()
+        .map(|t| (t.id.clone(), t))
+        .collect()
+}
+
+/// Seed §3.2's example route.
+fn smart() -> Route {
+    from_json_field(
+        br#"{"name": "smart", "targets": ["openai-4o", "azure-4o", "onprem-qwen"], "rules": [
+            {"when": {"flagged": ["pii_detection", "secrets_detection"]}, "use": ["onprem-qwen"]},
+            {"when": {"data_class": ["restricted"]}, "use": ["onprem-qwen"]},
+            {"when": {"role": ["contractor"]}, "deny": "Contractors cannot use this model"},
+            {"when": {"agent": ["batch"], "location_required": "cloud"}},
+            {"when": {"prompt_tokens_over": 60000}, "use": ["azure-4o"]}
+        ]}"#,
+    )
+    .unwrap()
+}
+
+fn rng() -> rand::rngs::SmallRng {
+    rand::SeedableRng::seed_from_u64(1)
+}
+
+#[test]
+fn each_condition_first_match_use_and_deny() {
+    let facts = |f: fn(&mut Facts)| {
+        let mut facts = Facts::default();
+        f(&mut facts);
+        facts
+    };
+    type Row = (&'static str, Facts, Option<usize>, Vec<&'static str>, Option<&'static str>);
+    let cases: Vec<Row> = vec![
+        ("no rule matches", Facts::default(), None, vec!["openai-4o", "azure-4o", "onprem-qwen"], None),
+        (
+            "flagged by pii",
+            facts(|f| {
+                f.flagged.insert("pii_detection".into());
+            }),
+            Some(0),
+            vec!["onprem-qwen"],
+            None,
+        ),
+        (
+            "flagged by secrets",
+            facts(|f| {
+                f.flagged.insert("secrets_detection".into());
+            }),
+            Some(0),
+            vec!["onprem-qwen"],
+            None,
+        ),
+        ("data class", facts(|f| f.data_class = Some("restricted".into())), Some(1), vec!["onprem-qwen"], None),
+        (
+            "other data class",
+            facts(|f| f.data_class = Some("public".into())),
+            None,
+            vec!["openai-4o", "azure-4o", "onprem-qwen"],
+            None,
+        ),
+        (
+            "role denies",
+            facts(|f| f.role = Some("contractor".into())),
+            Some(2),
+            vec![],
+            Some("Contractors cannot use this model"),
+        ),
+        (
+            "agent with location",
+            facts(|f| f.agent = Some("batch".into())),
+            Some(3),
+            vec!["openai-4o", "azure-4o"],
+            None,
+        ),
+        ("long prompt", facts(|f| f.prompt_tokens = 60_001), Some(4), vec!["azure-4o"], None),
+        (
+            "exactly at the threshold",
+            facts(|f| f.prompt_tokens = 60_000),
+            None,
+            vec!["openai-4o", "azure-4o", "onprem-qwen"],
+            None,
+        ),
+        (
+            "first match wins over a later deny",
+            facts(|f| {
+                f.flagged.insert("pii_detection".into());
+                f.role = Some("contractor".into());
+            }),
+            Some(0),
+            vec!["onprem-qwen"],
+            None,
+        ),
+    ];
+    for (what, facts, rule, order, denied) in cases {
+        let p = plan(&smart(), &targets(), &facts, &mut rng());
+        assert_eq!(p.rule, rule, "{what}");
+        assert_eq!(p.order, order, "{what}");
+        assert_eq!(p.denied.as_deref(), denied, "{what}");
+        for excluded in p.excluded.iter().filter(|e| e.reason == Exclusion::Rule) {
+            assert!(!p.order.contains(&excluded.target), "{what}");
+        }
+    }
+}
+
+#[test]
+fn all_conditions_of_a_rule_must_hold_and_location_alone_always_applies() {
+    let route: Route = from_json_field(
+        br#"{"name": "r", "targets": ["openai-4o", "onprem-qwen"], "rules": [
+            {"when": {"role": ["analyst"], "data_class": ["internal"]}, "use": ["openai-4o"]},
+            {"when": {"location_required": "on_prem"}}
+        ]}"#,
+    )
+    .unwrap();
+    let only_role = Facts { role: Some("analyst".into()), ..Facts::default() };
+    let p = plan(&route, &targets(), &only_role, &mut rng());
+    assert_eq!(
+        (p.rule, p.order),
+        (Some(1), vec!["onprem-qwen".to_string()]),
+        "one condition is not enough; the location rule catches it"
+    );
+    let both = Facts { role: Some("analyst".into()), data_class: Some("internal".into()), ..Facts::default() };
+    assert_eq!(plan(&route, &targets(), &both, &mut rng()).order, vec!["openai-4o"]);
+}
+
+#[test]
+fn rules_describe_themselves_in_plain_words() {
+    let route = smart();
+    assert_eq!(
+        route.rules[0].describe(),
+        "If the prompt is flagged by PII detection or secrets detection → only onprem-qwen"
+    );
+    assert_eq!(route.rules[2].describe(), "If the role is contractor → refuse: \"Contractors cannot use this model\"");
+    assert_eq!(route.rules[3].describe(), "If the agent is batch → any target, cloud only");
+}
+
+/// A route, its targets, the request's facts and a failure sequence.
+type Case = (Route, BTreeMap<String, Target>, Facts, Vec<u8>);
+
+fn arbitrary_case() -> impl Strategy<Value = Case> {
+    let n = 1usize..7;
+    n.prop_flat_map(|n| {
+        let ids: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+        let locations = proptest::collection::vec(any::<bool>(), n);
+        let rule = (
+            proptest::option::of(proptest::sample::subsequence(ids.clone(), 1..=n)),
+            any::<bool>(),
+            proptest::option::of(any::<bool>()),
+            proptest::option::of(prop_oneof![Just("pii_detection"), Just("secrets_detection")]),
+            proptest::option::of(prop_oneof![Just("restricted"), Just("public")]),
+            proptest::option::of(prop_oneof![Just("contractor"), Just("staff")]),
+        );
+        let rules = proptest::collection::vec(rule, 0..4);
+        let facts = (any::<bool>(), any::<bool>(), proptest::option::of(prop_oneof![Just("restricted"), Just("public")]),
+            proptest::option::of(prop_oneof![Just("contractor"), Just("staff")]));
+        let failures = proptest::collection::vec(0u8..5, 0..8);
+        let max_attempts = 1u32..5;
+        (Just(ids), locations, rules, facts, failures, max_attempts)
+    })
+    .prop_map(|(ids, locations, rules, facts, failures, max_attempts)| {
+        let targets: BTreeMap<String, Target> = ids
+            .iter()
+            .zip(&locations)
+            .map(|(id, on_prem)| (id.clone(), target(id, if *on_prem { "on_prem" } else { "cloud" })))
+            .collect();
+        let rules: Vec<serde_json::Value> = rules
+            .into_iter()
+            .map(|(use_targets, deny, location, flagged, data_class, role)| {
+                let mut when = serde_json::Map::new();
+                if let Some(f) = flagged {
+                    when.insert("flagged".into(), serde_json::json!([f]));
+                }
+                if let Some(d) = data_class {
+                    when.insert("data_class".into(), serde_json::json!([d]));
+                }
+                if let Some(r) = role {
+                    when.insert("role".into(), serde_json::json!([r]));
+                }
+                if let Some(on_prem) = location {
+                    when.insert("location_required".into(), serde_json::json!(if on_prem { "on_prem" } else { "cloud" }));
+                }
+                let mut rule = serde_json::json!({"when": when});
+                if deny {
+                    rule["deny"] = serde_json::json!("no");
+                } else {
+                    rule["use"] = serde_json::json!(use_targets.unwrap_or_else(|| ids.clone()));
+                }
+                rule
+            })
+            .collect();
+        let route: Route = from_json_field(
+            serde_json::json!({"name": "r", "targets": ids, "rules": rules, "failover": {"max_attempts": max_attempts}}).to_string().as_bytes(),
+        )
+        .unwrap();
+        let (pii, secrets, data_class, role) = facts;
+        let mut flagged = BTreeSet::new();
+        if pii {
+            flagged.insert("pii_detection".to_string());
+        }
+        if secrets {
+            flagged.insert("secrets_detection".to_string());
+        }
+        let facts = Facts { flagged, data_class: data_class.map(str::to_string), role: role.map(str::to_string), ..Facts::default() };
+        (route, targets, facts, failures)
+    })
+}
+
+proptest! {
+    /// The narrowing invariant: whatever the rules, facts and failures, every attempt goes to a
+    /// target the first matching rule allows (its `use` list and its location), never to a target
+    /// twice, never beyond `max_attempts`; a deny tries nothing.
+    #[test]
+    fn no_attempt_ever_leaves_the_eligible_set((route, targets, facts, failures) in arbitrary_case()) {
+        let p = plan(&route, &targets, &facts, &mut rng());
+        // An oracle written from the spec, not from `plan`: the first rule whose conditions hold.
+        let first = route.rules.iter().position(|rule| {
+            let w = &rule.when;
+            w.flagged.as_ref().is_none_or(|f| f.iter().any(|n| facts.flagged.contains(n)))
+                && w.data_class.as_ref().is_none_or(|d| facts.data_class.as_ref().is_some_and(|c| d.contains(c)))
+                && w.role.as_ref().is_none_or(|r| facts.role.as_ref().is_some_and(|c| r.contains(c)))
+        });
+        prop_assert_eq!(p.rule, first);
+        let allowed = |id: &str| match first.map(|i| &route.rules[i]) {
+            None => route.targets.iter().any(|t| t == id),
+            Some(rule) => {
+                let listed = rule.use_targets.as_ref().is_none_or(|u| u.iter().any(|t| t == id));
+                let located = rule.when.location_required.is_none_or(|l: Location| targets[id].location == l);
+                listed && located
+            }
+        };
+        let mut run = Run::new(p.order.clone(), route.failover.max_attempts, route.failover.on.clone());
+        let mut tried = BTreeSet::new();
+        let mut outcomes = failures.iter();
+        while let Step::Try(id) = run.step(false) {
+            prop_assert!(p.denied.is_none(), "a denied call tries nothing");
+            prop_assert!(allowed(&id), "{} is outside the eligible set", id);
+            prop_assert!(tried.insert(id.clone()), "{} tried twice", id);
+            let result = match outcomes.next().copied().unwrap_or(0) {
+                0 => Ok(()),
+                1 => Err(Class::ServerError),
+                2 => Err(Class::Timeout),
+                3 => Err(Class::RateLimited),
+                _ => Err(Class::Connect),
+            };
+            run.record("m", result, None, 1);
+        }
+        prop_assert!(run.attempts.len() as u32 <= route.failover.max_attempts);
+    }
+}

@@ -1,0 +1,129 @@
+//! `POST /v1/shield/chat/completions`: Shield's native shape (API.md). Request `{model,
+//! messages}` or `{model, prompt, system?}`; response `{id, model, content, finish_reason,
+//! usage, guardrail_results, routing}`; refusals (guardrails, deny rules, tool RBAC) are 403
+//! `{error, guardrail_results, routing}`; every target failed is 502 (deadline 504). The same
+//! request path as the OpenAI endpoint ([`crate::chat::pipeline`]); it does not stream.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, ResponseError, post, web};
+use serde_json::{Map, Value, json};
+
+use crate::ProxyState;
+use crate::body::{self, ChatRequest};
+use crate::chat::{Outcome, admit, pipeline, routing_record, with_routing_headers};
+use crate::dispatch::RoutedResult;
+use crate::egress::Egress;
+use crate::error::ProxyError;
+
+#[post("/v1/shield/chat/completions")]
+pub async fn chat(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<ProxyState>,
+    egress: web::Data<Egress>,
+) -> HttpResponse {
+    let result = async {
+        let caller = admit(&req, &state).await?;
+        let raw = body::read(payload).await?;
+        let fields = native_to_messages(&raw)?;
+        let raw = web::Bytes::from(serde_json::to_vec(&fields).unwrap_or_default());
+        let request = ChatRequest::parse(&raw)?;
+        Ok::<_, ProxyError>(render(pipeline(&req, caller, raw.clone(), &request, &state, &egress, false).await?))
+    };
+    result.await.unwrap_or_else(|err| err.error_response())
+}
+
+/// `{model, prompt, system?}` becomes `{model, messages}`; a body with `messages` is kept.
+fn native_to_messages(raw: &[u8]) -> Result<Map<String, Value>, ProxyError> {
+    let value: Value =
+        serde_json::from_slice(raw).map_err(|e| ProxyError::BadRequest(format!("malformed JSON body: {e}")))?;
+    let Value::Object(mut fields) = value else {
+        return Err(ProxyError::BadRequest("the body must be a JSON object".into()));
+    };
+    if !fields.contains_key("messages") {
+        let prompt = match fields.remove("prompt") {
+            Some(Value::String(prompt)) => prompt,
+            _ => {
+                return Err(ProxyError::BadRequest(
+                    "send `messages`, or `prompt` (a string) with an optional `system`".into(),
+                ));
+            }
+        };
+        let mut messages = Vec::new();
+        if let Some(Value::String(system)) = fields.remove("system") {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        messages.push(json!({"role": "user", "content": prompt}));
+        fields.insert("messages".into(), Value::Array(messages));
+    }
+    Ok(fields)
+}
+
+fn render(outcome: Outcome) -> HttpResponse {
+    match outcome {
+        Outcome::Relayed(response) => response,
+        Outcome::InputBlocked { reason, guardrails } => HttpResponse::Forbidden().json(
+            json!({"error": reason, "guardrail_results": guardrails, "routing": {"reason": reason, "halt": "denied"}}),
+        ),
+        Outcome::Routed { mut routed, guardrails } => {
+            let result = std::mem::replace(&mut routed.result, RoutedResult::Unavailable);
+            let target = match &result {
+                RoutedResult::Answer { target, .. } | RoutedResult::Refused { target, .. } => Some(target.clone()),
+                RoutedResult::Refusal { target, .. } => target.clone(),
+                RoutedResult::Unavailable => None,
+            };
+            let (status, body) = match result {
+                RoutedResult::Answer { model, body, .. } => {
+                    let choice = body.get("choices").and_then(|c| c.get(0));
+                    let answer = json!({
+                        "id": body.get("id"), "model": model,
+                        "content": choice.and_then(|c| c.pointer("/message/content")).cloned().unwrap_or(Value::Null),
+                        "finish_reason": choice.and_then(|c| c.get("finish_reason")).cloned().unwrap_or(Value::Null),
+                        "usage": body.get("usage"),
+                    });
+                    (StatusCode::OK, answer)
+                }
+                RoutedResult::Refusal { reason, target } => {
+                    routed.result = RoutedResult::Refusal { reason: reason.clone(), target };
+                    (StatusCode::FORBIDDEN, json!({"error": reason}))
+                }
+                RoutedResult::Refused { target, status, .. } => {
+                    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+                    (status, json!({"error": format!("target `{target}` answered {}", status.as_u16())}))
+                }
+                RoutedResult::Unavailable => {
+                    let status = if routed.halt == shield_core::run::Halt::Deadline {
+                        StatusCode::GATEWAY_TIMEOUT
+                    } else {
+                        StatusCode::BAD_GATEWAY
+                    };
+                    (
+                        status,
+                        json!({"error": format!("no target of route `{}` answered ({})", routed.route, routed.halt.as_str())}),
+                    )
+                }
+            };
+            let mut body = body;
+            body["guardrail_results"] = json!(guardrails);
+            body["routing"] = routing_record(&routed, target.as_deref());
+            with_routing_headers(HttpResponse::build(status), &routed, target.as_deref()).json(body)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_become_messages() {
+        let fields = native_to_messages(br#"{"model": "m", "prompt": "hi", "system": "be brief"}"#).unwrap();
+        assert_eq!(
+            fields["messages"],
+            json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+        );
+        assert!(native_to_messages(br#"{"model": "m"}"#).is_err());
+        let kept = native_to_messages(br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#).unwrap();
+        assert_eq!(kept["messages"][0]["content"], "x");
+    }
+}
