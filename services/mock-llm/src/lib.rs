@@ -15,7 +15,9 @@
 //!   `ttfb:MS` before the first event, `chunkdelay:MS` between events, `errfirst` (the first
 //!   event is an error), `break:N` (drop the connection after N chunks), `stall:N` (go silent
 //!   after N chunks), `malformed:N` (the N-th event is not JSON), `nodone` (end without
-//!   `[DONE]`), `empty` (a 200 stream that ends cleanly with no event). A usage chunk is
+//!   `[DONE]`), `empty` (a 200 stream that ends cleanly with no event). `say:secret` or
+//!   `say:card` answers (or streams) a canned sensitive text; `tool:NAME` answers a tool
+//!   call. A usage chunk is
 //!   sent when the request asks `stream_options.include_usage`.
 //! * `GET /v1/models`, `GET /mock/{scenario}/v1/models`.
 //! * `GET /_mock/requests[?id=TAG]` — the requests received (method, path, headers, body),
@@ -78,6 +80,8 @@ struct Scenario {
     malformed_at: Option<usize>,
     no_done: bool,
     empty: bool,
+    say: Option<String>,
+    tool: Option<String>,
 }
 
 impl Scenario {
@@ -105,6 +109,8 @@ impl Scenario {
                 "malformed" => s.malformed_at = value.parse().ok(),
                 "nodone" => s.no_done = true,
                 "empty" => s.empty = true,
+                "say" => s.say = Some(value.to_string()),
+                "tool" => s.tool = Some(value.to_string()),
                 _ => {}
             }
         }
@@ -112,7 +118,17 @@ impl Scenario {
     }
 }
 
-fn completion(body: &Value, usage: Option<(u64, u64)>) -> Value {
+/// Canned sensitive answers (`say:secret`, `say:card`), so tests can exercise output
+/// guardrails with inputs that are clean.
+fn canned(say: Option<&str>) -> Option<&'static str> {
+    match say? {
+        "secret" => Some("here is the key: sk-proj-abcdefghijklmnopqrstuvwxyz0123456789 keep it safe"),
+        "card" => Some("the card on file is 4111 1111 1111 1111"),
+        _ => None,
+    }
+}
+
+fn completion(body: &Value, usage: Option<(u64, u64)>, scenario: &Scenario) -> Value {
     let model = body.get("model").and_then(Value::as_str).unwrap_or("mock");
     let last = body
         .get("messages")
@@ -121,12 +137,16 @@ fn completion(body: &Value, usage: Option<(u64, u64)>) -> Value {
         .and_then(|m| m.get("content"))
         .and_then(Value::as_str)
         .unwrap_or("");
-    let content = format!("mock answer to: {last}");
+    let content = canned(scenario.say.as_deref()).map(str::to_string).unwrap_or_else(|| format!("mock answer to: {last}"));
     let prompt_chars = body.get("messages").map(|m| m.to_string().len()).unwrap_or(0) as u64;
     let (input, output) = usage.unwrap_or((prompt_chars.div_ceil(4), (content.len() as u64).div_ceil(4)));
     json!({
         "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "choices": [match &scenario.tool {
+            Some(tool) => json!({"index": 0, "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": tool, "arguments": "{}"}}]}, "finish_reason": "tool_calls"}),
+            None => json!({"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}),
+        }],
         "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output},
     })
 }
@@ -217,7 +237,7 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
             Some("nochoices") => response.json(json!({"id": "x", "object": "chat.completion"})),
             _ => {
                 let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                response.json(completion(&request, scenario.usage))
+                response.json(completion(&request, scenario.usage, &scenario))
             }
         },
         _ => HttpResponse::NotFound()
@@ -276,6 +296,8 @@ fn stream(
                     Bytes::from_static(b"data: {this is not json\n\n")
                 } else if n == 0 {
                     event(&chunk(json!({"role": "assistant", "content": "mock "}), Value::Null))
+                } else if let (1, Some(text)) = (n, canned(scenario.say.as_deref())) {
+                    event(&chunk(json!({"content": text}), Value::Null))
                 } else {
                     event(&chunk(json!({"content": format!("part{n} ")}), Value::Null))
                 }

@@ -1,0 +1,178 @@
+//! Rules and guardrails end to end (seed §1's observable success, §5 "Guardrails are not
+//! bypassable by routing", §8 items 2 and 3): flagged prompts stay on-prem even when a cloud
+//! target is first and cheaper, and when the on-prem target fails the call fails rather than
+//! leaking; deny rules, data classes, input and output blocks, tool RBAC, the native endpoint.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use shield_e2e::stack::{Stack, chat_body};
+
+fn say(text: &str) -> Value {
+    json!({"model": "smart", "messages": [{"role": "user", "content": text}]})
+}
+
+async fn guardrails(stack: &Stack, policy: Value) {
+    let (status, body) = stack.admin_call(Method::PUT, "/v1/tenant/me/guardrails", Some(policy)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// Seed §3.2's route: a cheap cloud target first, on-prem for flagged prompts.
+async fn seed_route(stack: &Stack, onprem_scenario: &str) {
+    stack.mock_target("openai-4o", "", json!({"location": "cloud", "price": {"input_per_mtok": 0.1, "output_per_mtok": 0.1}})).await;
+    stack.mock_target("onprem-qwen", onprem_scenario, json!({"location": "on_prem", "price": {"input_per_mtok": 5, "output_per_mtok": 5}})).await;
+    stack
+        .put_route("smart", json!({"targets": ["openai-4o", "onprem-qwen"], "rules": [
+            {"when": {"flagged": ["pii_detection"]}, "use": ["onprem-qwen"]},
+            {"when": {"data_class": ["restricted"]}, "use": ["onprem-qwen"]},
+            {"when": {"role": ["contractor"]}, "deny": "Contractors cannot use this model"}
+        ]}))
+        .await;
+}
+
+const PII_PROMPT: &str = "Refund jane.doe@example.com, card 4111 1111 1111 1111";
+
+#[tokio::test]
+async fn a_flagged_prompt_goes_only_on_prem_and_never_leaks_when_on_prem_fails() {
+    let stack = Stack::start().await;
+    guardrails(&stack, json!({"pii_detection": {"mode": "monitor"}})).await;
+    seed_route(&stack, "").await;
+    let (key, _) = stack.key(None).await;
+
+    let (status, headers, body) = stack.chat(&key, say(PII_PROMPT), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(headers["x-shield-target"], "onprem-qwen");
+    assert_eq!(body["x_shield"]["routing"]["rule"]["index"], 0);
+    assert_eq!(body["x_shield"]["routing"]["rule"]["description"], "If the prompt is flagged by PII detection → only onprem-qwen");
+    let input = &body["x_shield"]["guardrail_results"][0];
+    assert_eq!((input["phase"].as_str(), input["name"].as_str(), input["passed"].as_bool()), (Some("input"), Some("pii_detection"), Some(false)));
+    assert_eq!(input["findings"], json!({"email": 1, "payment_card": 1}));
+    assert!(!body["x_shield"].to_string().contains("jane.doe"), "results never carry the matched text");
+    assert_eq!(stack.received("openai-4o").await.len(), 0, "the cheaper cloud target never saw the PII");
+
+    // A clean prompt goes to the first (cloud) target.
+    let (_, headers, _) = stack.chat(&key, say("What is the capital of France?"), &[]).await;
+    assert_eq!(headers["x-shield-target"], "openai-4o");
+
+    // With the on-prem target failing, the flagged call fails: no failover outside the rule.
+    let failing = Stack::start().await;
+    guardrails(&failing, json!({"pii_detection": {"mode": "monitor"}})).await;
+    seed_route(&failing, "status:503").await;
+    let (key, _) = failing.key(None).await;
+    let (status, _, body) = failing.chat(&key, say(PII_PROMPT), &[]).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["x_shield"]["routing"]["halt"], "exhausted");
+    assert_eq!(body["error"]["excluded"], json!([{"target": "openai-4o", "reason": "rule"}]));
+    assert_eq!(failing.received("onprem-qwen").await.len(), 1);
+    assert_eq!(failing.received("openai-4o").await.len(), 0, "the cloud target's mock received nothing");
+}
+
+#[tokio::test]
+async fn deny_rules_data_classes_and_roles_come_from_the_key() {
+    let stack = Stack::start().await;
+    seed_route(&stack, "").await;
+    let (contractor, _) = stack.key(Some("contractor")).await;
+    let (staff, _) = stack.key(Some("staff")).await;
+    let (status, headers, body) = stack.chat(&contractor, chat_body("smart"), &[]).await;
+    assert_eq!(status, StatusCode::OK, "a refusal is a 200 completion: {body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "content_filter");
+    assert_eq!(body["choices"][0]["message"]["content"], "Contractors cannot use this model");
+    assert_eq!(body["x_shield"]["routing"]["reason"], "Contractors cannot use this model");
+    assert_eq!(body["x_shield"]["routing"]["halt"], "denied");
+    assert_eq!(headers["x-shield-route"], "smart");
+    // A role header is not a role: only the key's attributes count.
+    let (_, headers, _) = stack.chat(&staff, chat_body("smart"), &[("x-shield-role", "contractor")]).await;
+    assert_eq!(headers["x-shield-target"], "openai-4o");
+    let (_, headers, _) = stack.chat(&staff, chat_body("smart"), &[("x-shield-data-class", "restricted")]).await;
+    assert_eq!(headers["x-shield-target"], "onprem-qwen", "a data class can only narrow");
+    assert_eq!(stack.received("openai-4o").await.len(), 1);
+}
+
+#[tokio::test]
+async fn input_blocks_refuse_before_any_target_and_output_blocks_never_fail_over() {
+    let stack = Stack::start().await;
+    guardrails(&stack, json!({"secrets_detection": {"mode": "block"}})).await;
+    stack.mock_target("leaky", "say:secret", json!({})).await;
+    stack.mock_target("backup", "", json!({})).await;
+    stack.put_route("smart", json!({"targets": ["leaky", "backup"]})).await;
+    let (key, _) = stack.key(None).await;
+
+    let (status, _, body) = stack.chat(&key, say("deploy with AKIAIOSFODNN7EXAMPLE please"), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["choices"][0]["finish_reason"], "content_filter");
+    assert_eq!(body["choices"][0]["message"]["content"], "Blocked by secrets detection (input)");
+    assert_eq!(stack.received("leaky").await.len() + stack.received("backup").await.len(), 0, "nothing was sent");
+
+    let (status, headers, body) = stack.chat(&key, say("what is the deploy key?"), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["choices"][0]["finish_reason"], "content_filter");
+    assert_eq!(body["choices"][0]["message"]["content"], "Blocked by secrets detection (output)");
+    assert!(!body.to_string().contains("sk-proj-"), "the blocked answer is not returned");
+    assert_eq!(headers["x-shield-target"], "leaky");
+    assert_eq!(stack.received("backup").await.len(), 0, "never 'try another model until one passes'");
+
+    // Streams are checked as they flow: the chunk with the key is not sent.
+    let mut streaming = say("stream it");
+    streaming["stream"] = json!(true);
+    let response = stack.client.post(format!("http://{}/v1/chat/completions", stack.proxy)).bearer_auth(&key).json(&streaming).send().await.unwrap();
+    let text = response.text().await.unwrap();
+    assert!(!text.contains("sk-proj-"), "{text}");
+    assert!(text.contains(r#""finish_reason":"content_filter""#) && text.trim_end().ends_with("data: [DONE]"), "{text}");
+}
+
+#[tokio::test]
+async fn tool_rbac_and_the_kill_switch_apply_to_whatever_target_answered() {
+    let stack = Stack::start().await;
+    guardrails(&stack, json!({"tools": {"kill_switch": false, "allowed_by_role": {"contractor": ["search"]}}})).await;
+    stack.mock_target("shell", "tool:shell", json!({})).await;
+    stack.put_route("smart", json!({"targets": ["shell"]})).await;
+    let (contractor, _) = stack.key(Some("contractor")).await;
+    let (admin, _) = stack.key(Some("admin")).await;
+    let (_, _, body) = stack.chat(&contractor, chat_body("smart"), &[]).await;
+    assert_eq!(body["choices"][0]["finish_reason"], "content_filter");
+    assert_eq!(body["choices"][0]["message"]["content"], "Tool `shell` is not allowed for role contractor");
+    let (_, _, body) = stack.chat(&admin, chat_body("smart"), &[]).await;
+    assert_eq!(body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "shell", "other roles are not restricted");
+    guardrails(&stack, json!({"tools": {"kill_switch": true}})).await;
+    let blocked = shield_e2e::eventually(5, "the kill switch to apply", || async {
+        let (_, _, body) = stack.chat(&admin, chat_body("smart"), &[]).await;
+        (body["choices"][0]["finish_reason"] == "content_filter").then_some(body)
+    })
+    .await;
+    assert_eq!(blocked["choices"][0]["message"]["content"], "Tool calls are disabled for this tenant");
+}
+
+#[tokio::test]
+async fn the_native_endpoint_shares_the_path_with_its_own_shapes() {
+    let stack = Stack::start().await;
+    guardrails(&stack, json!({"pii_detection": {"mode": "block"}})).await;
+    stack.mock_target("a", "", json!({})).await;
+    stack.mock_target("down", "status:503", json!({})).await;
+    stack.put_route("smart", json!({"targets": ["a"]})).await;
+    stack.put_route("broken", json!({"targets": ["down"]})).await;
+    let (key, _) = stack.key(None).await;
+    let url = format!("http://{}/v1/shield/chat/completions", stack.proxy);
+    let call = |body: Value| {
+        let request = stack.client.post(&url).bearer_auth(&key).json(&body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, body) = call(json!({"model": "smart", "prompt": "hello", "system": "be brief"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!((body["content"].as_str(), body["model"].as_str()), (Some("mock answer to: hello"), Some("model-a")));
+    assert_eq!(body["routing"]["target"], "a");
+    assert!(body["usage"]["total_tokens"].as_u64().is_some());
+    let sent: Value = serde_json::from_str(stack.received("a").await[0]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["messages"], json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]));
+    assert!(sent.get("prompt").is_none() && sent.get("system").is_none(), "Shield-only fields are dropped");
+
+    let (status, body) = call(json!({"model": "smart", "prompt": "mail me at jane@example.com"})).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"], "Blocked by PII detection (input)");
+    assert_eq!(body["guardrail_results"][0]["passed"], false);
+    let (status, body) = call(json!({"model": "broken", "prompt": "hi"})).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["routing"]["halt"], "exhausted");
+}
