@@ -36,6 +36,7 @@ fn tenant_endpoints() -> Vec<(Method, &'static str, Scope, Option<Value>)> {
         (Method::PUT, "/v1/tenant/me/guardrails", Scope::ConfigWrite, Some(json!({}))),
         (Method::GET, "/v1/tenant/me/audit", Scope::TenantRead, None),
         (Method::GET, "/v1/tenant/me/gateway/health", Scope::TenantRead, None),
+        (Method::POST, "/v1/tenant/me/gateway/routes/x/simulate", Scope::ConfigWrite, Some(json!({}))),
     ]
 }
 
@@ -432,4 +433,66 @@ async fn unknown_paths_and_docs() {
         "{metrics}"
     );
     assert!(metrics.contains(r#"route="unmatched",status="404""#), "unknown paths are one label, not their raw path");
+}
+
+#[actix_web::test]
+async fn simulate_explains_the_choice_without_calling_a_model() {
+    let admin = Admin::start().await;
+    let (slug, ..) = admin.tenant().await;
+    let token = admin.owner(&slug);
+    let mut cloud = public_target("gpt-4o");
+    cloud["price"] = json!({"input_per_mtok": 2.5, "output_per_mtok": 10});
+    admin.put(&format!("{T}/openai-4o"), &token, cloud).await;
+    let mut onprem = public_target("qwen");
+    onprem["location"] = json!("on_prem");
+    admin.put(&format!("{T}/onprem-qwen"), &token, onprem).await;
+    let mut off = public_target("m");
+    off["enabled"] = json!(false);
+    admin.put(&format!("{T}/spare"), &token, off).await;
+    let route = json!({"targets": ["openai-4o", "spare", "onprem-qwen"], "rules": [
+        {"when": {"flagged": ["pii_detection"]}, "use": ["onprem-qwen"]},
+        {"when": {"role": ["contractor"]}, "deny": "Contractors cannot use this model"}],
+        "budget": {"monthly": 100, "at_limit": "block"}});
+    assert_eq!(admin.put(&format!("{R}/shield%2Fsmart"), &token, route).await.0, StatusCode::CREATED);
+    let path = format!("{R}/shield%2Fsmart/simulate");
+
+    let (status, body) =
+        admin.post(&path, &token, json!({"sample": "mail jane@example.com", "flagged": ["pii_detection"]})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["route"], "shield/smart");
+    assert_eq!(
+        body["rule"],
+        json!({"index": 0, "description": "If the prompt is flagged by PII detection → only onprem-qwen"})
+    );
+    assert_eq!(body["eligible"], json!(["onprem-qwen"]));
+    assert_eq!(body["order"], json!(["onprem-qwen"]));
+    let rejected: Vec<(String, Value)> = body["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["target"].as_str().unwrap().to_string(), c["rejected"].clone()))
+        .collect();
+    assert_eq!(
+        rejected,
+        vec![
+            ("openai-4o".into(), json!(["rule"])),
+            ("spare".into(), json!(["rule"])),
+            ("onprem-qwen".into(), json!([]))
+        ]
+    );
+    assert_eq!(body["candidates"][0]["price"]["input_per_mtok"], 2.5);
+    assert_eq!(body["candidates"][0]["state"], "unknown");
+    assert_eq!(body["budget"], json!({"state": "ok", "spend": 0.0, "limit": 100.0, "currency": "USD"}));
+    assert!(body["refused"].is_null());
+    assert_eq!(body["config_digest"].as_str().unwrap().len(), 64);
+    assert!(!body.to_string().contains("jane"), "no prompt text in the explanation");
+
+    let (_, body) = admin.post(&path, &token, json!({"role": "contractor"})).await;
+    assert_eq!(body["refused"], "Contractors cannot use this model");
+    let (_, body) = admin.post(&path, &token, json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!(body["order"], json!(["openai-4o", "onprem-qwen"]));
+    assert_eq!(body["candidates"][1]["rejected"], json!(["disabled"]));
+    let (status, body) = admin.post(&path, &token, json!({"prompt": "x"})).await;
+    assert_eq!((status, body["error"]["field"].clone()), (StatusCode::UNPROCESSABLE_ENTITY, json!("prompt")));
+    assert_eq!(admin.post(&format!("{R}/nope/simulate"), &token, json!({})).await.0, StatusCode::NOT_FOUND);
 }

@@ -18,14 +18,29 @@ async fn guardrails(stack: &Stack, policy: Value) {
 
 /// Seed §3.2's route: a cheap cloud target first, on-prem for flagged prompts.
 async fn seed_route(stack: &Stack, onprem_scenario: &str) {
-    stack.mock_target("openai-4o", "", json!({"location": "cloud", "price": {"input_per_mtok": 0.1, "output_per_mtok": 0.1}})).await;
-    stack.mock_target("onprem-qwen", onprem_scenario, json!({"location": "on_prem", "price": {"input_per_mtok": 5, "output_per_mtok": 5}})).await;
     stack
-        .put_route("smart", json!({"targets": ["openai-4o", "onprem-qwen"], "rules": [
-            {"when": {"flagged": ["pii_detection"]}, "use": ["onprem-qwen"]},
-            {"when": {"data_class": ["restricted"]}, "use": ["onprem-qwen"]},
-            {"when": {"role": ["contractor"]}, "deny": "Contractors cannot use this model"}
-        ]}))
+        .mock_target(
+            "openai-4o",
+            "",
+            json!({"location": "cloud", "price": {"input_per_mtok": 0.1, "output_per_mtok": 0.1}}),
+        )
+        .await;
+    stack
+        .mock_target(
+            "onprem-qwen",
+            onprem_scenario,
+            json!({"location": "on_prem", "price": {"input_per_mtok": 5, "output_per_mtok": 5}}),
+        )
+        .await;
+    stack
+        .put_route(
+            "smart",
+            json!({"targets": ["openai-4o", "onprem-qwen"], "rules": [
+                {"when": {"flagged": ["pii_detection"]}, "use": ["onprem-qwen"]},
+                {"when": {"data_class": ["restricted"]}, "use": ["onprem-qwen"]},
+                {"when": {"role": ["contractor"]}, "deny": "Contractors cannot use this model"}
+            ]}),
+        )
         .await;
 }
 
@@ -42,9 +57,15 @@ async fn a_flagged_prompt_goes_only_on_prem_and_never_leaks_when_on_prem_fails()
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(headers["x-shield-target"], "onprem-qwen");
     assert_eq!(body["x_shield"]["routing"]["rule"]["index"], 0);
-    assert_eq!(body["x_shield"]["routing"]["rule"]["description"], "If the prompt is flagged by PII detection → only onprem-qwen");
+    assert_eq!(
+        body["x_shield"]["routing"]["rule"]["description"],
+        "If the prompt is flagged by PII detection → only onprem-qwen"
+    );
     let input = &body["x_shield"]["guardrail_results"][0];
-    assert_eq!((input["phase"].as_str(), input["name"].as_str(), input["passed"].as_bool()), (Some("input"), Some("pii_detection"), Some(false)));
+    assert_eq!(
+        (input["phase"].as_str(), input["name"].as_str(), input["passed"].as_bool()),
+        (Some("input"), Some("pii_detection"), Some(false))
+    );
     assert_eq!(input["findings"], json!({"email": 1, "payment_card": 1}));
     assert!(!body["x_shield"].to_string().contains("jane.doe"), "results never carry the matched text");
     assert_eq!(stack.received("openai-4o").await.len(), 0, "the cheaper cloud target never saw the PII");
@@ -113,10 +134,20 @@ async fn input_blocks_refuse_before_any_target_and_output_blocks_never_fail_over
     // Streams are checked as they flow: the chunk with the key is not sent.
     let mut streaming = say("stream it");
     streaming["stream"] = json!(true);
-    let response = stack.client.post(format!("http://{}/v1/chat/completions", stack.proxy)).bearer_auth(&key).json(&streaming).send().await.unwrap();
+    let response = stack
+        .client
+        .post(format!("http://{}/v1/chat/completions", stack.proxy))
+        .bearer_auth(&key)
+        .json(&streaming)
+        .send()
+        .await
+        .unwrap();
     let text = response.text().await.unwrap();
     assert!(!text.contains("sk-proj-"), "{text}");
-    assert!(text.contains(r#""finish_reason":"content_filter""#) && text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(
+        text.contains(r#""finish_reason":"content_filter""#) && text.trim_end().ends_with("data: [DONE]"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -131,7 +162,10 @@ async fn tool_rbac_and_the_kill_switch_apply_to_whatever_target_answered() {
     assert_eq!(body["choices"][0]["finish_reason"], "content_filter");
     assert_eq!(body["choices"][0]["message"]["content"], "Tool `shell` is not allowed for role contractor");
     let (_, _, body) = stack.chat(&admin, chat_body("smart"), &[]).await;
-    assert_eq!(body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "shell", "other roles are not restricted");
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "shell",
+        "other roles are not restricted"
+    );
     guardrails(&stack, json!({"tools": {"kill_switch": true}})).await;
     let blocked = shield_e2e::eventually(5, "the kill switch to apply", || async {
         let (_, _, body) = stack.chat(&admin, chat_body("smart"), &[]).await;
@@ -165,7 +199,10 @@ async fn the_native_endpoint_shares_the_path_with_its_own_shapes() {
     assert_eq!(body["routing"]["target"], "a");
     assert!(body["usage"]["total_tokens"].as_u64().is_some());
     let sent: Value = serde_json::from_str(stack.received("a").await[0]["body"].as_str().unwrap()).unwrap();
-    assert_eq!(sent["messages"], json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]));
+    assert_eq!(
+        sent["messages"],
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}])
+    );
     assert!(sent.get("prompt").is_none() && sent.get("system").is_none(), "Shield-only fields are dropped");
 
     let (status, body) = call(json!({"model": "smart", "prompt": "mail me at jane@example.com"})).await;

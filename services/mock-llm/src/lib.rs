@@ -137,7 +137,8 @@ fn completion(body: &Value, usage: Option<(u64, u64)>, scenario: &Scenario) -> V
         .and_then(|m| m.get("content"))
         .and_then(Value::as_str)
         .unwrap_or("");
-    let content = canned(scenario.say.as_deref()).map(str::to_string).unwrap_or_else(|| format!("mock answer to: {last}"));
+    let content =
+        canned(scenario.say.as_deref()).map(str::to_string).unwrap_or_else(|| format!("mock answer to: {last}"));
     let prompt_chars = body.get("messages").map(|m| m.to_string().len()).unwrap_or(0) as u64;
     let (input, output) = usage.unwrap_or((prompt_chars.div_ceil(4), (content.len() as u64).div_ceil(4)));
     json!({

@@ -9,6 +9,7 @@ pub mod login;
 pub mod ops;
 pub mod routes;
 pub mod secrets;
+pub mod simulate;
 pub mod targets;
 pub mod tenants;
 
@@ -56,6 +57,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(targets::put)
         .service(targets::delete)
         .service(health::get)
+        .service(simulate::simulate)
         .service(routes::list)
         .service(routes::get)
         .service(routes::put)

@@ -1,0 +1,249 @@
+//! `POST /v1/tenant/me/gateway/routes/{name}/simulate`: "which model would this prompt use,
+//! and why". Runs selection steps 1–5 on the stored configuration without calling a model:
+//! the matched rule, every candidate with its state and rejection reasons, the order the
+//! strategy would try, and the budget state. The admin plane has no guardrail pipeline (seed
+//! "As built"), so the caller names the guardrails that would flag the prompt. The answer
+//! contains no prompt text and no secret.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use actix_web::{HttpResponse, post, web};
+use serde::{Deserialize, Serialize};
+use shield_core::money::Usd;
+use shield_core::plan::{Facts, plan};
+use shield_core::route::AtLimit;
+use shield_core::target::AuthMode;
+use shield_core::url_safety;
+
+use super::{Body, State, decode};
+use crate::auth::{Principal, Scope};
+use crate::error::{ApiError, ApiResult};
+use crate::repo::{config, secrets};
+use crate::write::digest_of;
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SimulateRequest {
+    /// Chat messages; only their length is used (prompt_tokens_over).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub messages: Option<Vec<serde_json::Value>>,
+    /// A prompt sample, instead of messages.
+    #[serde(default)]
+    pub sample: Option<String>,
+    /// Request headers as the proxy would see them (`X-Shield-Data-Class`, `X-Shield-Upstream-Key`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub agent: Option<String>,
+    #[serde(default)]
+    pub role: Option<String>,
+    /// Guardrails that would flag the prompt (e.g. `pii_detection`).
+    #[serde(default)]
+    pub flagged: Vec<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Candidate {
+    pub target: String,
+    /// Breaker state as flushed by the proxies (`closed`, `open`, `half_open`, `unknown`).
+    pub state: String,
+    pub location: String,
+    pub auth_mode: String,
+    #[schema(value_type = Option<Object>)]
+    pub price: Option<serde_json::Value>,
+    pub rejected: Vec<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct BudgetView {
+    pub state: String,
+    /// USD spent this month (as flushed by the proxies).
+    pub spend: f64,
+    pub limit: Option<f64>,
+    pub currency: String,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Simulation {
+    pub route: String,
+    pub config_digest: String,
+    #[schema(value_type = Option<Object>)]
+    pub rule: Option<serde_json::Value>,
+    pub candidates: Vec<Candidate>,
+    pub eligible: Vec<String>,
+    pub order: Vec<String>,
+    pub budget: BudgetView,
+    pub refused: Option<String>,
+}
+
+#[utoipa::path(post, path = "/v1/tenant/me/gateway/routes/{name}/simulate", tag = "routes", security(("bearer" = ["config:write"])),
+    params(("name" = String, Path)), request_body = SimulateRequest, responses((status = 200, body = Simulation), (status = 404)))]
+#[post("/v1/tenant/me/gateway/routes/{name}/simulate")]
+pub async fn simulate(
+    state: State,
+    principal: Principal,
+    name: web::Path<String>,
+    body: Body,
+) -> ApiResult<HttpResponse> {
+    let name = name.into_inner();
+    let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
+    let request: SimulateRequest = decode(&body)?;
+    let route = config::route(&state.db, tenant.id, &name)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("route {name:?} does not exist")))?;
+    let targets = config::targets(&state.db, tenant.id).await?;
+    let bindings = secrets::bindings(&state.db, tenant.id).await?;
+    let header =
+        |wanted: &str| request.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(wanted)).map(|(_, v)| v.clone());
+
+    let prompt_chars: usize = match (&request.messages, &request.sample) {
+        (Some(messages), _) => {
+            messages.iter().filter_map(|m| m.get("content").and_then(|c| c.as_str())).map(str::len).sum()
+        }
+        (None, Some(sample)) => sample.len(),
+        (None, None) => 0,
+    };
+    let vault_ready: BTreeSet<String> = targets
+        .values()
+        .filter(|t| t.auth.mode == AuthMode::Vault)
+        .filter(|t| {
+            let host = url_safety::parse_outbound_url(&t.base_url).ok().and_then(|u| url_safety::binding_host(&u));
+            let bound = t.auth.secret_name().and_then(|s| bindings.get(s));
+            matches!((host, bound), (Some(host), Some(bound)) if bound.iter().any(|b| b.eq_ignore_ascii_case(&host)))
+        })
+        .map(|t| t.id.clone())
+        .collect();
+    let states = health_states(&state, &tenant.slug).await;
+    let circuit_open = states.iter().filter(|(_, s)| s.as_str() == "open").map(|(t, _)| t.clone()).collect();
+    let facts = Facts {
+        flagged: request.flagged.iter().cloned().collect(),
+        data_class: header("x-shield-data-class"),
+        agent: request.agent.clone(),
+        role: request.role.clone(),
+        prompt_tokens: (prompt_chars as u64).div_ceil(4),
+        has_upstream_key: header("x-shield-upstream-key").is_some(),
+        vault_ready,
+        circuit_open,
+        latency_ms: BTreeMap::new(),
+    };
+    let mut rng: rand::rngs::SmallRng = rand::SeedableRng::seed_from_u64(0);
+    let planned = plan(&route, &targets, &facts, &mut rng);
+
+    let budget = budget_view(&state, &tenant.slug, &route).await;
+    let budget_refusal = (budget.state == "block").then(|| "This route's monthly budget is spent".to_string());
+    let candidates = route
+        .targets
+        .iter()
+        .map(|id| {
+            let target = targets.get(id);
+            Candidate {
+                target: id.clone(),
+                state: states.get(id).cloned().unwrap_or_else(|| "unknown".into()),
+                location: target
+                    .map(|t| {
+                        serde_json::to_value(t.location)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default()
+                    })
+                    .unwrap_or_default(),
+                auth_mode: target
+                    .map(|t| {
+                        serde_json::to_value(t.auth.mode)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default()
+                    })
+                    .unwrap_or_default(),
+                price: target.and_then(|t| t.price.as_ref()).map(|p| serde_json::json!(p)),
+                rejected: planned
+                    .excluded
+                    .iter()
+                    .filter(|e| &e.target == id)
+                    .map(|e| e.reason.as_str().to_string())
+                    .collect(),
+            }
+        })
+        .collect();
+    let mut eligible = planned.order.clone();
+    eligible.sort_by_key(|id| route.targets.iter().position(|t| t == id));
+    Ok(HttpResponse::Ok().json(Simulation {
+        route: route.name.clone(),
+        config_digest: digest_of(&route),
+        rule: planned.rule.map(|i| serde_json::json!({"index": i, "description": route.rules[i].describe()})),
+        candidates,
+        eligible,
+        order: planned.order,
+        budget,
+        refused: planned.denied.or(budget_refusal),
+    }))
+}
+
+/// Each target's worst flushed breaker state across proxy processes (best effort: empty when
+/// Redis is unavailable).
+async fn health_states(state: &State, tenant: &str) -> BTreeMap<String, String> {
+    let Ok(mut conn) = state.redis.get().await else { return BTreeMap::new() };
+    let fields: Vec<(String, String)> =
+        redis::cmd("HGETALL").arg(state.redis_keys.health(tenant)).query_async(&mut *conn).await.unwrap_or_default();
+    let rank = |s: &str| match s {
+        "open" => 2,
+        "half_open" => 1,
+        _ => 0,
+    };
+    let mut worst: BTreeMap<String, String> = BTreeMap::new();
+    for (field, json) in fields {
+        let Some((target, _)) = field.split_once('|') else { continue };
+        let Some(s) = serde_json::from_str::<serde_json::Value>(&json)
+            .ok()
+            .and_then(|v| v.get("state")?.as_str().map(str::to_string))
+        else {
+            continue;
+        };
+        let entry = worst.entry(target.to_string()).or_insert_with(|| s.clone());
+        if rank(&s) > rank(entry) {
+            *entry = s;
+        }
+    }
+    worst
+}
+
+/// ROUTING.md step 3 from the month's flushed spend: `warn` from 80 %, and at 100 % what
+/// `at_limit` says.
+async fn budget_view(state: &State, tenant: &str, route: &shield_core::route::Route) -> BudgetView {
+    let month = chrono::Utc::now().format("%Y%m").to_string();
+    let spend_micros: i64 = match state.redis.get().await {
+        Ok(mut conn) => redis::cmd("HGET")
+            .arg(state.redis_keys.spend(tenant, &month))
+            .arg(&route.name)
+            .query_async::<Option<i64>>(&mut *conn)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(0),
+        Err(_) => 0,
+    };
+    let spend = Usd(spend_micros);
+    let as_number = |u: Usd| u.to_decimal().parse::<f64>().unwrap_or(0.0);
+    let Some(budget) = &route.budget else {
+        return BudgetView { state: "ok".into(), spend: as_number(spend), limit: None, currency: "USD".into() };
+    };
+    let limit = budget.monthly.micros();
+    let state_name = if spend_micros >= limit {
+        match budget.at_limit {
+            AtLimit::Warn => "warn",
+            AtLimit::Fallback => "fallback",
+            AtLimit::Block => "block",
+        }
+    } else if spend_micros * 10 >= limit * 8 {
+        "warn"
+    } else {
+        "ok"
+    };
+    BudgetView {
+        state: state_name.into(),
+        spend: as_number(spend),
+        limit: Some(as_number(budget.monthly)),
+        currency: budget.currency.clone(),
+    }
+}
