@@ -21,11 +21,12 @@ pub struct StackOptions {
     pub default_upstream: bool,
     pub routing: bool,
     pub start_admin: bool,
+    pub flush_s: u64,
 }
 
 impl Default for StackOptions {
     fn default() -> Self {
-        StackOptions { redis_url: redis_url(), default_upstream: false, routing: true, start_admin: true }
+        StackOptions { redis_url: redis_url(), default_upstream: false, routing: true, start_admin: true, flush_s: 1 }
     }
 }
 
@@ -65,7 +66,7 @@ impl Stack {
             ("SHIELD_JWT_SECRET", JWT_SECRET.to_string()),
             ("SHIELD_VAULT_KEY", vault_key()),
             ("SHIELD_LLM_ROUTING_CACHE_S", "1".into()),
-            ("SHIELD_LLM_ROUTING_FLUSH_S", "1".into()),
+            ("SHIELD_LLM_ROUTING_FLUSH_S", options.flush_s.to_string()),
             ("SHIELD_LLM_ROUTING", if options.routing { "1" } else { "0" }.into()),
             ("RUST_LOG", "info".into()),
         ];
@@ -163,6 +164,17 @@ impl Stack {
             .iter()
             .map(|n| std::fs::read_to_string(self.logs.join(format!("{n}.log"))).unwrap_or_default())
             .collect()
+    }
+
+    /// Stops the proxy (the last child) with SIGTERM and waits for it to exit.
+    pub async fn terminate_proxy(&mut self) {
+        let mut proxy = self.children.pop().expect("proxy running");
+        let pid = proxy.id().expect("proxy pid");
+        let status = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill runs");
+        assert!(status.success());
+        let exited =
+            tokio::time::timeout(Duration::from_secs(20), proxy.wait()).await.expect("the proxy stops within 20 s");
+        assert!(exited.is_ok());
     }
 
     /// Kills the proxy (the last child) and starts it again with `extra` environment.

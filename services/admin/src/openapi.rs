@@ -15,7 +15,7 @@ use crate::api;
         api::tenants::create, api::tenants::list,
         api::targets::list, api::targets::get, api::targets::put, api::targets::delete,
         api::routes::list, api::routes::get, api::routes::put, api::routes::delete,
-        api::health::get, api::simulate::simulate,
+        api::health::get, api::simulate::simulate, api::usage::get,
         api::secrets::list, api::secrets::get, api::secrets::put, api::secrets::delete,
         api::keys::list, api::keys::create, api::keys::revoke,
         api::guardrails::get, api::guardrails::put,

@@ -21,6 +21,7 @@ pub mod run;
 pub mod snapshot;
 pub mod target;
 pub mod url_safety;
+pub mod usage;
 pub mod validate;
 pub mod vault;
 

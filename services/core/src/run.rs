@@ -138,12 +138,17 @@ impl Run {
         }
     }
 
-    /// Records the outcome of a streamed attempt that reached the client (the commit point):
-    /// a success, or a failure after visible output, which never fails over.
-    pub fn record_committed(&mut self, model: &str, result: Result<(), Class>, status: Option<u16>, ms: u64) {
-        self.record(model, result, status, ms);
+    /// Completes the attempt that reached the client (the commit point, already recorded as
+    /// a success when its first event arrived): a clean end, or a failure after visible
+    /// output, which never fails over.
+    pub fn record_committed(&mut self, result: Result<(), Class>, ms: u64) {
         if let Some(last) = self.attempts.last_mut() {
             last.committed = true;
+            last.ms = ms;
+            if let Err(class) = result {
+                last.outcome = "failed";
+                last.class = Some(class);
+            }
         }
         self.halted = Some(if result.is_ok() { Halt::Succeeded } else { Halt::VisibleOutput });
     }
@@ -222,7 +227,9 @@ mod tests {
     fn a_stream_that_breaks_after_the_commit_point_never_fails_over() {
         let mut run = Run::new(vec!["a".into(), "b".into()], 3, default_on());
         run.step(false);
-        run.record_committed("m", Err(Class::Connect), Some(200), 5);
+        run.record("m", Ok(()), Some(200), 1);
+        run.record_committed(Err(Class::Connect), 5);
+        assert_eq!(run.attempts.len(), 1, "the committed attempt is completed, not added");
         assert_eq!(run.step(false), Step::Stop(Halt::VisibleOutput));
         assert!(run.attempts[0].committed);
         assert_eq!(run.failovers(), 0);

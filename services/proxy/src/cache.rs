@@ -242,6 +242,20 @@ impl Caches {
         }
     }
 
+    /// The monthly budget of a cached route in micro-USD (0: none), for budget alerts.
+    pub fn route_budget_micros(&self, tenant: &str, route: &str) -> i64 {
+        match self.tenants.read().expect("tenant cache lock").get(tenant) {
+            Some(TenantEntry::Loaded(config)) => config
+                .snapshot
+                .routes
+                .get(route)
+                .and_then(|r| r.budget.as_ref())
+                .map(|b| b.monthly.micros())
+                .unwrap_or(0),
+            _ => 0,
+        }
+    }
+
     /// `published_at` of every cached snapshot, by tenant (for the snapshot-age gauge).
     pub fn snapshot_times(&self) -> Vec<(String, i64)> {
         let tenants = self.tenants.read().expect("tenant cache lock");

@@ -19,6 +19,7 @@ use crate::egress::Egress;
 use crate::error::{ProxyError, openai_error};
 use crate::guard::{self, StreamGuard};
 use crate::metrics::Observed;
+use crate::tenant::TenantConfig;
 use crate::{ProxyState, default_path};
 
 pub const UPSTREAM_KEY_HEADER: &str = "x-shield-upstream-key";
@@ -132,11 +133,13 @@ pub async fn pipeline(
             }
             Err(routed) => {
                 observe(&routed.route, None, routed.halt.as_str(), &routed.attempts, true);
+                state.usage.record(&caller.tenant, &routed.route, &routed.attempts, None);
                 Outcome::Routed { routed, guardrails }
             }
         });
     }
     let mut routed = dispatch(egress, &state.health, call).await;
+    routed.cost_micros = account(state, &caller.tenant, tenant, request, &routed);
     // Seed §5: output guardrails and tool RBAC once, on the answer actually returned.
     if let RoutedResult::Answer { target, body, .. } = &routed.result {
         let (verdict, allowed) = guard::check_answer(&tenant.snapshot.guardrails, caller.role.as_deref(), body);
@@ -158,6 +161,38 @@ pub async fn pipeline(
     Ok(Outcome::Routed { routed, guardrails })
 }
 
+/// Records a non-streaming call in the usage buffer and returns the answer's cost: the
+/// tokens the upstream reported (estimated at 4 characters a token when it reported none)
+/// times the answering target's price. Done before output guardrails: a blocked answer was
+/// still produced, and paid for.
+fn account(
+    state: &ProxyState,
+    tenant: &str,
+    config: &TenantConfig,
+    request: &ChatRequest,
+    routed: &Routed,
+) -> Option<i64> {
+    let RoutedResult::Answer { target, body, .. } = &routed.result else {
+        state.usage.record(tenant, &routed.route, &routed.attempts, None);
+        return None;
+    };
+    let reported = body
+        .get("usage")
+        .and_then(|u| Some((u.get("prompt_tokens")?.as_u64()?, u.get("completion_tokens")?.as_u64()?)));
+    let (input_tokens, output_tokens, estimated) = match reported {
+        Some((input, output)) => (input, output, false),
+        None => {
+            ((request.prompt_chars() as u64).div_ceil(4), (guard::answer_text(body).len() as u64).div_ceil(4), true)
+        }
+    };
+    let price = config.target(target).and_then(|t| t.price.as_ref());
+    let cost_micros = shield_core::usage::cost_micros(price, input_tokens, output_tokens);
+    let answered =
+        crate::usage::Answered { target, input_tokens, output_tokens, cost_micros, estimated, stream_broken: false };
+    state.usage.record(tenant, &routed.route, &routed.attempts, Some(answered));
+    Some(cost_micros)
+}
+
 /// The committed stream's response: routing headers on the head, then the relayed events.
 fn stream_response(
     committed: Committed,
@@ -175,15 +210,10 @@ fn stream_response(
         .insert_header(("x-shield-target", committed.target.as_str()))
         .insert_header(("x-shield-failovers", failovers.to_string()))
         .insert_header(("x-shield-budget", "ok"));
-    let (health, metrics) = (state.health.clone(), state.metrics.clone());
-    response.streaming(crate::relay::relay(
-        committed,
-        health,
-        metrics,
-        output,
-        request.wants_usage(),
-        request.prompt_chars(),
-    ))
+    let (health, metrics, ledger) = (state.health.clone(), state.metrics.clone(), state.usage.clone());
+    let body =
+        crate::relay::relay(committed, health, metrics, ledger, output, request.wants_usage(), request.prompt_chars());
+    response.streaming(body)
 }
 
 /// `X-Shield-Hop` of the inbound request; at `SHIELD_MAX_HOPS` or more the call is refused.
@@ -200,13 +230,15 @@ pub fn inbound_hop(headers: &InboundHeaders, max_hops: u32) -> Result<u32, Proxy
 }
 
 pub fn routing_record(routed: &Routed, target: Option<&str>) -> Value {
+    let cost =
+        routed.cost_micros.map(|micros| shield_core::money::Usd(micros).to_decimal().parse::<f64>().unwrap_or(0.0));
     let reason = match &routed.result {
         RoutedResult::Refusal { reason, .. } => Some(reason.as_str()),
         _ => None,
     };
     json!({
         "route": routed.route, "target": target, "attempts": routed.attempts, "excluded": routed.excluded,
-        "rule": routed.rule, "reason": reason, "cost": null, "cost_micros": null, "halt": routed.halt, "budget": "ok",
+        "rule": routed.rule, "reason": reason, "cost": cost, "cost_micros": routed.cost_micros, "halt": routed.halt, "budget": "ok",
     })
 }
 

@@ -36,6 +36,8 @@ pub struct Routed {
     pub halt: Halt,
     pub failovers: usize,
     pub result: RoutedResult,
+    /// What the answer cost (micro-USD), once known.
+    pub cost_micros: Option<i64>,
 }
 
 pub enum RoutedResult {
@@ -164,6 +166,7 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
         excluded: outcome.excluded,
         halt,
         result,
+        cost_micros: None,
     }
 }
 
@@ -187,6 +190,7 @@ fn unsuccessful<T>(call: &Call<'_>, outcome: Loop<T>) -> Routed {
         excluded: outcome.excluded,
         halt,
         result,
+        cost_micros: None,
     }
 }
 
@@ -198,6 +202,8 @@ fn rule_record(call: &Call<'_>, index: Option<usize>) -> Option<Value> {
 /// A streamed call that reached its commit point: the relay takes it from here.
 pub struct Committed {
     pub rule: Option<Value>,
+    /// The answering target's price, for the stream's cost.
+    pub price: Option<shield_core::target::Price>,
     pub route: String,
     pub tenant: String,
     pub target: String,
@@ -231,6 +237,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
             let idle_timeout = call.tenant.target(&success.target).map(|t| t.idle_timeout_s).unwrap_or(15);
             Ok(Committed {
                 rule: rule_record(&call, outcome.rule),
+                price: call.tenant.target(&success.target).and_then(|t| t.price.clone()),
                 route: call.route.name.clone(),
                 tenant: call.tenant.snapshot.tenant.clone(),
                 target: success.target,

@@ -25,31 +25,49 @@ pub fn process_id() -> String {
     ID.clone()
 }
 
-pub fn spawn(
-    health: Arc<Health>,
-    redis: deadpool_redis::Pool,
-    keys: RedisKeys,
-    every: Duration,
-    mut events: tokio::sync::mpsc::Receiver<TargetDown>,
-) {
-    let (pool, k) = (redis.clone(), keys.clone());
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(every).await;
-            if let Err(err) = flush_health(&health, &pool, &k).await {
-                tracing::debug!(error = %err, "health flush failed; will retry");
+/// What the flusher writes from.
+#[derive(Clone)]
+pub struct Flusher {
+    pub health: Arc<Health>,
+    pub usage: Arc<crate::usage::UsageBuffer>,
+    pub caches: Arc<crate::cache::Caches>,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    pub redis: deadpool_redis::Pool,
+    pub keys: RedisKeys,
+}
+
+impl Flusher {
+    /// Every `every`: usage, then health. Events are written as they come.
+    pub fn spawn(self, every: Duration, mut events: tokio::sync::mpsc::Receiver<TargetDown>) {
+        let flusher = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(err) = flusher.flush_once().await {
+                    tracing::debug!(error = %err, "flush failed; will retry");
+                }
             }
-        }
-    });
-    tokio::spawn(async move {
-        while let Some(down) = events.recv().await {
-            // Retry until Redis takes it: an event must not be lost to a short outage.
-            while let Err(err) = write_event(&down, &redis, &keys).await {
-                tracing::debug!(error = %err, "gw_events write failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+        });
+        tokio::spawn(async move {
+            while let Some(down) = events.recv().await {
+                // Retry until Redis takes it: an event must not be lost to a short outage.
+                while let Err(err) = write_event(&down, &self.redis, &self.keys).await {
+                    tracing::debug!(error = %err, "gw_events write failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
             }
-        }
-    });
+        });
+    }
+
+    /// One flush of usage and health; returns the usage rows written.
+    pub async fn flush_once(&self) -> Result<usize, String> {
+        let caches = self.caches.clone();
+        let budgets = move |tenant: &str, route: &str| caches.route_budget_micros(tenant, route);
+        let usage = flush_usage(&self.usage, &self.redis, &self.keys, &budgets).await;
+        self.metrics.usage_buffer_dropped.inc_by(self.usage.take_dropped());
+        flush_health(&self.health, &self.redis, &self.keys).await?;
+        usage
+    }
 }
 
 pub async fn flush_health(health: &Health, redis: &deadpool_redis::Pool, keys: &RedisKeys) -> Result<(), String> {
@@ -71,9 +89,20 @@ pub async fn flush_health(health: &Health, redis: &deadpool_redis::Pool, keys: &
 }
 
 async fn write_event(down: &TargetDown, redis: &deadpool_redis::Pool, keys: &RedisKeys) -> Result<(), String> {
+    let data = json!({"target": down.target, "process": process_id(), "failures": down.failures, "last_error": down.last_error});
+    write_event_of(&down.tenant, "gateway_target_down", data, redis, keys).await
+}
+
+/// XADD one event `{id, tenant, type, at, data}` to `gw_events`.
+pub async fn write_event_of(
+    tenant: &str,
+    kind: &str,
+    data: serde_json::Value,
+    redis: &deadpool_redis::Pool,
+    keys: &RedisKeys,
+) -> Result<(), String> {
     let id = uuid::Uuid::new_v4().to_string();
     let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let data = json!({"target": down.target, "process": process_id(), "failures": down.failures, "last_error": down.last_error});
     let mut conn = redis.get().await.map_err(|e| e.to_string())?;
     redis::cmd("XADD")
         .arg(keys.events())
@@ -84,9 +113,9 @@ async fn write_event(down: &TargetDown, redis: &deadpool_redis::Pool, keys: &Red
         .arg("id")
         .arg(&id)
         .arg("tenant")
-        .arg(&down.tenant)
+        .arg(tenant)
         .arg("type")
-        .arg("gateway_target_down")
+        .arg(kind)
         .arg("at")
         .arg(at)
         .arg("data")
@@ -95,4 +124,132 @@ async fn write_event(down: &TargetDown, redis: &deadpool_redis::Pool, keys: &Red
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+/// Merges one tenant's usage rows into `gw_usage` (JSON counters per `route|target`), adds the
+/// cost to `gw_spend`, and for every route whose month total reached its budget claims the
+/// month's alert with HSETNX, in one script: atomic per tenant, so processes flushing at the
+/// same time never lose an increment and exactly one of them wins an alert. All keys carry
+/// the tenant's hash tag, so the script stays in one Redis Cluster slot.
+const MERGE_USAGE: &str = r#"
+local args = cjson.decode(ARGV[1])
+local names = {"calls","ok","errors","failovers_from","input_tokens","output_tokens","cost_micros","latency_ms_sum","estimated","stream_broken"}
+for _, u in ipairs(args.usage) do
+  local key = KEYS[u[1]]
+  local current = redis.call('HGET', key, u[2])
+  local decoded = {}
+  if current then decoded = cjson.decode(current) end
+  local parts = {}
+  for i, name in ipairs(names) do
+    parts[#parts + 1] = string.format('"%s":%.0f', name, (tonumber(decoded[name]) or 0) + u[3][i])
+  end
+  redis.call('HSET', key, u[2], '{' .. table.concat(parts, ',') .. '}')
+  redis.call('EXPIRE', key, args.usage_ttl)
+end
+local winners = {}
+for _, s in ipairs(args.spend) do
+  local key = KEYS[s[1]]
+  local total = redis.call('HINCRBY', key, s[2], string.format('%.0f', s[3]))
+  redis.call('EXPIRE', key, args.spend_ttl)
+  if s[4] > 0 and total >= s[4] then
+    if redis.call('HSETNX', KEYS[s[5]], s[2], args.now) == 1 then
+      redis.call('EXPIRE', KEYS[s[5]], args.spend_ttl)
+      winners[#winners + 1] = {s[2], tostring(total), s[6]}
+    end
+  end
+end
+return winners
+"#;
+
+const USAGE_TTL_S: i64 = 95 * 24 * 3600;
+const SPEND_TTL_S: i64 = 400 * 24 * 3600;
+
+/// Flushes the usage buffer: one merge per tenant; a tenant whose merge fails gets its rows
+/// back for the next flush. `budgets(tenant, route)` is the route's monthly limit in micro-USD
+/// (0 when it has none).
+pub async fn flush_usage(
+    buffer: &crate::usage::UsageBuffer,
+    redis: &deadpool_redis::Pool,
+    keys: &RedisKeys,
+    budgets: &(dyn Fn(&str, &str) -> i64 + Sync),
+) -> Result<usize, String> {
+    use std::collections::BTreeMap;
+    let rows = buffer.take();
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let mut by_tenant: BTreeMap<String, BTreeMap<crate::usage::RowKey, shield_core::usage::UsageRow>> = BTreeMap::new();
+    for (key, row) in rows {
+        by_tenant.entry(key.0.clone()).or_default().insert(key, row);
+    }
+    let script = redis::Script::new(MERGE_USAGE);
+    let mut conn = match redis.get().await {
+        Ok(conn) => conn,
+        Err(err) => {
+            by_tenant.into_values().for_each(|rows| buffer.restore(rows));
+            return Err(err.to_string());
+        }
+    };
+    let mut flushed = 0;
+    let mut failure = None;
+    for (tenant, rows) in by_tenant {
+        let mut key_names: Vec<String> = Vec::new();
+        let mut index = |name: String| match key_names.iter().position(|k| *k == name) {
+            Some(i) => i + 1,
+            None => {
+                key_names.push(name);
+                key_names.len()
+            }
+        };
+        let mut usage = Vec::new();
+        let mut spend: BTreeMap<(String, String), i64> = BTreeMap::new();
+        for ((_, day, route, target), row) in &rows {
+            let counters = [row.calls, row.ok, row.errors, row.failovers_from, row.input_tokens, row.output_tokens];
+            let mut values: Vec<i64> = counters.iter().map(|v| *v as i64).collect();
+            values.extend([row.cost_micros, row.latency_ms_sum as i64, row.estimated as i64, row.stream_broken as i64]);
+            usage.push(json!([index(keys.usage(&tenant, day)), format!("{route}|{target}"), values]));
+            *spend.entry((day[..6].to_string(), route.clone())).or_default() += row.cost_micros;
+        }
+        let spend: Vec<serde_json::Value> = spend
+            .into_iter()
+            .map(|((month, route), cost)| {
+                let spend_key = index(keys.spend(&tenant, &month));
+                let alert_key = index(keys.budget_alerted(&tenant, &month));
+                json!([spend_key, route, cost, budgets(&tenant, &route), alert_key, month])
+            })
+            .collect();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let args =
+            json!({"usage": usage, "spend": spend, "usage_ttl": USAGE_TTL_S, "spend_ttl": SPEND_TTL_S, "now": now});
+        let mut invocation = script.prepare_invoke();
+        for key in &key_names {
+            invocation.key(key);
+        }
+        invocation.arg(args.to_string());
+        match invocation.invoke_async::<Vec<(String, String, String)>>(&mut *conn).await {
+            Ok(winners) => {
+                flushed += rows.len();
+                for (route, total, month) in winners {
+                    let limit = budgets(&tenant, &route);
+                    let data = json!({"route": route, "month": month, "spend": micros_to_usd(&total), "limit": micros_to_usd(&limit.to_string()), "currency": "USD"});
+                    if let Err(err) = write_event_of(&tenant, "budget_exceeded", data, redis, keys).await {
+                        tracing::warn!(tenant, route, error = %err, "budget_exceeded event not written");
+                    }
+                }
+            }
+            Err(err) => {
+                buffer.restore(rows);
+                failure = Some(err.to_string());
+            }
+        }
+    }
+    match failure {
+        Some(err) => Err(err),
+        None => Ok(flushed),
+    }
+}
+
+fn micros_to_usd(micros: &str) -> serde_json::Value {
+    let micros: i64 = micros.parse().unwrap_or(0);
+    serde_json::Value::from(shield_core::money::Usd(micros).to_decimal().parse::<f64>().unwrap_or(0.0))
 }

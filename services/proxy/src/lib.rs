@@ -24,6 +24,7 @@ pub mod native;
 pub mod relay;
 pub mod sync;
 pub mod tenant;
+pub mod usage;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +45,7 @@ pub struct ProxyState {
     pub caches: Arc<Caches>,
     pub health: Arc<health::Health>,
     pub metrics: Arc<metrics::Metrics>,
+    pub usage: Arc<usage::UsageBuffer>,
     /// Unix second of the last "taking the default path because the config is unavailable"
     /// log line (seed §7: logged once per minute).
     default_path_logged: AtomicU64,
@@ -63,6 +65,7 @@ impl ProxyState {
             caches,
             health: Arc::new(health::Health::new(events)),
             metrics,
+            usage: Arc::default(),
             default_path_logged: AtomicU64::new(0),
         }
     }
@@ -191,7 +194,15 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
     let (events, pending_events) = tokio::sync::mpsc::channel(1024);
     let state = web::Data::new(ProxyState::new(config.clone(), redis.clone(), events));
     sync::spawn(state.caches.clone(), config.redis_url.clone(), config.cache_every);
-    flush::spawn(state.health.clone(), redis, config.redis_keys.clone(), config.flush_every, pending_events);
+    let flusher = flush::Flusher {
+        health: state.health.clone(),
+        usage: state.usage.clone(),
+        caches: state.caches.clone(),
+        metrics: state.metrics.clone(),
+        redis,
+        keys: config.redis_keys.clone(),
+    };
+    flusher.clone().spawn(config.flush_every, pending_events);
     tracing::info!(addr = %config.addr, routing = config.routing_enabled, "proxy listening");
     let request_id_header = HeaderName::from_static("x-request-id");
     HttpServer::new(move || {
@@ -220,5 +231,12 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
     .on_connect(no_delay)
     .bind(&config.addr)?
     .run()
-    .await
+    .await?;
+    // Graceful stop (SIGTERM, ctrl-c): what is still buffered goes to Redis, so a clean
+    // restart loses no usage.
+    match flusher.flush_once().await {
+        Ok(rows) => tracing::info!(rows, "usage flushed at shutdown"),
+        Err(err) => tracing::error!(error = %err, "usage could not be flushed at shutdown"),
+    }
+    Ok(())
 }

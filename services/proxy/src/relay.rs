@@ -21,6 +21,7 @@ use crate::dispatch::Committed;
 use crate::guard::StreamGuard;
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::usage::{Answered, UsageBuffer};
 
 /// How a relayed stream ended, for the logs (and, with the budgets work, for usage).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +39,8 @@ struct Relay {
     committed: Committed,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    /// The usage buffer the stream's usage and cost go to when it ends.
+    ledger: Arc<UsageBuffer>,
     /// Output guardrails and tool RBAC on the text as it flows.
     output: StreamGuard,
     /// The client asked for `stream_options.include_usage` itself.
@@ -56,6 +59,7 @@ pub fn relay(
     committed: Committed,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    ledger: Arc<UsageBuffer>,
     output: StreamGuard,
     client_wants_usage: bool,
     prompt_chars: usize,
@@ -65,6 +69,7 @@ pub fn relay(
         committed,
         health,
         metrics,
+        ledger,
         output,
         client_wants_usage,
         pending: None,
@@ -183,7 +188,7 @@ impl Relay {
     fn end(&mut self, result: Result<(), Class>) {
         let ms = self.committed.started.elapsed().as_millis() as u64;
         let c = &mut self.committed;
-        c.run.record_committed(&c.model, result, Some(c.opened.status), ms);
+        c.run.record_committed(result, ms);
         self.health.record(&c.tenant, &c.target, c.permit, result, ms);
         let (input, output, estimated) = match self.usage {
             Some((input, output)) => (input, output, false),
@@ -199,6 +204,8 @@ impl Relay {
             broken: result.is_err(),
         };
         log_end(c, &end);
+        self.account(&end);
+        let c = &self.committed;
         self.metrics.stream_ended(&c.tenant, &c.route, &c.target, end.broken, end.malformed_events);
         self.ended = Some(end);
     }
@@ -209,6 +216,23 @@ fn log_end(c: &Committed, end: &StreamEnd) {
         tenant = %c.tenant, route = %c.route, target = %c.target, halt = end.halt.as_str(), input_tokens = end.input_tokens,
         output_tokens = end.output_tokens, estimated = end.estimated, malformed = end.malformed_events, "stream ended"
     );
+}
+
+impl Relay {
+    /// The stream's usage and cost: reported tokens, or estimated from what was relayed.
+    fn account(&self, end: &StreamEnd) {
+        let c = &self.committed;
+        let cost_micros = shield_core::usage::cost_micros(c.price.as_ref(), end.input_tokens, end.output_tokens);
+        let answered = Answered {
+            target: &c.target,
+            input_tokens: end.input_tokens,
+            output_tokens: end.output_tokens,
+            cost_micros,
+            estimated: end.estimated,
+            stream_broken: end.broken,
+        };
+        self.ledger.record(&c.tenant, &c.route, &c.run.attempts, Some(answered));
+    }
 }
 
 impl Drop for Relay {
@@ -227,6 +251,9 @@ impl Drop for Relay {
                 broken: false,
             };
             log_end(c, &end);
+            let output = (self.output_chars as u64).div_ceil(4);
+            let end = StreamEnd { input_tokens: (self.prompt_chars as u64).div_ceil(4), output_tokens: output, ..end };
+            self.account(&end);
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod secrets;
 pub mod simulate;
 pub mod targets;
 pub mod tenants;
+pub mod usage;
 
 use actix_web::{HttpResponse, web};
 use serde::de::DeserializeOwned;
@@ -57,6 +58,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(targets::put)
         .service(targets::delete)
         .service(health::get)
+        .service(usage::get)
         .service(simulate::simulate)
         .service(routes::list)
         .service(routes::get)

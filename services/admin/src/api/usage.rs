@@ -1,0 +1,104 @@
+//! `GET /v1/tenant/me/gateway/usage?from=YYYY-MM-DD&to=YYYY-MM-DD&route=`: daily usage rows per
+//! route and target, as the proxies flushed them to `gw_usage:{tenant}:{yyyymmdd}`.
+
+use actix_web::{HttpResponse, get, web};
+use chrono::NaiveDate;
+use serde::{Deserialize, Serialize};
+use shield_core::money::Usd;
+use shield_core::usage::UsageRow;
+
+use super::State;
+use crate::auth::{Principal, Scope};
+use crate::error::{ApiError, ApiResult};
+
+/// Usage is kept 95 days; a query spans at most that.
+const MAX_DAYS: i64 = 95;
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct UsageQuery {
+    /// First day (UTC), default today.
+    pub from: Option<String>,
+    /// Last day (UTC), default today.
+    pub to: Option<String>,
+    pub route: Option<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct UsageDay {
+    pub date: String,
+    pub route: String,
+    pub target: String,
+    pub calls: u64,
+    pub ok: u64,
+    pub errors: u64,
+    pub failovers_from: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// USD.
+    pub cost: f64,
+    pub cost_micros: i64,
+    pub latency_ms_avg: u64,
+    pub estimated: u64,
+    pub stream_broken: u64,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct UsageReport {
+    pub rows: Vec<UsageDay>,
+}
+
+fn day(text: Option<&str>, field: &str) -> Result<NaiveDate, ApiError> {
+    match text {
+        None => Ok(chrono::Utc::now().date_naive()),
+        Some(text) => NaiveDate::parse_from_str(text, "%Y-%m-%d")
+            .map_err(|_| ApiError::validation(field, "must be a date YYYY-MM-DD")),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/tenant/me/gateway/usage", tag = "usage", security(("bearer" = ["tenant:read"])), params(UsageQuery),
+    responses((status = 200, body = UsageReport), (status = 422), (status = 503, description = "Redis unavailable")))]
+#[get("/v1/tenant/me/gateway/usage")]
+pub async fn get(state: State, principal: Principal, query: web::Query<UsageQuery>) -> ApiResult<HttpResponse> {
+    let tenant = principal.tenant(&state, Scope::TenantRead).await?;
+    let (from, to) = (day(query.from.as_deref(), "from")?, day(query.to.as_deref(), "to")?);
+    if to < from || (to - from).num_days() >= MAX_DAYS {
+        return Err(ApiError::validation("to", format!("must be on or after `from`, within {MAX_DAYS} days")));
+    }
+    let mut conn = state.redis.get().await.map_err(|_| ApiError::RedisUnavailable)?;
+    let mut rows = Vec::new();
+    let mut date = from;
+    while date <= to {
+        let key = state.redis_keys.usage(&tenant.slug, &date.format("%Y%m%d").to_string());
+        let fields: Vec<(String, String)> =
+            redis::cmd("HGETALL").arg(key).query_async(&mut *conn).await.map_err(|_| ApiError::RedisUnavailable)?;
+        for (field, json) in fields {
+            let Some((route, target)) = field.split_once('|') else { continue };
+            if query.route.as_deref().is_some_and(|wanted| wanted != route) {
+                continue;
+            }
+            let Ok(row) = serde_json::from_str::<UsageRow>(&json) else { continue };
+            rows.push(UsageDay {
+                date: date.format("%Y-%m-%d").to_string(),
+                route: route.to_string(),
+                target: target.to_string(),
+                calls: row.calls,
+                ok: row.ok,
+                errors: row.errors,
+                failovers_from: row.failovers_from,
+                input_tokens: row.input_tokens,
+                output_tokens: row.output_tokens,
+                cost: Usd(row.cost_micros).to_decimal().parse().unwrap_or(0.0),
+                cost_micros: row.cost_micros,
+                latency_ms_avg: row.latency_ms_sum.checked_div(row.calls).unwrap_or(0),
+                estimated: row.estimated,
+                stream_broken: row.stream_broken,
+            });
+        }
+        match date.succ_opt() {
+            Some(next) => date = next,
+            None => break,
+        }
+    }
+    rows.sort_by(|a, b| (&a.date, &a.route, &a.target).cmp(&(&b.date, &b.route, &b.target)));
+    Ok(HttpResponse::Ok().json(UsageReport { rows }))
+}

@@ -1,0 +1,133 @@
+//! Cost, usage rows and budget states: the accounting that must be exact. Money is integer
+//! micro-USD; a call's cost is rounded once (half up) and spend is the exact sum of call
+//! costs, so stored totals reconcile with per-call figures to the micro-dollar.
+
+use serde::{Deserialize, Serialize};
+
+use crate::money::Usd;
+use crate::route::{AtLimit, Budget};
+use crate::target::Price;
+
+/// Cost of one call in micro-USD: tokens × USD-per-million-tokens, rounded half up once.
+pub fn cost_micros(price: Option<&Price>, input_tokens: u64, output_tokens: u64) -> i64 {
+    let Some(price) = price else { return 0 };
+    // price (micro-USD per million tokens) × tokens / 1e6, in 128 bits: no overflow, no floats.
+    let total = i128::from(price.input_per_mtok.micros()) * i128::from(input_tokens)
+        + i128::from(price.output_per_mtok.micros()) * i128::from(output_tokens);
+    i64::try_from((total + 500_000) / 1_000_000).unwrap_or(i64::MAX)
+}
+
+/// One `(route, target)` counter row of `gw_usage:{tenant}:{yyyymmdd}` (ARCHITECTURE.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRow {
+    /// Attempts made to the target (the sum of `calls` is what providers received).
+    pub calls: u64,
+    pub ok: u64,
+    pub errors: u64,
+    /// Failed attempts after which another target was tried.
+    pub failovers_from: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_micros: i64,
+    pub latency_ms_sum: u64,
+    /// Calls whose usage was estimated (4 characters a token), not reported.
+    pub estimated: u64,
+    pub stream_broken: u64,
+}
+
+impl UsageRow {
+    pub fn add(&mut self, other: &UsageRow) {
+        self.calls += other.calls;
+        self.ok += other.ok;
+        self.errors += other.errors;
+        self.failovers_from += other.failovers_from;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cost_micros += other.cost_micros;
+        self.latency_ms_sum += other.latency_ms_sum;
+        self.estimated += other.estimated;
+        self.stream_broken += other.stream_broken;
+    }
+}
+
+/// ROUTING.md step 3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetState {
+    Ok,
+    Warn,
+    Fallback,
+    Block,
+}
+
+impl BudgetState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetState::Ok => "ok",
+            BudgetState::Warn => "warn",
+            BudgetState::Fallback => "fallback",
+            BudgetState::Block => "block",
+        }
+    }
+}
+
+/// `warn` from 80 % whatever `at_limit` says (callers see it coming); at 100 % what `at_limit`
+/// says. No budget: `ok`.
+pub fn budget_state(budget: Option<&Budget>, spend: Usd) -> BudgetState {
+    let Some(budget) = budget else { return BudgetState::Ok };
+    let (spend, limit) = (i128::from(spend.micros()), i128::from(budget.monthly.micros()));
+    if spend >= limit {
+        match budget.at_limit {
+            AtLimit::Warn => BudgetState::Warn,
+            AtLimit::Fallback => BudgetState::Fallback,
+            AtLimit::Block => BudgetState::Block,
+        }
+    } else if spend * 10 >= limit * 8 {
+        BudgetState::Warn
+    } else {
+        BudgetState::Ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::from_json_field;
+
+    fn price(input: &str, output: &str) -> Price {
+        from_json_field(format!(r#"{{"input_per_mtok": {input}, "output_per_mtok": {output}}}"#).as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn costs_are_exact_integers() {
+        let p = price("2.5", "10");
+        assert_eq!(cost_micros(Some(&p), 1_000_000, 0), 2_500_000);
+        assert_eq!(cost_micros(Some(&p), 10, 20), 225, "10 × 2.5 + 20 × 10 = 225 micro-USD");
+        assert_eq!(cost_micros(Some(&price("0.15", "0.6")), 1, 1), 1, "0.75 micro-USD rounds half up to 1");
+        assert_eq!(cost_micros(Some(&price("0.15", "0.6")), 1, 0), 0, "0.15 rounds to 0");
+        assert_eq!(cost_micros(None, 1_000, 1_000), 0, "unpriced costs 0");
+        assert_eq!(cost_micros(Some(&price("1000000", "1000000")), u64::MAX, u64::MAX), i64::MAX, "saturates");
+    }
+
+    #[test]
+    fn budget_states() {
+        let budget = |at: &str| -> Budget {
+            from_json_field(format!(r#"{{"monthly": 100, "at_limit": "{at}", "fallback_targets": ["x"]}}"#).as_bytes())
+                .unwrap()
+        };
+        let usd = |n: i64| Usd(n * 1_000_000);
+        assert_eq!(budget_state(None, usd(1_000)), BudgetState::Ok);
+        assert_eq!(budget_state(Some(&budget("block")), usd(79)), BudgetState::Ok);
+        assert_eq!(budget_state(Some(&budget("block")), usd(80)), BudgetState::Warn);
+        assert_eq!(budget_state(Some(&budget("block")), usd(100)), BudgetState::Block);
+        assert_eq!(budget_state(Some(&budget("fallback")), usd(150)), BudgetState::Fallback);
+        assert_eq!(budget_state(Some(&budget("warn")), usd(100)), BudgetState::Warn);
+    }
+
+    #[test]
+    fn rows_add_up() {
+        let mut a = UsageRow { calls: 1, ok: 1, cost_micros: 5, ..Default::default() };
+        a.add(&UsageRow { calls: 2, errors: 2, failovers_from: 1, cost_micros: 7, ..Default::default() });
+        assert_eq!((a.calls, a.ok, a.errors, a.failovers_from, a.cost_micros), (3, 1, 2, 1, 12));
+    }
+}
