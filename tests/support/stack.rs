@@ -166,6 +166,23 @@ impl Stack {
             .collect()
     }
 
+    /// Starts another proxy process of the same deployment; returns its address.
+    pub async fn extra_proxy(&mut self) -> String {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let log = std::fs::File::create(self.logs.join(format!("proxy-{addr}.log"))).unwrap();
+        let child = self
+            .command(&["proxy"])
+            .env("SHIELD_PROXY_ADDR", &addr)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start proxy");
+        self.children.insert(0, child);
+        let url = format!("http://{addr}/healthz");
+        eventually(30, "the extra proxy to answer", || async { http_ok(&url).await.then_some(()) }).await;
+        addr
+    }
+
     /// Stops the proxy (the last child) with SIGTERM and waits for it to exit.
     pub async fn terminate_proxy(&mut self) {
         let mut proxy = self.children.pop().expect("proxy running");

@@ -116,7 +116,7 @@ fn each_condition_first_match_use_and_deny() {
         let p = plan(&smart(), &targets(), &facts, &mut rng());
         assert_eq!(p.rule, rule, "{what}");
         assert_eq!(p.order, order, "{what}");
-        assert_eq!(p.denied.as_deref(), denied, "{what}");
+        assert_eq!(p.refused.map(|(_, reason)| reason).as_deref(), denied, "{what}");
         for excluded in p.excluded.iter().filter(|e| e.reason == Exclusion::Rule) {
             assert!(!p.order.contains(&excluded.target), "{what}");
         }
@@ -141,6 +141,50 @@ fn all_conditions_of_a_rule_must_hold_and_location_alone_always_applies() {
     );
     let both = Facts { role: Some("analyst".into()), data_class: Some("internal".into()), ..Facts::default() };
     assert_eq!(plan(&route, &targets(), &both, &mut rng()).order, vec!["openai-4o"]);
+}
+
+#[test]
+fn budgets_apply_after_the_rules() {
+    use crate::run::Halt;
+    use crate::usage::BudgetState;
+    let route: Route = from_json_field(
+        br#"{"name": "r", "targets": ["openai-4o", "azure-4o", "onprem-qwen"],
+            "rules": [{"when": {"role": ["cloud-only"]}, "use": ["openai-4o", "azure-4o"]}],
+            "budget": {"monthly": 10, "at_limit": "fallback", "fallback_targets": ["onprem-qwen"]}}"#,
+    )
+    .unwrap();
+    let facts = |budget, role: Option<&str>| Facts { budget, role: role.map(str::to_string), ..Facts::default() };
+    let p = plan(&route, &targets(), &facts(BudgetState::Warn, None), &mut rng());
+    assert_eq!(p.order.len(), 3, "warn only warns");
+    let p = plan(&route, &targets(), &facts(BudgetState::Fallback, None), &mut rng());
+    assert_eq!(p.order, vec!["onprem-qwen"]);
+    assert_eq!(p.excluded.iter().filter(|e| e.reason == Exclusion::Budget).count(), 2);
+    let p = plan(&route, &targets(), &facts(BudgetState::Fallback, Some("cloud-only")), &mut rng());
+    assert_eq!(p.refused.map(|(h, _)| h), Some(Halt::BudgetBlocked), "fallback ∩ the rule's set is empty: refused");
+    let p = plan(&route, &targets(), &facts(BudgetState::Block, None), &mut rng());
+    assert_eq!(p.refused, Some((Halt::BudgetBlocked, "This route's monthly budget is spent".into())));
+    assert!(p.order.is_empty());
+}
+
+#[test]
+fn lowest_cost_orders_by_this_requests_estimated_cost_unpriced_last() {
+    let mut targets = targets();
+    let price = |input: &str, output: &str| {
+        Some(
+            from_json_field(format!(r#"{{"input_per_mtok": {input}, "output_per_mtok": {output}}}"#).as_bytes())
+                .unwrap(),
+        )
+    };
+    targets.get_mut("openai-4o").unwrap().price = price("2.5", "10");
+    targets.get_mut("azure-4o").unwrap().price = price("5", "1");
+    let route: Route = from_json_field(
+        br#"{"name": "r", "targets": ["onprem-qwen", "openai-4o", "azure-4o"], "strategy": "lowest_cost"}"#,
+    )
+    .unwrap();
+    let long_prompt = Facts { prompt_tokens: 10_000, expected_output_tokens: 100, ..Facts::default() };
+    assert_eq!(plan(&route, &targets, &long_prompt, &mut rng()).order, vec!["openai-4o", "azure-4o", "onprem-qwen"]);
+    let long_answer = Facts { prompt_tokens: 10, expected_output_tokens: 4_000, ..Facts::default() };
+    assert_eq!(plan(&route, &targets, &long_answer, &mut rng()).order, vec!["azure-4o", "openai-4o", "onprem-qwen"]);
 }
 
 #[test]
@@ -252,7 +296,7 @@ proptest! {
         let mut tried = BTreeSet::new();
         let mut outcomes = failures.iter();
         while let Step::Try(id) = run.step(false) {
-            prop_assert!(p.denied.is_none(), "a denied call tries nothing");
+            prop_assert!(p.refused.is_none(), "a refused call tries nothing");
             prop_assert!(allowed(&id), "{} is outside the eligible set", id);
             prop_assert!(tried.insert(id.clone()), "{} tried twice", id);
             let result = match outcomes.next().copied().unwrap_or(0) {

@@ -9,7 +9,9 @@ use serde::Serialize;
 use rand::Rng;
 
 use crate::route::{Route, Rule, Strategy};
+use crate::run::Halt;
 use crate::target::{AuthMode, Target};
+use crate::usage::{BudgetState, cost_micros};
 
 /// Why a candidate is not eligible for this request (a closed set; also a metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -17,6 +19,8 @@ use crate::target::{AuthMode, Target};
 pub enum Exclusion {
     /// Not in the set the matched rule narrowed the route to.
     Rule,
+    /// The monthly budget is at its limit and this target is not a fallback target.
+    Budget,
     Disabled,
     /// This process's circuit breaker for the target is open (or its half-open probe is out).
     CircuitOpen,
@@ -29,6 +33,7 @@ impl Exclusion {
     pub fn as_str(self) -> &'static str {
         match self {
             Exclusion::Rule => "rule",
+            Exclusion::Budget => "budget",
             Exclusion::Disabled => "disabled",
             Exclusion::CircuitOpen => "circuit_open",
             Exclusion::Unknown => "unknown_target",
@@ -49,6 +54,10 @@ pub struct Facts {
     pub role: Option<String>,
     /// Characters of the prompt / 4.
     pub prompt_tokens: u64,
+    /// The answer's expected size (`max_tokens`, else a default), for `lowest_cost`.
+    pub expected_output_tokens: u64,
+    /// The route's budget state (ROUTING.md step 3).
+    pub budget: BudgetState,
     /// The caller sent `X-Shield-Upstream-Key` (for passthrough targets).
     pub has_upstream_key: bool,
     /// Targets whose vault secret is in the snapshot, decrypts, and is bound to their host.
@@ -69,8 +78,9 @@ pub struct Excluded {
 pub struct Plan {
     /// The index of the rule that decided (first match), if any.
     pub rule: Option<usize>,
-    /// A `deny` rule refused the call with this reason: nothing is tried.
-    pub denied: Option<String>,
+    /// The call is refused with this halt (`denied` by a rule, `budget_blocked`) and reason:
+    /// nothing is tried.
+    pub refused: Option<(Halt, String)>,
     /// The eligible set in the order attempts will go.
     pub order: Vec<String>,
     pub excluded: Vec<Excluded>,
@@ -84,9 +94,19 @@ pub fn plan(route: &Route, targets: &BTreeMap<String, Target>, facts: &Facts, rn
     let matched = route.rules.iter().position(|rule| matches(rule, facts));
     out.rule = matched;
     if let Some(reason) = matched.and_then(|i| route.rules[i].deny.clone()) {
-        out.denied = Some(reason);
+        out.refused = Some((Halt::Denied, reason));
         return out;
     }
+    // Step 3, after the rules ("As built"): `block` refuses; `fallback` narrows further.
+    let fallback = match facts.budget {
+        BudgetState::Block => {
+            out.refused = Some((Halt::BudgetBlocked, BUDGET_SPENT.to_string()));
+            return out;
+        }
+        BudgetState::Fallback => route.budget.as_ref().map(|b| b.fallback_targets.as_slice()),
+        _ => None,
+    };
+    let mut narrowed_to_some = false;
     for id in &route.targets {
         if let Some(rule) = matched.map(|i| &route.rules[i])
             && !selects(rule, id, targets)
@@ -94,14 +114,27 @@ pub fn plan(route: &Route, targets: &BTreeMap<String, Target>, facts: &Facts, rn
             out.excluded.push(Excluded { target: id.clone(), reason: Exclusion::Rule });
             continue;
         }
+        if fallback.is_some_and(|allowed| !allowed.contains(id)) {
+            out.excluded.push(Excluded { target: id.clone(), reason: Exclusion::Budget });
+            continue;
+        }
+        narrowed_to_some = true;
         match admit(targets.get(id), facts) {
             Ok(()) => out.order.push(id.clone()),
             Err(reason) => out.excluded.push(Excluded { target: id.clone(), reason }),
         }
     }
-    out.order = order(route, facts, out.order, rng);
+    if fallback.is_some() && !narrowed_to_some {
+        // Seed "As built": a fallback that leaves no target (after the rules) refuses the call.
+        out.refused = Some((Halt::BudgetBlocked, BUDGET_SPENT.to_string()));
+        return out;
+    }
+    out.order = order(route, targets, facts, out.order, rng);
     out
 }
+
+/// The refusal text of a spent budget (API.md).
+pub const BUDGET_SPENT: &str = "This route's monthly budget is spent";
 
 /// Seed §3.2: all present conditions hold; `location_required` is not a test ("As built").
 pub fn matches(rule: &Rule, facts: &Facts) -> bool {
@@ -145,12 +178,30 @@ fn admit(target: Option<&Target>, facts: &Facts) -> Result<(), Exclusion> {
     Ok(())
 }
 
-/// The strategy's order over the eligible set (ROUTING.md step 5). `lowest_cost` needs the
-/// request's cost estimate, which arrives with the budgets work; until then it keeps route
-/// order.
-fn order(route: &Route, facts: &Facts, eligible: Vec<String>, rng: &mut impl Rng) -> Vec<String> {
+/// The strategy's order over the eligible set (ROUTING.md step 5).
+fn order(
+    route: &Route,
+    targets: &BTreeMap<String, Target>,
+    facts: &Facts,
+    eligible: Vec<String>,
+    rng: &mut impl Rng,
+) -> Vec<String> {
     match route.strategy {
-        Strategy::Priority | Strategy::LowestCost => eligible,
+        Strategy::Priority => eligible,
+        Strategy::LowestCost => {
+            // The estimated cost of this request on each target; unpriced targets last, ties
+            // (and the unpriced) in route order.
+            let mut ordered = eligible;
+            let estimate = |id: &String| {
+                let price = targets.get(id).and_then(|t| t.price.as_ref())?;
+                Some(cost_micros(Some(price), facts.prompt_tokens, facts.expected_output_tokens))
+            };
+            ordered.sort_by_key(|id| match estimate(id) {
+                Some(cost) => (0, cost),
+                None => (1, 0),
+            });
+            ordered
+        }
         Strategy::LowestLatency => {
             // Untried targets first (in route order), so every target gets measured; then
             // the fastest. The sort is stable, so ties keep route order.

@@ -38,6 +38,11 @@ pub struct Route {
     pub updated_at: i64,
     #[serde(default)]
     pub updated_by: String,
+    /// Read-only: the month's spend against the budget, filled by route reads
+    /// (`{spend, limit, percent, state, incomplete}`); ignored on input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub budget_state: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

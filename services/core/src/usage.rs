@@ -51,9 +51,10 @@ impl UsageRow {
 }
 
 /// ROUTING.md step 3.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BudgetState {
+    #[default]
     Ok,
     Warn,
     Fallback,

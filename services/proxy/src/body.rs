@@ -78,6 +78,11 @@ impl ChatRequest {
         serde_json::to_vec(&body).unwrap_or_default()
     }
 
+    /// `max_completion_tokens` or `max_tokens`, when the request sets one.
+    pub fn max_output_tokens(&self) -> Option<u64> {
+        ["max_completion_tokens", "max_tokens"].iter().find_map(|k| self.fields.get(*k).and_then(Value::as_u64))
+    }
+
     /// Whether the client itself asked for the final usage chunk.
     pub fn wants_usage(&self) -> bool {
         self.fields.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false)

@@ -47,6 +47,9 @@ enum TenantEntry {
     Absent,
 }
 
+/// `(yyyymm, route → micro-USD)` of one tenant.
+type MonthSpend = (String, HashMap<String, i64>);
+
 pub struct Caches {
     redis: deadpool_redis::Pool,
     pub redis_keys: RedisKeys,
@@ -54,6 +57,9 @@ pub struct Caches {
     every: Duration,
     api_keys: RwLock<HashMap<String, KeyEntry>>,
     tenants: RwLock<HashMap<String, TenantEntry>>,
+    /// Each cached tenant's flushed month spend per route: `(yyyymm, route → micro-USD)`,
+    /// refreshed with the configuration (seed §3.3).
+    spend: RwLock<HashMap<String, MonthSpend>>,
     /// Redis has answered at least once (readiness).
     ready: AtomicBool,
     unknown_keys: AtomicU64,
@@ -68,6 +74,7 @@ impl Caches {
             every,
             api_keys: RwLock::default(),
             tenants: RwLock::default(),
+            spend: RwLock::default(),
             ready: AtomicBool::new(false),
             unknown_keys: AtomicU64::new(0),
         }
@@ -131,8 +138,34 @@ impl Caches {
         }
     }
 
+    /// The month spend of `route` as last flushed by all processes (0 for a new month).
+    pub fn month_spend(&self, tenant: &str, route: &str) -> i64 {
+        let month = chrono::Utc::now().format("%Y%m").to_string();
+        match self.spend.read().expect("spend lock").get(tenant) {
+            Some((cached_month, routes)) if *cached_month == month => routes.get(route).copied().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    async fn refresh_spend(&self, tenant: &str) {
+        let month = chrono::Utc::now().format("%Y%m").to_string();
+        let read = async {
+            let mut conn = self.redis.get().await.ok()?;
+            redis::cmd("HGETALL")
+                .arg(self.redis_keys.spend(tenant, &month))
+                .query_async::<HashMap<String, i64>>(&mut *conn)
+                .await
+                .ok()
+        };
+        if let Ok(Some(routes)) = tokio::time::timeout(STORE_TIMEOUT, read).await {
+            self.spend.write().expect("spend lock").insert(tenant.to_string(), (month, routes));
+        }
+    }
+
     async fn load_tenant(&self, tenant: &str) -> Result<TenantEntry, StoreDown> {
-        Ok(match self.fetch_snapshot(tenant).await? {
+        let snapshot = self.fetch_snapshot(tenant).await?;
+        self.refresh_spend(tenant).await;
+        Ok(match snapshot {
             Some(snapshot) => TenantEntry::Loaded(Arc::new(TenantConfig::build(snapshot, &self.keyring))),
             None => TenantEntry::Absent,
         })
@@ -227,6 +260,7 @@ impl Caches {
         let tenants: Vec<String> = self.tenants.read().expect("tenant cache lock").keys().cloned().collect();
         for tenant in tenants {
             self.refresh_tenant(&tenant, None).await;
+            self.refresh_spend(&tenant).await;
         }
     }
 

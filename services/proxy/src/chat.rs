@@ -10,7 +10,9 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::HeaderMap as InboundHeaders;
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, ResponseError, post, web};
 use serde_json::{Value, json};
+use shield_core::money::Usd;
 use shield_core::plan::Facts;
+use shield_core::usage::budget_state;
 
 use crate::auth::authenticate;
 use crate::body::{self, ChatRequest};
@@ -24,6 +26,8 @@ use crate::{ProxyState, default_path};
 
 pub const UPSTREAM_KEY_HEADER: &str = "x-shield-upstream-key";
 pub const DATA_CLASS_HEADER: &str = "x-shield-data-class";
+/// `lowest_cost`'s guess at an answer's size when the request sets no `max_tokens`.
+const DEFAULT_OUTPUT_TOKENS: u64 = 256;
 
 #[post("/v1/chat/completions")]
 pub async fn chat_completions(
@@ -106,6 +110,13 @@ pub async fn pipeline(
         agent: caller.agent.clone(),
         role: caller.role.clone(),
         prompt_tokens: (request.prompt_chars() as u64).div_ceil(4),
+        expected_output_tokens: request.max_output_tokens().unwrap_or(DEFAULT_OUTPUT_TOKENS),
+        // Seed §3.3: the flushed month total plus this process's unflushed spend.
+        budget: budget_state(
+            route.budget.as_ref(),
+            Usd(state.caches.month_spend(&tenant.snapshot.tenant, &route.name)
+                + state.usage.unflushed_spend(&tenant.snapshot.tenant, &route.name)),
+        ),
         ..Facts::default()
     };
     let upstream_key = req.headers().get(UPSTREAM_KEY_HEADER).and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
@@ -209,7 +220,7 @@ fn stream_response(
         .insert_header(("x-shield-route", committed.route.as_str()))
         .insert_header(("x-shield-target", committed.target.as_str()))
         .insert_header(("x-shield-failovers", failovers.to_string()))
-        .insert_header(("x-shield-budget", "ok"));
+        .insert_header(("x-shield-budget", committed.budget.as_str()));
     let (health, metrics, ledger) = (state.health.clone(), state.metrics.clone(), state.usage.clone());
     let body =
         crate::relay::relay(committed, health, metrics, ledger, output, request.wants_usage(), request.prompt_chars());
@@ -238,7 +249,7 @@ pub fn routing_record(routed: &Routed, target: Option<&str>) -> Value {
     };
     json!({
         "route": routed.route, "target": target, "attempts": routed.attempts, "excluded": routed.excluded,
-        "rule": routed.rule, "reason": reason, "cost": cost, "cost_micros": routed.cost_micros, "halt": routed.halt, "budget": "ok",
+        "rule": routed.rule, "reason": reason, "cost": cost, "cost_micros": routed.cost_micros, "halt": routed.halt, "budget": routed.budget.as_str(),
     })
 }
 
@@ -252,7 +263,7 @@ pub fn with_routing_headers(
         response.insert_header(("x-shield-target", target));
     }
     response.insert_header(("x-shield-failovers", routed.failovers.to_string()));
-    response.insert_header(("x-shield-budget", "ok"));
+    response.insert_header(("x-shield-budget", routed.budget.as_str()));
     response
 }
 

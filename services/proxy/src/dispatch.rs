@@ -18,6 +18,7 @@ use shield_core::plan::{Excluded, Exclusion, Facts, plan};
 use shield_core::route::Route;
 use shield_core::run::{Attempt, Halt, Run, Step};
 use shield_core::target::{AuthMode, Flavor, Target};
+use shield_core::usage::BudgetState;
 
 use crate::body::ChatRequest;
 use crate::egress::{Egress, Failure, Opened};
@@ -38,6 +39,8 @@ pub struct Routed {
     pub result: RoutedResult,
     /// What the answer cost (micro-USD), once known.
     pub cost_micros: Option<i64>,
+    /// The route's budget state for this call.
+    pub budget: BudgetState,
 }
 
 pub enum RoutedResult {
@@ -67,7 +70,7 @@ pub struct Call<'a> {
 /// The loop's result: the run so far and, when an attempt succeeded, its product.
 struct Loop<T> {
     rule: Option<usize>,
-    denied: Option<String>,
+    refused: Option<(Halt, String)>,
     run: Run,
     excluded: Vec<Excluded>,
     success: Option<Success<T>>,
@@ -98,7 +101,7 @@ where
         ..call.facts.clone()
     };
     let planned = plan(call.route, &call.tenant.snapshot.targets, &facts, rng);
-    let (rule, denied) = (planned.rule, planned.denied);
+    let (rule, refused) = (planned.rule, planned.refused);
     let mut excluded = planned.excluded;
     let mut run = Run::new(planned.order, call.route.failover.max_attempts, call.route.failover.on.clone());
     let mut last_failure = None;
@@ -117,7 +120,7 @@ where
             Ok((status, value)) => {
                 run.record(&target.model, Ok(()), Some(status), ms);
                 let success = Success { target: id, model: target.model.clone(), value, permit, started };
-                return Loop { rule, denied, run, excluded, success: Some(success), last_failure };
+                return Loop { rule, refused, run, excluded, success: Some(success), last_failure };
             }
             Err(failure) => {
                 health.record(tenant, &id, permit, Err(failure.class), ms);
@@ -126,7 +129,7 @@ where
             }
         }
     }
-    Loop { rule, denied, run, excluded, success: None, last_failure }
+    Loop { rule, refused, run, excluded, success: None, last_failure }
 }
 
 /// A non-streaming routed call.
@@ -167,6 +170,7 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
         halt,
         result,
         cost_micros: None,
+        budget: call.facts.budget,
     }
 }
 
@@ -175,8 +179,8 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
 fn unsuccessful<T>(call: &Call<'_>, outcome: Loop<T>) -> Routed {
     let rule = rule_record(call, outcome.rule);
     let mut run = outcome.run;
-    let (halt, result) = match outcome.denied {
-        Some(reason) => (Halt::Denied, RoutedResult::Refusal { reason, target: None }),
+    let (halt, result) = match outcome.refused {
+        Some((halt, reason)) => (halt, RoutedResult::Refusal { reason, target: None }),
         None => {
             let result = refused_or_unavailable(&run, outcome.last_failure);
             (halt_of(&mut run), result)
@@ -191,6 +195,7 @@ fn unsuccessful<T>(call: &Call<'_>, outcome: Loop<T>) -> Routed {
         halt,
         result,
         cost_micros: None,
+        budget: call.facts.budget,
     }
 }
 
@@ -202,6 +207,7 @@ fn rule_record(call: &Call<'_>, index: Option<usize>) -> Option<Value> {
 /// A streamed call that reached its commit point: the relay takes it from here.
 pub struct Committed {
     pub rule: Option<Value>,
+    pub budget: BudgetState,
     /// The answering target's price, for the stream's cost.
     pub price: Option<shield_core::target::Price>,
     pub route: String,
@@ -237,6 +243,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
             let idle_timeout = call.tenant.target(&success.target).map(|t| t.idle_timeout_s).unwrap_or(15);
             Ok(Committed {
                 rule: rule_record(&call, outcome.rule),
+                budget: call.facts.budget,
                 price: call.tenant.target(&success.target).and_then(|t| t.price.clone()),
                 route: call.route.name.clone(),
                 tenant: call.tenant.snapshot.tenant.clone(),

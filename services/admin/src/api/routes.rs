@@ -4,7 +4,9 @@
 use actix_web::{HttpResponse, delete, get, put, web};
 use serde::Serialize;
 use shield_core::MAX_ROUTES_PER_TENANT;
+use shield_core::money::Usd;
 use shield_core::route::Route;
+use shield_core::usage::budget_state;
 use shield_core::validate::validate_route;
 
 use super::{Body, State, created_or_replaced, decode};
@@ -24,7 +26,9 @@ pub struct RouteList {
 #[get("/v1/tenant/me/gateway/routes")]
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    Ok(HttpResponse::Ok().json(RouteList { routes: config::routes(&state.db, tenant.id).await? }))
+    let mut routes = config::routes(&state.db, tenant.id).await?;
+    with_budget_states(&state, tenant.id, &tenant.slug, &mut routes).await?;
+    Ok(HttpResponse::Ok().json(RouteList { routes }))
 }
 
 #[utoipa::path(get, path = "/v1/tenant/me/gateway/routes/{name}", tag = "routes", security(("bearer" = ["tenant:read"])),
@@ -34,6 +38,9 @@ pub async fn get(state: State, principal: Principal, name: web::Path<String>) ->
     let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
     let route = config::route(&state.db, tenant.id, &name).await?.ok_or_else(|| not_found(&name))?;
+    let mut routes = [route];
+    with_budget_states(&state, tenant.id, &tenant.slug, &mut routes).await?;
+    let [route] = routes;
     Ok(HttpResponse::Ok().json(route))
 }
 
@@ -54,6 +61,7 @@ pub async fn put(state: State, principal: Principal, name: web::Path<String>, bo
     }
     route.updated_at = chrono::Utc::now().timestamp();
     route.updated_by = principal.actor().to_string();
+    route.budget_state = None;
     let created = config::put_route(write.conn(), tenant.id, &route).await?;
     write.commit(Action::RouteSet, &name, before.as_ref().map(digest_of), Some(digest_of(&route))).await?;
     Ok(created_or_replaced(created, route))
@@ -70,6 +78,34 @@ pub async fn delete(state: State, principal: Principal, name: web::Path<String>)
     config::delete_route(write.conn(), tenant.id, &name).await?;
     write.commit(Action::RouteDeleted, &name, Some(digest_of(&before)), None).await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// Fills each route's read-only `budget_state`: this month's flushed spend, the limit, the
+/// percentage, the state (ROUTING.md step 3) and whether spend is incomplete (a listed target
+/// has no price, so its calls count as 0). Spend reads as 0 when Redis is unavailable.
+async fn with_budget_states(state: &State, tenant_id: i64, tenant: &str, routes: &mut [Route]) -> Result<(), ApiError> {
+    let targets = config::targets(&state.db, tenant_id).await?;
+    let month = chrono::Utc::now().format("%Y%m").to_string();
+    let spend: std::collections::HashMap<String, i64> = match state.redis.get().await {
+        Ok(mut conn) => redis::cmd("HGETALL")
+            .arg(state.redis_keys.spend(tenant, &month))
+            .query_async(&mut *conn)
+            .await
+            .unwrap_or_default(),
+        Err(_) => Default::default(),
+    };
+    let usd = |micros: i64| Usd(micros).to_decimal().parse::<f64>().unwrap_or(0.0);
+    for route in routes.iter_mut() {
+        let spent = spend.get(&route.name).copied().unwrap_or(0);
+        let limit = route.budget.as_ref().map(|b| b.monthly.micros());
+        let incomplete = route.targets.iter().any(|id| targets.get(id).is_none_or(|t| t.price.is_none()));
+        let percent = limit.filter(|l| *l > 0).map(|l| ((spent as f64) * 10_000.0 / (l as f64)).round() / 100.0);
+        route.budget_state = Some(serde_json::json!({
+            "spend": usd(spent), "spend_micros": spent, "limit": limit.map(usd), "percent": percent,
+            "state": budget_state(route.budget.as_ref(), Usd(spent)).as_str(), "incomplete": incomplete, "month": month,
+        }));
+    }
+    Ok(())
 }
 
 fn not_found(name: &str) -> ApiError {

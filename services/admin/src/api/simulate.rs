@@ -11,9 +11,9 @@ use actix_web::{HttpResponse, post, web};
 use serde::{Deserialize, Serialize};
 use shield_core::money::Usd;
 use shield_core::plan::{Facts, plan};
-use shield_core::route::AtLimit;
 use shield_core::target::AuthMode;
 use shield_core::url_safety;
+use shield_core::usage::{BudgetState, budget_state};
 
 use super::{Body, State, decode};
 use crate::auth::{Principal, Scope};
@@ -116,6 +116,7 @@ pub async fn simulate(
         .collect();
     let states = health_states(&state, &tenant.slug).await;
     let circuit_open = states.iter().filter(|(_, s)| s.as_str() == "open").map(|(t, _)| t.clone()).collect();
+    let (budget, budget_state) = budget_view(&state, &tenant.slug, &route).await;
     let facts = Facts {
         flagged: request.flagged.iter().cloned().collect(),
         data_class: header("x-shield-data-class"),
@@ -126,12 +127,12 @@ pub async fn simulate(
         vault_ready,
         circuit_open,
         latency_ms: BTreeMap::new(),
+        expected_output_tokens: 256,
+        budget: budget_state,
     };
     let mut rng: rand::rngs::SmallRng = rand::SeedableRng::seed_from_u64(0);
     let planned = plan(&route, &targets, &facts, &mut rng);
 
-    let budget = budget_view(&state, &tenant.slug, &route).await;
-    let budget_refusal = (budget.state == "block").then(|| "This route's monthly budget is spent".to_string());
     let candidates = route
         .targets
         .iter()
@@ -176,7 +177,7 @@ pub async fn simulate(
         eligible,
         order: planned.order,
         budget,
-        refused: planned.denied.or(budget_refusal),
+        refused: planned.refused.map(|(_, reason)| reason),
     }))
 }
 
@@ -208,9 +209,8 @@ async fn health_states(state: &State, tenant: &str) -> BTreeMap<String, String> 
     worst
 }
 
-/// ROUTING.md step 3 from the month's flushed spend: `warn` from 80 %, and at 100 % what
-/// `at_limit` says.
-async fn budget_view(state: &State, tenant: &str, route: &shield_core::route::Route) -> BudgetView {
+/// ROUTING.md step 3 from the month's flushed spend (shield-core decides the state).
+async fn budget_view(state: &State, tenant: &str, route: &shield_core::route::Route) -> (BudgetView, BudgetState) {
     let month = chrono::Utc::now().format("%Y%m").to_string();
     let spend_micros: i64 = match state.redis.get().await {
         Ok(mut conn) => redis::cmd("HGET")
@@ -223,27 +223,13 @@ async fn budget_view(state: &State, tenant: &str, route: &shield_core::route::Ro
             .unwrap_or(0),
         Err(_) => 0,
     };
-    let spend = Usd(spend_micros);
     let as_number = |u: Usd| u.to_decimal().parse::<f64>().unwrap_or(0.0);
-    let Some(budget) = &route.budget else {
-        return BudgetView { state: "ok".into(), spend: as_number(spend), limit: None, currency: "USD".into() };
+    let budget_state = budget_state(route.budget.as_ref(), Usd(spend_micros));
+    let view = BudgetView {
+        state: budget_state.as_str().into(),
+        spend: as_number(Usd(spend_micros)),
+        limit: route.budget.as_ref().map(|b| as_number(b.monthly)),
+        currency: route.budget.as_ref().map(|b| b.currency.clone()).unwrap_or_else(|| "USD".into()),
     };
-    let limit = budget.monthly.micros();
-    let state_name = if spend_micros >= limit {
-        match budget.at_limit {
-            AtLimit::Warn => "warn",
-            AtLimit::Fallback => "fallback",
-            AtLimit::Block => "block",
-        }
-    } else if spend_micros * 10 >= limit * 8 {
-        "warn"
-    } else {
-        "ok"
-    };
-    BudgetView {
-        state: state_name.into(),
-        spend: as_number(spend),
-        limit: Some(as_number(budget.monthly)),
-        currency: budget.currency.clone(),
-    }
+    (view, budget_state)
 }
