@@ -8,6 +8,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod deliver;
 pub mod error;
 pub mod metrics;
 pub mod openapi;
@@ -85,6 +86,13 @@ pub async fn serve(config: AdminConfig, db: PgPool) -> std::io::Result<()> {
     let redis = redis_pool(&config.redis_url).map_err(std::io::Error::other)?;
     let state = web::Data::new(AdminState::new(db, redis, &config).map_err(std::io::Error::other)?);
     state.publisher.clone().spawn(config.republish_every);
+    Arc::new(deliver::Deliverer::new(
+        state.db.clone(),
+        state.redis.clone(),
+        config.redis_keys.clone(),
+        config.keyring.clone(),
+    ))
+    .spawn();
     tracing::info!(addr = %config.addr, "admin listening");
     HttpServer::new(move || {
         App::new()

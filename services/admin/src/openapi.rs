@@ -20,6 +20,7 @@ use crate::api;
         api::keys::list, api::keys::create, api::keys::revoke,
         api::guardrails::get, api::guardrails::put,
         api::audit::list,
+        api::webhooks::list, api::webhooks::create, api::webhooks::remove, api::webhooks::deliveries,
     ),
     components(schemas(ErrorBody, ErrorDetail, shield_core::FieldError)),
     modifiers(&BearerAuth),

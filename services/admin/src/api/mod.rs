@@ -13,6 +13,7 @@ pub mod simulate;
 pub mod targets;
 pub mod tenants;
 pub mod usage;
+pub mod webhooks;
 
 use actix_web::{HttpResponse, web};
 use serde::de::DeserializeOwned;
@@ -74,6 +75,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(guardrails::get)
         .service(guardrails::put)
         .service(audit::list)
+        .service(webhooks::list)
+        .service(webhooks::create)
+        .service(webhooks::remove)
+        .service(webhooks::deliveries)
         .default_service(web::to(|| async {
             Err::<HttpResponse, _>(ApiError::NotFound("no such endpoint; see /docs".into()))
         }));

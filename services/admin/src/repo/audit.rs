@@ -17,6 +17,8 @@ pub enum Action {
     KeyCreated,
     KeyRevoked,
     GuardrailsSet,
+    WebhookCreated,
+    WebhookDeleted,
 }
 
 impl Action {
@@ -32,6 +34,8 @@ impl Action {
             Action::KeyCreated => "key_created",
             Action::KeyRevoked => "key_revoked",
             Action::GuardrailsSet => "guardrails_set",
+            Action::WebhookCreated => "webhook_created",
+            Action::WebhookDeleted => "webhook_deleted",
         }
     }
 }

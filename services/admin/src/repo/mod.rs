@@ -7,6 +7,7 @@ pub mod keys;
 pub mod secrets;
 pub mod tenants;
 pub mod users;
+pub mod webhooks;
 
 use sha2::{Digest, Sha256};
 
