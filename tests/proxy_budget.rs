@@ -119,6 +119,22 @@ async fn budget_exceeded_is_claimed_once_with_two_processes_flushing() {
     assert_eq!(exceeded[0]["limit"], 0.001);
     assert!(exceeded[0]["spend"].as_f64().unwrap() >= 0.001);
     assert_eq!(exceeded[0]["month"], month());
+    // Both processes' rows merged without losing an increment.
+    let usage: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(format!("{}gw_usage:{{{}}}:{}", stack.prefix, stack.tenant, today()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let row: Value = serde_json::from_str(&usage["shared|a"]).unwrap();
+    assert_eq!(
+        (row["calls"].as_u64(), row["ok"].as_u64(), row["cost_micros"].as_i64()),
+        (Some(12), Some(12), Some(2_700))
+    );
+}
+
+fn today() -> String {
+    let out = std::process::Command::new("date").args(["-u", "+%Y%m%d"]).output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 fn month() -> String {

@@ -5,6 +5,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use shield_e2e::eventually;
+use shield_e2e::process::PrivateRedis;
 use shield_e2e::stack::{Stack, StackOptions, chat_body};
 
 async fn priced_route(stack: &Stack) {
@@ -101,6 +102,30 @@ async fn a_graceful_stop_flushes_what_is_buffered() {
         (row(&rows, "down")["calls"].as_u64(), row(&rows, "down")["failovers_from"].as_u64()),
         (Some(5), Some(5))
     );
+}
+
+#[tokio::test]
+async fn usage_made_while_redis_is_down_is_flushed_when_it_returns() {
+    let mut redis = PrivateRedis::start();
+    let stack = Stack::start_with(StackOptions { redis_url: redis.url(), ..Default::default() }).await;
+    priced_route(&stack).await;
+    let (key, _) = stack.key(None).await;
+    assert_eq!(stack.chat(&key, chat_body("smart"), &[]).await.0, StatusCode::OK);
+    eventually(10, "the first flush", || async { (!usage(&stack).await.is_empty()).then_some(()) }).await;
+    redis.stop();
+    for _ in 0..3 {
+        assert_eq!(stack.chat(&key, chat_body("smart"), &[]).await.0, StatusCode::OK, "cached config keeps serving");
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await; // flushes fail meanwhile
+    redis.restart(); // empty: only what the buffer kept can appear
+    let rows = eventually(15, "the buffered usage", || async {
+        let (status, body) = stack.admin_call(Method::GET, "/v1/tenant/me/gateway/usage?route=smart", None).await;
+        let rows = body["rows"].as_array().cloned().unwrap_or_default();
+        (status == StatusCode::OK && rows.iter().any(|r| r["target"] == "up")).then_some(rows)
+    })
+    .await;
+    assert_eq!(row(&rows, "up")["calls"], 3, "the three calls made while Redis was away, none lost: {rows:?}");
+    assert_eq!(row(&rows, "up")["cost_micros"], 3 * 225);
 }
 
 fn chrono_month() -> String {
