@@ -36,6 +36,12 @@ fn tenant_endpoints() -> Vec<(Method, &'static str, Scope, Option<Value>)> {
         (Method::PUT, "/v1/tenant/me/guardrails", Scope::ConfigWrite, Some(json!({}))),
         (Method::GET, "/v1/tenant/me/audit", Scope::TenantRead, None),
         (Method::GET, "/v1/tenant/me/gateway/health", Scope::TenantRead, None),
+        (Method::POST, "/v1/tenant/me/gateway/targets/x/reset", Scope::ConfigWrite, None),
+        (Method::GET, "/v1/tenant/me/gateway/usage", Scope::TenantRead, None),
+        (Method::GET, "/v1/tenant/me/webhooks", Scope::ConfigWrite, None),
+        (Method::POST, "/v1/tenant/me/webhooks", Scope::ConfigWrite, Some(json!({"url": "https://hooks.example.com/x", "events": ["budget_exceeded"]}))),
+        (Method::DELETE, "/v1/tenant/me/webhooks/00000000-0000-0000-0000-000000000000", Scope::ConfigWrite, None),
+        (Method::GET, "/v1/tenant/me/webhooks/00000000-0000-0000-0000-000000000000/deliveries", Scope::ConfigWrite, None),
         (Method::POST, "/v1/tenant/me/gateway/routes/x/simulate", Scope::ConfigWrite, Some(json!({}))),
     ]
 }
@@ -446,9 +452,17 @@ async fn simulate_explains_the_choice_without_calling_a_model() {
     let mut onprem = public_target("qwen");
     onprem["location"] = json!("on_prem");
     admin.put(&format!("{T}/onprem-qwen"), &token, onprem).await;
+    admin
+        .put(
+            "/v1/tenant/me/secrets/prod",
+            &token,
+            json!({"value": "sk-simulate-secret-0123456789", "bindings": ["api.example.com"]}),
+        )
+        .await;
     let mut off = public_target("m");
     off["enabled"] = json!(false);
-    admin.put(&format!("{T}/spare"), &token, off).await;
+    off["auth"] = json!({"mode": "vault", "secret_ref": "shield://prod"});
+    assert_eq!(admin.put(&format!("{T}/spare"), &token, off).await.0, StatusCode::CREATED);
     let route = json!({"targets": ["openai-4o", "spare", "onprem-qwen"], "rules": [
         {"when": {"flagged": ["pii_detection"]}, "use": ["onprem-qwen"]},
         {"when": {"role": ["contractor"]}, "deny": "Contractors cannot use this model"}],
@@ -486,6 +500,8 @@ async fn simulate_explains_the_choice_without_calling_a_model() {
     assert!(body["refused"].is_null());
     assert_eq!(body["config_digest"].as_str().unwrap().len(), 64);
     assert!(!body.to_string().contains("jane"), "no prompt text in the explanation");
+    assert!(!body.to_string().contains("sk-simulate-secret"), "no secret resolved into the explanation");
+    assert_eq!(body["candidates"][1]["state"], "disabled");
 
     let (_, body) = admin.post(&path, &token, json!({"role": "contractor"})).await;
     assert_eq!(body["refused"], "Contractors cannot use this model");

@@ -13,7 +13,7 @@ use crate::api;
         api::ops::healthz, api::ops::readyz,
         api::login::login,
         api::tenants::create, api::tenants::list,
-        api::targets::list, api::targets::get, api::targets::put, api::targets::delete,
+        api::targets::list, api::targets::get, api::targets::put, api::targets::delete, api::targets::reset,
         api::routes::list, api::routes::get, api::routes::put, api::routes::delete,
         api::health::get, api::simulate::simulate, api::usage::get,
         api::secrets::list, api::secrets::get, api::secrets::put, api::secrets::delete,

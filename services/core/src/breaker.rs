@@ -215,3 +215,122 @@ mod tests {
         assert_eq!(b.acquire(30_001), Permit::Probe);
     }
 }
+
+/// Exhaustion cooldown (seed 002, ROUTING.md): a target that answered "out of quota" or a
+/// rate limit with a reset hint is parked until then — 60 s without a hint, at most an hour —
+/// and skipped (`exhausted`) rather than hammered. A shorter hint never shortens a cooldown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cooldown {
+    until: Option<u64>,
+}
+
+pub const DEFAULT_COOLDOWN_MS: u64 = 60_000;
+pub const MAX_COOLDOWN_MS: u64 = 3_600_000;
+
+impl Cooldown {
+    pub fn park(&mut self, now: u64, hint_ms: Option<u64>) {
+        let until = now + hint_ms.unwrap_or(DEFAULT_COOLDOWN_MS).min(MAX_COOLDOWN_MS);
+        self.until = Some(self.until.map_or(until, |current| current.max(until)));
+    }
+
+    pub fn is_parked(&self, now: u64) -> bool {
+        self.until.is_some_and(|until| now < until)
+    }
+
+    /// Milliseconds left, for health views.
+    pub fn remaining(&self, now: u64) -> Option<u64> {
+        self.until.filter(|until| now < *until).map(|until| until - now)
+    }
+
+    pub fn clear(&mut self) {
+        self.until = None;
+    }
+}
+
+/// The reset hint of a 429/402 answer, in milliseconds from now: `Retry-After` (seconds or an
+/// HTTP date) or `x-ratelimit-reset-requests` / `-tokens` (`"20s"`, `"1m30s"`, `"250ms"`, or
+/// plain seconds). The longest hint wins. `now_unix` is the caller's wall clock.
+pub fn reset_hint_ms(headers: &[(String, String)], now_unix: u64) -> Option<u64> {
+    let mut hints = Vec::new();
+    for (name, value) in headers {
+        let value = value.trim();
+        match name.to_ascii_lowercase().as_str() {
+            "retry-after" => {
+                if let Ok(seconds) = value.parse::<u64>() {
+                    hints.push(seconds * 1000);
+                } else if let Ok(at) = httpdate::parse_http_date(value) {
+                    let at = at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                    hints.push(at.saturating_sub(now_unix) * 1000);
+                }
+            }
+            "x-ratelimit-reset-requests" | "x-ratelimit-reset-tokens" => {
+                if let Some(ms) = duration_ms(value) {
+                    hints.push(ms);
+                }
+            }
+            _ => {}
+        }
+    }
+    hints.into_iter().max()
+}
+
+/// `"1h2m3s"`, `"20s"`, `"250ms"`, `"1.5s"` or plain seconds.
+fn duration_ms(text: &str) -> Option<u64> {
+    if let Ok(seconds) = text.parse::<f64>() {
+        return Some((seconds * 1000.0) as u64);
+    }
+    let mut total = 0.0;
+    let mut number = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() || c == '.' {
+            number.push(c);
+            continue;
+        }
+        let value: f64 = number.parse().ok()?;
+        number.clear();
+        total += match c {
+            'h' => value * 3_600_000.0,
+            'm' if chars.peek() == Some(&'s') => {
+                chars.next();
+                value
+            }
+            'm' => value * 60_000.0,
+            's' => value * 1000.0,
+            _ => return None,
+        };
+    }
+    number.is_empty().then_some(total as u64)
+}
+
+#[cfg(test)]
+mod cooldown_tests {
+    use super::*;
+
+    #[test]
+    fn parks_default_capped_and_never_shortened() {
+        let mut c = Cooldown::default();
+        c.park(0, None);
+        assert!(c.is_parked(59_999) && !c.is_parked(60_000));
+        c.park(0, Some(10_000_000));
+        assert_eq!(c.remaining(0), Some(MAX_COOLDOWN_MS), "capped at an hour");
+        c.park(1_000, Some(5_000));
+        assert_eq!(c.remaining(0), Some(MAX_COOLDOWN_MS), "a shorter hint never shortens it");
+        c.clear();
+        assert!(!c.is_parked(0));
+    }
+
+    #[test]
+    fn reset_hints() {
+        let h = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
+        assert_eq!(reset_hint_ms(&h(&[("Retry-After", "7")]), 0), Some(7_000));
+        assert_eq!(reset_hint_ms(&h(&[("retry-after", "Sun, 06 Nov 1994 08:49:37 GMT")]), 784_111_767), Some(10_000));
+        assert_eq!(
+            reset_hint_ms(&h(&[("x-ratelimit-reset-requests", "1m30s"), ("x-ratelimit-reset-tokens", "250ms")]), 0),
+            Some(90_000)
+        );
+        assert_eq!(reset_hint_ms(&h(&[("x-ratelimit-reset-tokens", "1.5s")]), 0), Some(1_500));
+        assert_eq!(reset_hint_ms(&h(&[("retry-after", "soon")]), 0), None);
+        assert_eq!(reset_hint_ms(&[], 0), None);
+    }
+}

@@ -188,6 +188,45 @@ fn lowest_cost_orders_by_this_requests_estimated_cost_unpriced_last() {
 }
 
 #[test]
+fn admission_excludes_with_a_reason_before_anything_is_sent() {
+    let mut targets = targets();
+    let caps = |json: &str| Some(from_json_field(json.as_bytes()).unwrap());
+    targets.get_mut("openai-4o").unwrap().capabilities =
+        caps(r#"{"context_window": 8000, "max_output_tokens": 1000, "tools": false}"#);
+    targets.get_mut("azure-4o").unwrap().capabilities = caps(r#"{"context_window": 128000}"#);
+    let route: Route =
+        from_json_field(br#"{"name": "r", "targets": ["openai-4o", "azure-4o", "onprem-qwen"]}"#).unwrap();
+    let reasons = |facts: &Facts| {
+        let p = plan(&route, &targets, facts, &mut rng());
+        p.excluded.iter().map(|e| (e.target.clone(), e.reason)).collect::<Vec<_>>()
+    };
+    let big = Facts { prompt_tokens: 7_900, max_tokens: Some(200), ..Facts::default() };
+    assert_eq!(reasons(&big), vec![("openai-4o".to_string(), Exclusion::ContextWindow)], "7,900 + 200 > 8,000");
+    let long_answer = Facts { max_tokens: Some(2_000), ..Facts::default() };
+    assert_eq!(reasons(&long_answer), vec![("openai-4o".to_string(), Exclusion::ContextWindow)]);
+    let tools = Facts { uses_tools: true, ..Facts::default() };
+    assert_eq!(
+        reasons(&tools),
+        vec![("openai-4o".to_string(), Exclusion::ToolsUnsupported)],
+        "undeclared (azure, onprem) admits"
+    );
+    let parked = Facts { exhausted: BTreeSet::from(["azure-4o".to_string()]), ..Facts::default() };
+    assert_eq!(reasons(&parked), vec![("azure-4o".to_string(), Exclusion::Exhausted)]);
+
+    // A route envelope the stored targets no longer meet (defence in depth at run time).
+    let mut envelope: Route = from_json_field(
+        br#"{"name": "eu", "targets": ["openai-4o", "onprem-qwen"], "required_profile": {"region": "eu"}}"#,
+    )
+    .unwrap();
+    targets.get_mut("onprem-qwen").unwrap().profile = Some(from_json_field(br#"{"region": "eu"}"#).unwrap());
+    let p = plan(&envelope, &targets, &Facts::default(), &mut rng());
+    assert_eq!(p.order, vec!["onprem-qwen"]);
+    assert_eq!(p.excluded[0].reason, Exclusion::EnvelopeMismatch);
+    envelope.required_profile = None;
+    assert_eq!(plan(&envelope, &targets, &Facts::default(), &mut rng()).order.len(), 2);
+}
+
+#[test]
 fn rules_describe_themselves_in_plain_words() {
     let route = smart();
     assert_eq!(
@@ -309,5 +348,35 @@ proptest! {
             run.record("m", result, None, 1);
         }
         prop_assert!(run.attempts.len() as u32 <= route.failover.max_attempts);
+    }
+}
+
+proptest! {
+    /// An exhausted or open target is never in the plan, so never called inside its window;
+    /// and a parked cooldown holds for its whole window, however later hints arrive.
+    #[test]
+    fn exhausted_and_open_targets_are_never_called_inside_their_window(
+        (route, targets, facts, _) in arbitrary_case(),
+        parked in proptest::collection::vec(any::<bool>(), 7),
+        open in proptest::collection::vec(any::<bool>(), 7),
+        hints in proptest::collection::vec(proptest::option::of(0u64..5_000_000), 1..5),
+        probe in 0u64..4_000_000,
+    ) {
+        let ids: Vec<String> = route.targets.clone();
+        let pick = |flags: &[bool]| ids.iter().zip(flags).filter(|(_, f)| **f).map(|(id, _)| id.clone()).collect::<BTreeSet<String>>();
+        let facts = Facts { exhausted: pick(&parked), circuit_open: pick(&open), ..facts };
+        let p = plan(&route, &targets, &facts, &mut rng());
+        for id in &p.order {
+            prop_assert!(!facts.exhausted.contains(id) && !facts.circuit_open.contains(id), "{} planned inside its window", id);
+        }
+
+        let mut cooldown = crate::breaker::Cooldown::default();
+        let mut longest = 0;
+        for (i, hint) in hints.iter().enumerate() {
+            let now = i as u64 * 1_000;
+            cooldown.park(now, *hint);
+            longest = longest.max(now + hint.unwrap_or(crate::breaker::DEFAULT_COOLDOWN_MS).min(crate::breaker::MAX_COOLDOWN_MS));
+        }
+        prop_assert_eq!(cooldown.is_parked(probe), probe < longest);
     }
 }

@@ -24,6 +24,14 @@ pub enum Exclusion {
     Disabled,
     /// This process's circuit breaker for the target is open (or its half-open probe is out).
     CircuitOpen,
+    /// Parked after an exhaustion answer (quota, credits, rate window) until its reset.
+    Exhausted,
+    /// The target's profile does not satisfy the route's `required_profile` (seed 004).
+    EnvelopeMismatch,
+    /// The prompt plus the requested answer does not fit the declared window or output limit.
+    ContextWindow,
+    /// The request uses tools and the target declares it cannot.
+    ToolsUnsupported,
     /// The route lists a target the snapshot does not have (defence in depth; writes refuse it).
     Unknown,
     CredentialUnavailable,
@@ -36,6 +44,10 @@ impl Exclusion {
             Exclusion::Budget => "budget",
             Exclusion::Disabled => "disabled",
             Exclusion::CircuitOpen => "circuit_open",
+            Exclusion::Exhausted => "exhausted",
+            Exclusion::EnvelopeMismatch => "envelope_mismatch",
+            Exclusion::ContextWindow => "context_window",
+            Exclusion::ToolsUnsupported => "tools_unsupported",
             Exclusion::Unknown => "unknown_target",
             Exclusion::CredentialUnavailable => "credential_unavailable",
         }
@@ -64,6 +76,12 @@ pub struct Facts {
     pub vault_ready: BTreeSet<String>,
     /// Targets this process's breaker does not admit now.
     pub circuit_open: BTreeSet<String>,
+    /// Targets parked by an exhaustion cooldown.
+    pub exhausted: BTreeSet<String>,
+    /// The request declares `tools`.
+    pub uses_tools: bool,
+    /// The request's `max_tokens` / `max_completion_tokens`.
+    pub max_tokens: Option<u64>,
     /// This process's EWMA latency (ms) of successful attempts, per target.
     pub latency_ms: BTreeMap<String, f64>,
 }
@@ -119,7 +137,7 @@ pub fn plan(route: &Route, targets: &BTreeMap<String, Target>, facts: &Facts, rn
             continue;
         }
         narrowed_to_some = true;
-        match admit(targets.get(id), facts) {
+        match admit(route, targets.get(id), facts) {
             Ok(()) => out.order.push(id.clone()),
             Err(reason) => out.excluded.push(Excluded { target: id.clone(), reason }),
         }
@@ -159,10 +177,17 @@ fn selects(rule: &Rule, id: &str, targets: &BTreeMap<String, Target>) -> bool {
     listed && located
 }
 
-fn admit(target: Option<&Target>, facts: &Facts) -> Result<(), Exclusion> {
+/// Step 4: why a candidate cannot take this call, checked before anything is sent.
+fn admit(route: &Route, target: Option<&Target>, facts: &Facts) -> Result<(), Exclusion> {
     let target = target.ok_or(Exclusion::Unknown)?;
     if !target.enabled {
         return Err(Exclusion::Disabled);
+    }
+    // Defence in depth (writes refuse it too): availability may degrade, the envelope may not.
+    if let Some(required) = &route.required_profile
+        && !target.profile.clone().unwrap_or_default().unmet(required).is_empty()
+    {
+        return Err(Exclusion::EnvelopeMismatch);
     }
     let credential_ready = match target.auth.mode {
         AuthMode::None => true,
@@ -174,6 +199,22 @@ fn admit(target: Option<&Target>, facts: &Facts) -> Result<(), Exclusion> {
     }
     if facts.circuit_open.contains(&target.id) {
         return Err(Exclusion::CircuitOpen);
+    }
+    if facts.exhausted.contains(&target.id) {
+        return Err(Exclusion::Exhausted);
+    }
+    // Capability admission (seed 001): undeclared capabilities admit.
+    if let Some(caps) = &target.capabilities {
+        let answer = facts.max_tokens.unwrap_or(0);
+        let over_window = caps.context_window.is_some_and(|w| facts.prompt_tokens + answer > u64::from(w));
+        let over_output =
+            caps.max_output_tokens.zip(facts.max_tokens).is_some_and(|(limit, asked)| asked > u64::from(limit));
+        if over_window || over_output {
+            return Err(Exclusion::ContextWindow);
+        }
+        if facts.uses_tools && caps.tools == Some(false) {
+            return Err(Exclusion::ToolsUnsupported);
+        }
     }
     Ok(())
 }

@@ -95,8 +95,18 @@ pub struct ApiKeyRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum ConfigMessage {
-    Tenant { tenant: String, version: i64 },
-    Key { key_hash: String },
+    Tenant {
+        tenant: String,
+        version: i64,
+    },
+    Key {
+        key_hash: String,
+    },
+    /// An operator cleared a target's exhaustion cooldown and circuit.
+    Reset {
+        tenant: String,
+        reset: String,
+    },
 }
 
 /// SHA-256 hex of a tenant API key: how keys are stored and looked up.

@@ -267,6 +267,7 @@ impl Caches {
     pub async fn on_message(&self, message: ConfigMessage) {
         match message {
             ConfigMessage::Tenant { tenant, version } => self.refresh_tenant(&tenant, Some(version)).await,
+            ConfigMessage::Reset { .. } => {}
             ConfigMessage::Key { key_hash } => {
                 let cached = self.api_keys.read().expect("key cache lock").contains_key(&key_hash);
                 if cached {

@@ -111,6 +111,8 @@ pub async fn pipeline(
         role: caller.role.clone(),
         prompt_tokens: (request.prompt_chars() as u64).div_ceil(4),
         expected_output_tokens: request.max_output_tokens().unwrap_or(DEFAULT_OUTPUT_TOKENS),
+        max_tokens: request.max_output_tokens(),
+        uses_tools: request.fields.get("tools").and_then(|t| t.as_array()).is_some_and(|t| !t.is_empty()),
         // Seed §3.3: the flushed month total plus this process's unflushed spend.
         budget: budget_state(
             route.budget.as_ref(),
@@ -165,9 +167,13 @@ pub async fn pipeline(
         RoutedResult::Unavailable => None,
     };
     observe(&routed.route, target, routed.halt.as_str(), &routed.attempts, false);
+    // The provenance record, one line per request: ids, classes and timings only — never a
+    // prompt, a header value or a credential. Debug level keeps the hot path free of it
+    // unless asked for (`RUST_LOG=shield_proxy::chat=debug`).
     tracing::debug!(
-        tenant = %caller.tenant, route = %routed.route, halt = routed.halt.as_str(), attempts = routed.attempts.len(),
-        failovers = routed.failovers, "routed"
+        tenant = %caller.tenant, route = %routed.route, halt = routed.halt.as_str(), failovers = routed.failovers,
+        attempts = %serde_json::to_string(&routed.attempts).unwrap_or_default(),
+        excluded = %serde_json::to_string(&routed.excluded).unwrap_or_default(), "routed"
     );
     Ok(Outcome::Routed { routed, guardrails })
 }

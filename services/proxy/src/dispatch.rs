@@ -92,12 +92,13 @@ where
 {
     let tenant = call.tenant.snapshot.tenant.as_str();
     let deadline = Instant::now() + Duration::from_secs(u64::from(call.route.failover.deadline_s));
-    let (circuit_open, latency_ms) = health.view(tenant, &call.route.targets);
+    let view = health.view(tenant, &call.route.targets);
     let facts = Facts {
         has_upstream_key: call.upstream_key.is_some(),
         vault_ready: call.tenant.vault_ready.clone(),
-        circuit_open,
-        latency_ms,
+        circuit_open: view.circuit_open,
+        exhausted: view.exhausted,
+        latency_ms: view.latency_ms,
         ..call.facts.clone()
     };
     let planned = plan(call.route, &call.tenant.snapshot.targets, &facts, rng);
@@ -105,8 +106,15 @@ where
     let mut excluded = planned.excluded;
     let mut run = Run::new(planned.order, call.route.failover.max_attempts, call.route.failover.on.clone());
     let mut last_failure = None;
+    // The declared window of a target that overflowed: later attempts need a larger one.
+    let mut context_floor: Option<u32> = None;
     while let Step::Try(id) = run.step(Instant::now() >= deadline) {
         let Some(target) = call.tenant.target(&id) else { continue };
+        let window = target.capabilities.as_ref().and_then(|c| c.context_window);
+        if context_floor.zip(window).is_some_and(|(floor, w)| w <= floor) {
+            excluded.push(Excluded { target: id, reason: Exclusion::ContextWindow });
+            continue;
+        }
         let permit = health.acquire(tenant, &id);
         if permit == Permit::Refused {
             // Another request holds the half-open probe, or the circuit opened meanwhile.
@@ -124,6 +132,18 @@ where
             }
             Err(failure) => {
                 health.record(tenant, &id, permit, Err(failure.class), ms);
+                // Seed 002: proven exhaustion (or a rate limit that says when it resets) parks
+                // the target instead of letting every request hammer it.
+                match (failure.class, failure.reset_hint_ms) {
+                    (Class::QuotaExhausted, hint) | (Class::RateLimited, hint @ Some(_)) => {
+                        health.park(tenant, &id, hint)
+                    }
+                    _ => {}
+                }
+                if failure.class == Class::ContextLength {
+                    // Only a larger declared window can help (ROUTING.md `context_length`).
+                    context_floor = target.capabilities.as_ref().and_then(|c| c.context_window).or(context_floor);
+                }
                 run.record(&target.model, Err(failure.class), failure.status, ms);
                 last_failure = Some((id, failure));
             }
@@ -272,7 +292,15 @@ fn refused_or_unavailable(run: &Run, last_failure: Option<(String, Failure)>) ->
     match (run.halt(), last_failure) {
         (
             Some(Halt::IneligibleFailure),
-            Some((target, Failure { class: Class::ClientError | Class::ContextLength, status: Some(status), body })),
+            Some((
+                target,
+                Failure {
+                    class: Class::ClientError | Class::ContextLength,
+                    status: Some(status),
+                    body,
+                    reset_hint_ms: None,
+                },
+            )),
         ) => RoutedResult::Refused { target, status, body },
         _ => RoutedResult::Unavailable,
     }

@@ -70,12 +70,28 @@ pub struct Failure {
     pub class: Class,
     pub status: Option<u16>,
     pub body: Option<Vec<u8>>,
+    /// A 429/402's reset hint (`Retry-After`, `x-ratelimit-reset-*`), in milliseconds.
+    pub reset_hint_ms: Option<u64>,
 }
 
 impl Failure {
     pub fn of(class: Class) -> Failure {
-        Failure { class, status: None, body: None }
+        Failure { class, status: None, body: None, reset_hint_ms: None }
     }
+
+    /// An error answer from the upstream: classified from its status and body, with its reset
+    /// hint when it is a rate limit or an exhaustion answer.
+    fn answered(status: u16, headers: &reqwest::header::HeaderMap, body: Vec<u8>) -> Failure {
+        let reset_hint_ms = matches!(status, 402 | 429).then(|| reset_hint(headers)).flatten();
+        Failure { class: classify_status(status, &body), status: Some(status), body: Some(body), reset_hint_ms }
+    }
+}
+
+fn reset_hint(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+    let pairs: Vec<(String, String)> =
+        headers.iter().filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string()))).collect();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    shield_core::breaker::reset_hint_ms(&pairs, now)
 }
 
 /// What one non-streaming attempt produced: a 2xx chat completion, or a failure.
@@ -126,28 +142,34 @@ impl Egress {
         let exchange = async {
             let mut response = request.send().await?;
             let status = response.status().as_u16();
+            let headers = response.headers().clone();
             let mut bytes = Vec::with_capacity(response.content_length().unwrap_or(4096).min(1 << 20) as usize);
             while let Some(chunk) = response.chunk().await? {
                 if bytes.len() + chunk.len() > MAX_UPSTREAM_BODY {
-                    return Ok((status, None));
+                    return Ok((status, headers, None));
                 }
                 bytes.extend_from_slice(&chunk);
             }
-            Ok::<_, reqwest::Error>((status, Some(bytes)))
+            Ok::<_, reqwest::Error>((status, headers, Some(bytes)))
         };
         match tokio::time::timeout(timeout, exchange).await {
             Err(_) => Err(Failure::of(Class::Timeout)),
             Ok(Err(err)) => Err(Failure::of(transport_class(&err))),
-            Ok(Ok((status, None))) => Err(Failure { class: Class::BadResponse, status: Some(status), body: None }),
-            Ok(Ok((status, Some(bytes)))) if (200..300).contains(&status) => {
+            Ok(Ok((status, _, None))) => {
+                Err(Failure { class: Class::BadResponse, status: Some(status), body: None, reset_hint_ms: None })
+            }
+            Ok(Ok((status, _, Some(bytes)))) if (200..300).contains(&status) => {
                 match serde_json::from_slice::<serde_json::Value>(&bytes) {
                     Ok(serde_json::Value::Object(map)) if is_completion(&map) => Ok((status, map)),
-                    _ => Err(Failure { class: Class::BadResponse, status: Some(status), body: None }),
+                    _ => Err(Failure {
+                        class: Class::BadResponse,
+                        status: Some(status),
+                        body: None,
+                        reset_hint_ms: None,
+                    }),
                 }
             }
-            Ok(Ok((status, Some(bytes)))) => {
-                Err(Failure { class: classify_status(status, &bytes), status: Some(status), body: Some(bytes) })
-            }
+            Ok(Ok((status, headers, Some(bytes)))) => Err(Failure::answered(status, &headers, bytes)),
         }
     }
 
@@ -177,17 +199,13 @@ impl Egress {
                     }
                     bytes.extend_from_slice(&chunk);
                 }
-                return Err(Failure {
-                    class: classify_status(status, &bytes),
-                    status: Some(status),
-                    body: Some(bytes),
-                });
+                return Err(Failure::answered(status, &response.headers().clone(), bytes));
             }
             let mut events: Events =
                 Box::pin(response.bytes_stream().eventsource().map(|e| e.map_err(|err| err.to_string())));
             let mut malformed = 0;
             loop {
-                let failed = |class| Err(Failure { class, status: Some(status), body: None });
+                let failed = |class| Err(Failure { class, status: Some(status), body: None, reset_hint_ms: None });
                 match events.next().await {
                     None => return failed(Class::BadResponse),
                     Some(Err(_)) => return failed(Class::Connect),
@@ -196,7 +214,12 @@ impl Egress {
                         Err(_) => malformed += 1,
                         Ok(value) if value.get("error").is_some() => {
                             let class = shield_core::outcome::classify_error_event(event.data.as_bytes());
-                            return Err(Failure { class, status: Some(status), body: Some(event.data.into_bytes()) });
+                            return Err(Failure {
+                                class,
+                                status: Some(status),
+                                body: Some(event.data.into_bytes()),
+                                reset_hint_ms: None,
+                            });
                         }
                         Ok(first) => return Ok(Opened { status, first, rest: events, malformed }),
                     },

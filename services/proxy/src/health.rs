@@ -9,18 +9,27 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::Serialize;
-use shield_core::breaker::{Breaker, Permit};
+use shield_core::breaker::{Breaker, Cooldown, Permit};
 use shield_core::outcome::Class;
 use shield_core::plan::Ewma;
 
 #[derive(Default)]
 struct TargetHealth {
     breaker: Breaker,
+    cooldown: Cooldown,
     latency: Ewma,
     last_error: Option<&'static str>,
     last_ok_at: Option<i64>,
     /// The failures that opened the circuit last (shown while it is not closed).
     failures_at_open: usize,
+}
+
+/// What planning reads of this process's health.
+#[derive(Debug, Default)]
+pub struct View {
+    pub circuit_open: BTreeSet<String>,
+    pub exhausted: BTreeSet<String>,
+    pub latency_ms: BTreeMap<String, f64>,
 }
 
 /// One row of `gw_health:{tenant}`.
@@ -65,22 +74,42 @@ impl Health {
 
     /// For planning: the targets among `ids` the breaker does not admit now, and the latency
     /// EWMA of those measured.
-    pub fn view(&self, tenant: &str, ids: &[String]) -> (BTreeSet<String>, BTreeMap<String, f64>) {
+    pub fn view(&self, tenant: &str, ids: &[String]) -> View {
         let now = self.now();
         let targets = self.targets.lock().expect("health lock");
-        let mut open = BTreeSet::new();
-        let mut latency = BTreeMap::new();
+        let mut view = View::default();
         for id in ids {
             if let Some(health) = targets.get(&(tenant.to_string(), id.clone())) {
                 if !health.breaker.admits(now) {
-                    open.insert(id.clone());
+                    view.circuit_open.insert(id.clone());
+                }
+                if health.cooldown.is_parked(now) {
+                    view.exhausted.insert(id.clone());
                 }
                 if let Some(ms) = health.latency.value() {
-                    latency.insert(id.clone(), ms);
+                    view.latency_ms.insert(id.clone(), ms);
                 }
             }
         }
-        (open, latency)
+        view
+    }
+
+    /// Parks `target` after an exhaustion answer (ROUTING.md "Exhaustion cooldown").
+    pub fn park(&self, tenant: &str, target: &str, hint_ms: Option<u64>) {
+        let now = self.now();
+        let mut targets = self.targets.lock().expect("health lock");
+        targets.entry((tenant.to_string(), target.to_string())).or_default().cooldown.park(now, hint_ms);
+        tracing::info!(tenant, target, hint_ms, "target parked as exhausted");
+    }
+
+    /// An operator's reset (`POST …/targets/{id}/reset`): clears the cooldown and the breaker.
+    pub fn reset(&self, tenant: &str, target: &str) {
+        if let Some(health) =
+            self.targets.lock().expect("health lock").get_mut(&(tenant.to_string(), target.to_string()))
+        {
+            health.cooldown.clear();
+            health.breaker.success();
+        }
     }
 
     /// Asks the breaker to call `target` now.
@@ -151,8 +180,9 @@ impl Health {
         let mut out: BTreeMap<String, Vec<(String, HealthRow)>> = BTreeMap::new();
         for ((tenant, target), health) in targets.iter() {
             let state = health.breaker.state(now);
+            let parked = health.cooldown.is_parked(now) && state == shield_core::breaker::State::Closed;
             let row = HealthRow {
-                state: state.as_str(),
+                state: if parked { "exhausted" } else { state.as_str() },
                 failures: match state {
                     shield_core::breaker::State::Closed => health.breaker.recent_failures(),
                     _ => health.failures_at_open,

@@ -193,7 +193,7 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
     let redis = redis_pool(&config.redis_url).map_err(std::io::Error::other)?;
     let (events, pending_events) = tokio::sync::mpsc::channel(1024);
     let state = web::Data::new(ProxyState::new(config.clone(), redis.clone(), events));
-    sync::spawn(state.caches.clone(), config.redis_url.clone(), config.cache_every);
+    sync::spawn(state.caches.clone(), state.health.clone(), config.redis_url.clone(), config.cache_every);
     let flusher = flush::Flusher {
         health: state.health.clone(),
         usage: state.usage.clone(),

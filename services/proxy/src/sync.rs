@@ -9,10 +9,11 @@ use futures_util::StreamExt;
 use shield_core::snapshot::ConfigMessage;
 
 use crate::cache::Caches;
+use crate::health::Health;
 
-pub fn spawn(caches: Arc<Caches>, redis_url: String, every: Duration) {
+pub fn spawn(caches: Arc<Caches>, health: Arc<Health>, redis_url: String, every: Duration) {
     tokio::spawn(refresher(caches.clone(), redis_url.clone(), every));
-    tokio::spawn(subscriber(caches, redis_url));
+    tokio::spawn(subscriber(caches, health, redis_url));
 }
 
 async fn refresher(caches: Arc<Caches>, redis_url: String, every: Duration) {
@@ -36,10 +37,10 @@ async fn refresher(caches: Arc<Caches>, redis_url: String, every: Duration) {
     }
 }
 
-async fn subscriber(caches: Arc<Caches>, redis_url: String) {
+async fn subscriber(caches: Arc<Caches>, health: Arc<Health>, redis_url: String) {
     let channel = caches.redis_keys.config_channel();
     loop {
-        match listen(&caches, &redis_url, &channel).await {
+        match listen(&caches, &health, &redis_url, &channel).await {
             Ok(()) => tracing::info!("gw_config subscription ended; resubscribing"),
             Err(err) => tracing::debug!(error = %err, "gw_config subscription failed; retrying"),
         }
@@ -47,7 +48,7 @@ async fn subscriber(caches: Arc<Caches>, redis_url: String) {
     }
 }
 
-async fn listen(caches: &Caches, redis_url: &str, channel: &str) -> redis::RedisResult<()> {
+async fn listen(caches: &Caches, health: &Health, redis_url: &str, channel: &str) -> redis::RedisResult<()> {
     let client = redis::Client::open(redis_url)?;
     let mut pubsub = tokio::time::timeout(Duration::from_secs(2), client.get_async_pubsub())
         .await
@@ -61,6 +62,7 @@ async fn listen(caches: &Caches, redis_url: &str, channel: &str) -> redis::Redis
             continue;
         };
         match serde_json::from_str::<ConfigMessage>(&payload) {
+            Ok(ConfigMessage::Reset { tenant, reset }) => health.reset(&tenant, &reset),
             Ok(message) => caches.on_message(message).await,
             Err(err) => tracing::warn!(error = %err, "ignoring an unreadable gw_config message"),
         }

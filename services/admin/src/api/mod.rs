@@ -58,6 +58,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(targets::get)
         .service(targets::put)
         .service(targets::delete)
+        .service(targets::reset)
         .service(health::get)
         .service(usage::get)
         .service(simulate::simulate)

@@ -46,7 +46,8 @@ pub struct SimulateRequest {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Candidate {
     pub target: String,
-    /// Breaker state as flushed by the proxies (`closed`, `open`, `half_open`, `unknown`).
+    /// `disabled`, or the state the proxies flushed (`closed`, `open`, `half_open`,
+    /// `exhausted`), or `unknown`.
     pub state: String,
     pub location: String,
     pub auth_mode: String,
@@ -115,7 +116,8 @@ pub async fn simulate(
         .map(|t| t.id.clone())
         .collect();
     let states = health_states(&state, &tenant.slug).await;
-    let circuit_open = states.iter().filter(|(_, s)| s.as_str() == "open").map(|(t, _)| t.clone()).collect();
+    let in_state = |wanted: &str| states.iter().filter(|(_, s)| s.as_str() == wanted).map(|(t, _)| t.clone()).collect();
+    let (circuit_open, exhausted) = (in_state("open"), in_state("exhausted"));
     let (budget, budget_state) = budget_view(&state, &tenant.slug, &route).await;
     let facts = Facts {
         flagged: request.flagged.iter().cloned().collect(),
@@ -126,6 +128,9 @@ pub async fn simulate(
         has_upstream_key: header("x-shield-upstream-key").is_some(),
         vault_ready,
         circuit_open,
+        exhausted,
+        uses_tools: false,
+        max_tokens: None,
         latency_ms: BTreeMap::new(),
         expected_output_tokens: 256,
         budget: budget_state,
@@ -140,7 +145,10 @@ pub async fn simulate(
             let target = targets.get(id);
             Candidate {
                 target: id.clone(),
-                state: states.get(id).cloned().unwrap_or_else(|| "unknown".into()),
+                state: match target {
+                    Some(t) if !t.enabled => "disabled".into(),
+                    _ => states.get(id).cloned().unwrap_or_else(|| "unknown".into()),
+                },
                 location: target
                     .map(|t| {
                         serde_json::to_value(t.location)
@@ -188,7 +196,7 @@ async fn health_states(state: &State, tenant: &str) -> BTreeMap<String, String> 
     let fields: Vec<(String, String)> =
         redis::cmd("HGETALL").arg(state.redis_keys.health(tenant)).query_async(&mut *conn).await.unwrap_or_default();
     let rank = |s: &str| match s {
-        "open" => 2,
+        "open" | "exhausted" => 2,
         "half_open" => 1,
         _ => 0,
     };

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use actix_web::{HttpResponse, delete, get, put, web};
+use actix_web::{HttpResponse, delete, get, post, put, web};
 use serde::Serialize;
 use shield_core::MAX_TARGETS_PER_TENANT;
 use shield_core::target::Target;
@@ -14,7 +14,7 @@ use shield_core::validate::{routes_broken_by, routes_using, validate_target};
 use super::{Body, State, created_or_replaced, decode};
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
-use crate::repo::audit::Action;
+use crate::repo::audit::{self, Action};
 use crate::repo::{config, secrets};
 use crate::write::{ConfigWrite, digest_of};
 
@@ -97,6 +97,31 @@ pub async fn delete(state: State, principal: Principal, id: web::Path<String>) -
     config::delete_target(write.conn(), tenant.id, &id).await?;
     write.commit(Action::TargetDeleted, &id, Some(digest_of(&before)), None).await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// Clears the target's exhaustion cooldown and circuit in every proxy (announced on
+/// `gw_config`; each process applies it to its own view).
+#[utoipa::path(post, path = "/v1/tenant/me/gateway/targets/{id}/reset", tag = "targets", security(("bearer" = ["config:write"])),
+    params(("id" = String, Path)), responses((status = 202, description = "announced to the proxies"), (status = 404), (status = 503)))]
+#[post("/v1/tenant/me/gateway/targets/{id}/reset")]
+pub async fn reset(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
+    let id = id.into_inner();
+    let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
+    config::target(&state.db, tenant.id, &id).await?.ok_or_else(|| not_found(&id))?;
+    let message = serde_json::to_string(&shield_core::snapshot::ConfigMessage::Reset {
+        tenant: tenant.slug.clone(),
+        reset: id.clone(),
+    })
+    .expect("config message serialises");
+    let mut conn = state.redis.get().await.map_err(|_| ApiError::RedisUnavailable)?;
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(state.redis_keys.config_channel())
+        .arg(message)
+        .query_async(&mut *conn)
+        .await
+        .map_err(|_| ApiError::RedisUnavailable)?;
+    audit::record(&state.db, tenant.id, principal.actor(), Action::TargetReset, &id, None, None).await?;
+    Ok(HttpResponse::Accepted().json(serde_json::json!({"target": id, "reset": true})))
 }
 
 fn not_found(id: &str) -> ApiError {
