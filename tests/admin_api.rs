@@ -39,9 +39,19 @@ fn tenant_endpoints() -> Vec<(Method, &'static str, Scope, Option<Value>)> {
         (Method::POST, "/v1/tenant/me/gateway/targets/x/reset", Scope::ConfigWrite, None),
         (Method::GET, "/v1/tenant/me/gateway/usage", Scope::TenantRead, None),
         (Method::GET, "/v1/tenant/me/webhooks", Scope::ConfigWrite, None),
-        (Method::POST, "/v1/tenant/me/webhooks", Scope::ConfigWrite, Some(json!({"url": "https://hooks.example.com/x", "events": ["budget_exceeded"]}))),
+        (
+            Method::POST,
+            "/v1/tenant/me/webhooks",
+            Scope::ConfigWrite,
+            Some(json!({"url": "https://hooks.example.com/x", "events": ["budget_exceeded"]})),
+        ),
         (Method::DELETE, "/v1/tenant/me/webhooks/00000000-0000-0000-0000-000000000000", Scope::ConfigWrite, None),
-        (Method::GET, "/v1/tenant/me/webhooks/00000000-0000-0000-0000-000000000000/deliveries", Scope::ConfigWrite, None),
+        (
+            Method::GET,
+            "/v1/tenant/me/webhooks/00000000-0000-0000-0000-000000000000/deliveries",
+            Scope::ConfigWrite,
+            None,
+        ),
         (Method::POST, "/v1/tenant/me/gateway/routes/x/simulate", Scope::ConfigWrite, Some(json!({}))),
     ]
 }

@@ -13,7 +13,9 @@ const R: &str = "/v1/tenant/me/gateway/routes";
 /// Everything B's own token can see.
 async fn state_of(admin: &Admin, token: &str) -> Value {
     let mut out = serde_json::Map::new();
-    for path in [T, R, "/v1/tenant/me/secrets", "/v1/tenant/me/keys", "/v1/tenant/me/guardrails", "/v1/tenant/me/webhooks"] {
+    for path in
+        [T, R, "/v1/tenant/me/secrets", "/v1/tenant/me/keys", "/v1/tenant/me/guardrails", "/v1/tenant/me/webhooks"]
+    {
         out.insert(path.to_string(), admin.get(path, token).await.1);
     }
     Value::Object(out)
@@ -45,7 +47,13 @@ async fn tenant_a_cannot_read_or_write_tenant_b() {
     let (_, key) = admin.post("/v1/tenant/me/keys", &token_b, json!({"name": "b-key"})).await;
     let b_key_id = key["id"].as_str().unwrap().to_string();
     admin.put("/v1/tenant/me/guardrails", &token_b, json!({"pii_detection": {"mode": "block"}})).await;
-    let (_, hook) = admin.post("/v1/tenant/me/webhooks", &token_b, json!({"url": "https://hooks.example.com/b", "events": ["budget_exceeded"]})).await;
+    let (_, hook) = admin
+        .post(
+            "/v1/tenant/me/webhooks",
+            &token_b,
+            json!({"url": "https://hooks.example.com/b", "events": ["budget_exceeded"]}),
+        )
+        .await;
     let b_hook = hook["id"].as_str().unwrap().to_string();
     let b_before = state_of(&admin, &token_b).await;
     let b_audit_before = admin.get("/v1/tenant/me/audit", &token_b).await.1["entries"].as_array().unwrap().len();
@@ -67,10 +75,16 @@ async fn tenant_a_cannot_read_or_write_tenant_b() {
 
     // B's webhooks, deliveries, route simulation and target reset are not A's.
     assert!(!admin.get("/v1/tenant/me/webhooks", &token_a).await.1.to_string().contains(&b_hook));
-    assert_eq!(admin.get(&format!("/v1/tenant/me/webhooks/{b_hook}/deliveries"), &token_a).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        admin.get(&format!("/v1/tenant/me/webhooks/{b_hook}/deliveries"), &token_a).await.0,
+        StatusCode::NOT_FOUND
+    );
     assert_eq!(admin.delete(&format!("/v1/tenant/me/webhooks/{b_hook}"), &token_a).await.0, StatusCode::NOT_FOUND);
     assert_eq!(admin.post(&format!("{R}/b-route/simulate"), &token_a, json!({})).await.0, StatusCode::NOT_FOUND);
-    assert_eq!(admin.call(reqwest::Method::POST, &format!("{T}/b-target/reset"), Some(&token_a), None).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        admin.call(reqwest::Method::POST, &format!("{T}/b-target/reset"), Some(&token_a), None).await.0,
+        StatusCode::NOT_FOUND
+    );
     assert_eq!(admin.get("/v1/tenant/me/gateway/usage", &token_a).await.1["rows"], json!([]));
     assert_eq!(admin.get("/v1/tenant/me/webhooks", &token_b).await.1["webhooks"][0]["id"], b_hook.as_str());
 
