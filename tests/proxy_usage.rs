@@ -128,6 +128,33 @@ async fn usage_made_while_redis_is_down_is_flushed_when_it_returns() {
     assert_eq!(row(&rows, "up")["cost_micros"], 3 * 225);
 }
 
+/// ROUTING/ARCHITECTURE: losing a process loses at most one flush interval of usage. With a
+/// 1 s interval: calls flushed before the kill are all stored; calls made in the last interval
+/// may be lost, and nothing else is.
+#[tokio::test]
+async fn a_sigkill_loses_at_most_the_last_flush_interval() {
+    let mut stack = Stack::start().await;
+    priced_route(&stack).await;
+    let (key, _) = stack.key(None).await;
+    for _ in 0..6 {
+        assert_eq!(stack.chat(&key, chat_body("smart"), &[]).await.0, StatusCode::OK);
+    }
+    eventually(10, "the first six calls flushed", || async {
+        let rows = usage(&stack).await;
+        rows.iter().any(|r| r["target"] == "up" && r["calls"] == 6).then_some(())
+    })
+    .await;
+    for _ in 0..4 {
+        assert_eq!(stack.chat(&key, chat_body("smart"), &[]).await.0, StatusCode::OK);
+    }
+    stack.kill_proxy().await;
+    let up = row(&usage(&stack).await, "up")["calls"].as_u64().unwrap();
+    assert!(
+        (6..=10).contains(&up),
+        "stored {up}: everything flushed before the kill survives, at most the last interval is lost"
+    );
+}
+
 fn chrono_month() -> String {
     let out = std::process::Command::new("date").args(["-u", "+%Y%m"]).output().unwrap();
     String::from_utf8(out.stdout).unwrap().trim().to_string()

@@ -183,6 +183,12 @@ impl Stack {
         addr
     }
 
+    /// Kills the proxy (the last child) with SIGKILL: no chance to flush.
+    pub async fn kill_proxy(&mut self) {
+        let mut proxy = self.children.pop().expect("proxy running");
+        proxy.kill().await.expect("SIGKILL");
+    }
+
     /// Stops the proxy (the last child) with SIGTERM and waits for it to exit.
     pub async fn terminate_proxy(&mut self) {
         let mut proxy = self.children.pop().expect("proxy running");
