@@ -178,26 +178,14 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
         }
         None => return unsuccessful(&call, outcome),
     };
-    let rule = rule_record(&call, outcome.rule);
     let mut run = outcome.run;
     let halt = halt_of(&mut run);
-    Routed {
-        route: call.route.name.clone(),
-        rule,
-        failovers: run.failovers(),
-        attempts: run.attempts,
-        excluded: outcome.excluded,
-        halt,
-        result,
-        cost_micros: None,
-        budget: call.facts.budget,
-    }
+    routed(&call, outcome.rule, run, outcome.excluded, halt, result)
 }
 
 /// The routing record of a call that produced nothing usable: a denial, a refused request,
 /// or every attempt failed.
 fn unsuccessful<T>(call: &Call<'_>, outcome: Loop<T>) -> Routed {
-    let rule = rule_record(call, outcome.rule);
     let mut run = outcome.run;
     let (halt, result) = match outcome.refused {
         Some((halt, reason)) => (halt, RoutedResult::Refusal { reason, target: None }),
@@ -206,12 +194,24 @@ fn unsuccessful<T>(call: &Call<'_>, outcome: Loop<T>) -> Routed {
             (halt_of(&mut run), result)
         }
     };
+    routed(call, outcome.rule, run, outcome.excluded, halt, result)
+}
+
+/// The routing record of a finished run.
+fn routed(
+    call: &Call<'_>,
+    rule: Option<usize>,
+    run: Run,
+    excluded: Vec<Excluded>,
+    halt: Halt,
+    result: RoutedResult,
+) -> Routed {
     Routed {
         route: call.route.name.clone(),
-        rule,
+        rule: rule_record(call, rule),
         failovers: run.failovers(),
         attempts: run.attempts,
-        excluded: outcome.excluded,
+        excluded,
         halt,
         result,
         cost_micros: None,
