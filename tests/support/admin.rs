@@ -70,6 +70,7 @@ impl Admin {
             App::new()
                 .app_data(app_state.clone())
                 .wrap(actix_web::middleware::from_fn(shield_admin::metrics::track))
+                .configure(shield_admin::portal::configure)
                 .configure(shield_admin::api::configure)
         })
         .workers(1)

@@ -37,6 +37,9 @@ pub struct Stack {
     pub prefix: String,
     pub db: DbName,
     pub tenant: String,
+    /// The tenant owner's sign-in, as `shield tenant create` printed it.
+    pub owner_email: String,
+    pub owner_password: String,
     pub logs: PathBuf,
     pub client: reqwest::Client,
     env: Vec<(&'static str, String)>,
@@ -80,6 +83,8 @@ impl Stack {
             prefix,
             db,
             tenant: String::new(),
+            owner_email: String::new(),
+            owner_password: String::new(),
             logs,
             client: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap(),
             env,
@@ -98,6 +103,9 @@ impl Stack {
             .await
             .unwrap();
         assert!(out.status.success(), "tenant create: {}", String::from_utf8_lossy(&out.stderr));
+        let created: Value = serde_json::from_slice(&out.stdout).expect("tenant create prints JSON");
+        stack.owner_email = created["admin_email"].as_str().unwrap_or_default().to_string();
+        stack.owner_password = created["password"].as_str().unwrap_or_default().to_string();
         stack.tenant = slug;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
         stack.token = Tokens::new(JWT_SECRET)

@@ -109,18 +109,37 @@ impl Tokens {
     }
 
     pub fn verify(&self, token: &str) -> Result<Claims, ApiError> {
+        self.decode(token).map_err(|why| {
+            ApiError::Unauthorized(
+                match why {
+                    TokenProblem::Expired => "the token has expired; sign in again",
+                    TokenProblem::Invalid => "the token is not valid",
+                }
+                .into(),
+            )
+        })
+    }
+
+    /// Verifies signature, issuer and expiry, telling an expired token from a bad one (the
+    /// portal sends the first back to sign-in with a notice).
+    pub fn decode(&self, token: &str) -> Result<Claims, TokenProblem> {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_issuer(&[ISSUER]);
         validation.leeway = 0;
         validation.set_required_spec_claims(&["exp", "iss", "sub"]);
         jsonwebtoken::decode::<Claims>(token, &self.decoding, &validation).map(|data| data.claims).map_err(|err| {
-            let why = match err.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => "the token has expired; sign in again",
-                _ => "the token is not valid",
-            };
-            ApiError::Unauthorized(why.into())
+            match err.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenProblem::Expired,
+                _ => TokenProblem::Invalid,
+            }
         })
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenProblem {
+    Expired,
+    Invalid,
 }
 
 pub fn hash_password(password: &str) -> String {

@@ -12,6 +12,7 @@ pub mod deliver;
 pub mod error;
 pub mod metrics;
 pub mod openapi;
+pub mod portal;
 pub mod provision;
 pub mod publish;
 pub mod random;
@@ -98,6 +99,7 @@ pub async fn serve(config: AdminConfig, db: PgPool) -> std::io::Result<()> {
         App::new()
             .app_data(state.clone())
             .wrap(actix_web::middleware::from_fn(metrics::track))
+            .configure(portal::configure)
             .configure(api::configure)
     })
     .bind(&config.addr)?

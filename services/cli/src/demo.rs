@@ -193,6 +193,7 @@ fn print_welcome(settings: &Settings, seeded: &Seeded) {
     eprintln!(
         r#"
 Shield is up (demo).
+  portal      http://{admin}/portal  (sign in with the login below)
   admin API   http://{admin}  (docs: http://{admin}/docs)
   proxy       http://{proxy}
   mock LLM    http://{mock}

@@ -35,7 +35,8 @@ fn from_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, (FieldError, bool)> 
         let well_formed = err.inner().classify() == serde_json::error::Category::Data;
         let path = err.path().to_string();
         let path = if path == "." { String::new() } else { path };
-        let message = clean_message(&err.inner().to_string());
+        // A value in the wrong shape is named by its path; broken JSON by its position.
+        let message = if well_formed { clean_message(&err.inner().to_string()) } else { err.inner().to_string() };
         // serde reports a missing field at its parent; name the field itself.
         let field = match message.strip_prefix("missing field `").and_then(|m| m.split('`').next()) {
             Some(missing) if path.is_empty() => missing.to_string(),
@@ -44,7 +45,7 @@ fn from_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, (FieldError, bool)> 
         };
         (FieldError::new(field, message), well_formed)
     })?;
-    de.end().map_err(|e| (FieldError::new("", clean_message(&e.to_string())), false))?;
+    de.end().map_err(|e| (FieldError::new("", e.to_string()), false))?;
     Ok(value)
 }
 

@@ -4,7 +4,10 @@
 use actix_web::{HttpResponse, get};
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
 use super::State;
+use crate::AdminState;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
 
@@ -51,4 +54,32 @@ pub async fn get(state: State, principal: Principal) -> ApiResult<HttpResponse> 
         .collect();
     targets.sort_by(|a, b| (&a.target, &a.process).cmp(&(&b.target, &b.process)));
     Ok(HttpResponse::Ok().json(HealthView { targets }))
+}
+
+/// Each target's worst flushed breaker state across proxy processes (best effort: empty when
+/// Redis is unavailable).
+pub async fn worst_states(state: &AdminState, tenant: &str) -> BTreeMap<String, String> {
+    let Ok(mut conn) = state.redis.get().await else { return BTreeMap::new() };
+    let fields: Vec<(String, String)> =
+        redis::cmd("HGETALL").arg(state.redis_keys.health(tenant)).query_async(&mut *conn).await.unwrap_or_default();
+    let rank = |s: &str| match s {
+        "open" | "exhausted" => 2,
+        "half_open" => 1,
+        _ => 0,
+    };
+    let mut worst: BTreeMap<String, String> = BTreeMap::new();
+    for (field, json) in fields {
+        let Some((target, _)) = field.split_once('|') else { continue };
+        let Some(s) = serde_json::from_str::<serde_json::Value>(&json)
+            .ok()
+            .and_then(|v| v.get("state")?.as_str().map(str::to_string))
+        else {
+            continue;
+        };
+        let entry = worst.entry(target.to_string()).or_insert_with(|| s.clone());
+        if rank(&s) > rank(entry) {
+            *entry = s;
+        }
+    }
+    worst
 }

@@ -6,6 +6,7 @@ use actix_web::{HttpResponse, post, web};
 use serde::{Deserialize, Serialize};
 
 use super::{Body, State, decode};
+use crate::AdminState;
 use crate::auth::{Scope, verify_password};
 use crate::error::{ApiError, ApiResult};
 use crate::repo::users;
@@ -36,6 +37,12 @@ static DECOY_HASH: std::sync::LazyLock<String> =
 #[post("/v1/auth/login")]
 pub async fn login(state: State, body: Body) -> ApiResult<HttpResponse> {
     let request: LoginRequest = decode(&body)?;
+    Ok(HttpResponse::Ok().json(authenticate(&state, request).await?))
+}
+
+/// Checks e-mail and password (throttled per e-mail) and mints a token for the user's role.
+/// Shared by the API and the portal's sign-in form.
+pub async fn authenticate(state: &AdminState, request: LoginRequest) -> ApiResult<LoginResponse> {
     let email = request.email.trim().to_lowercase();
     if !state.login_limiter.allowed(&email, Instant::now()) {
         return Err(ApiError::RateLimited);
@@ -54,5 +61,5 @@ pub async fn login(state: State, body: Body) -> ApiResult<HttpResponse> {
     let (token, exp) =
         state.tokens.issue(&user.email, user.tenant_slug.as_deref(), scopes.clone(), state.login_token_ttl, now);
     let expires_at = chrono::DateTime::from_timestamp(exp, 0).unwrap_or_default().to_rfc3339();
-    Ok(HttpResponse::Ok().json(LoginResponse { token, expires_at, tenant: user.tenant_slug, scopes }))
+    Ok(LoginResponse { token, expires_at, tenant: user.tenant_slug, scopes })
 }

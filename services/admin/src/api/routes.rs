@@ -10,6 +10,7 @@ use shield_core::usage::budget_state;
 use shield_core::validate::validate_route;
 
 use super::{Body, State, created_or_replaced, decode};
+use crate::AdminState;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
 use crate::repo::audit::Action;
@@ -50,12 +51,18 @@ pub async fn get(state: State, principal: Principal, name: web::Path<String>) ->
         (status = 422, description = "validation error naming the field")))]
 #[put("/v1/tenant/me/gateway/routes/{name}")]
 pub async fn put(state: State, principal: Principal, name: web::Path<String>, body: Body) -> ApiResult<HttpResponse> {
-    let name = name.into_inner();
-    let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
-    let mut route: Route = decode(&body)?;
+    let (created, route) = save(&state, &principal, &name, &body).await?;
+    Ok(created_or_replaced(created, route))
+}
+
+/// Validates and stores a route body (JSON); `true` when it was created. Shared by the API and
+/// the portal's editor.
+pub async fn save(state: &AdminState, principal: &Principal, name: &str, body: &[u8]) -> ApiResult<(bool, Route)> {
+    let tenant = principal.tenant(state, Scope::ConfigWrite).await?;
+    let mut route: Route = decode(body)?;
     let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
-    validate_route(&name, &mut route, &config::targets(write.conn(), tenant.id).await?)?;
-    let before = config::route(write.conn(), tenant.id, &name).await?;
+    validate_route(name, &mut route, &config::targets(write.conn(), tenant.id).await?)?;
+    let before = config::route(write.conn(), tenant.id, name).await?;
     if before.is_none() && config::route_count(write.conn(), tenant.id).await? >= MAX_ROUTES_PER_TENANT as i64 {
         return Err(ApiError::validation("name", format!("a tenant has at most {MAX_ROUTES_PER_TENANT} routes")));
     }
@@ -63,8 +70,8 @@ pub async fn put(state: State, principal: Principal, name: web::Path<String>, bo
     route.updated_by = principal.actor().to_string();
     route.budget_state = None;
     let created = config::put_route(write.conn(), tenant.id, &route).await?;
-    write.commit(Action::RouteSet, &name, before.as_ref().map(digest_of), Some(digest_of(&route))).await?;
-    Ok(created_or_replaced(created, route))
+    write.commit(Action::RouteSet, name, before.as_ref().map(digest_of), Some(digest_of(&route))).await?;
+    Ok((created, route))
 }
 
 #[utoipa::path(delete, path = "/v1/tenant/me/gateway/routes/{name}", tag = "routes", security(("bearer" = ["config:write"])),
@@ -83,7 +90,12 @@ pub async fn delete(state: State, principal: Principal, name: web::Path<String>)
 /// Fills each route's read-only `budget_state`: this month's flushed spend, the limit, the
 /// percentage, the state (ROUTING.md step 3) and whether spend is incomplete (a listed target
 /// has no price, so its calls count as 0). Spend reads as 0 when Redis is unavailable.
-async fn with_budget_states(state: &State, tenant_id: i64, tenant: &str, routes: &mut [Route]) -> Result<(), ApiError> {
+pub async fn with_budget_states(
+    state: &AdminState,
+    tenant_id: i64,
+    tenant: &str,
+    routes: &mut [Route],
+) -> Result<(), ApiError> {
     let targets = config::targets(&state.db, tenant_id).await?;
     let month = chrono::Utc::now().format("%Y%m").to_string();
     let spend: std::collections::HashMap<String, i64> = match state.redis.get().await {

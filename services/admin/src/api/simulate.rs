@@ -15,7 +15,9 @@ use shield_core::target::AuthMode;
 use shield_core::url_safety;
 use shield_core::usage::{BudgetState, budget_state};
 
+use super::health::worst_states;
 use super::{Body, State, decode};
+use crate::AdminState;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
 use crate::repo::{config, secrets};
@@ -87,10 +89,19 @@ pub async fn simulate(
     name: web::Path<String>,
     body: Body,
 ) -> ApiResult<HttpResponse> {
-    let name = name.into_inner();
-    let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
     let request: SimulateRequest = decode(&body)?;
-    let route = config::route(&state.db, tenant.id, &name)
+    Ok(HttpResponse::Ok().json(run(&state, &principal, &name, request).await?))
+}
+
+/// Runs the simulation; shared by the API and the portal's simulator.
+pub async fn run(
+    state: &AdminState,
+    principal: &Principal,
+    name: &str,
+    request: SimulateRequest,
+) -> ApiResult<Simulation> {
+    let tenant = principal.tenant(state, Scope::ConfigWrite).await?;
+    let route = config::route(&state.db, tenant.id, name)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("route {name:?} does not exist")))?;
     let targets = config::targets(&state.db, tenant.id).await?;
@@ -115,10 +126,10 @@ pub async fn simulate(
         })
         .map(|t| t.id.clone())
         .collect();
-    let states = health_states(&state, &tenant.slug).await;
+    let states = worst_states(state, &tenant.slug).await;
     let in_state = |wanted: &str| states.iter().filter(|(_, s)| s.as_str() == wanted).map(|(t, _)| t.clone()).collect();
     let (circuit_open, exhausted) = (in_state("open"), in_state("exhausted"));
-    let (budget, budget_state) = budget_view(&state, &tenant.slug, &route).await;
+    let (budget, budget_state) = budget_view(state, &tenant.slug, &route).await;
     let facts = Facts {
         flagged: request.flagged.iter().cloned().collect(),
         data_class: header("x-shield-data-class"),
@@ -177,7 +188,7 @@ pub async fn simulate(
         .collect();
     let mut eligible = planned.order.clone();
     eligible.sort_by_key(|id| route.targets.iter().position(|t| t == id));
-    Ok(HttpResponse::Ok().json(Simulation {
+    Ok(Simulation {
         route: route.name.clone(),
         config_digest: digest_of(&route),
         rule: planned.rule.map(|i| serde_json::json!({"index": i, "description": route.rules[i].describe()})),
@@ -186,39 +197,11 @@ pub async fn simulate(
         order: planned.order,
         budget,
         refused: planned.refused.map(|(_, reason)| reason),
-    }))
-}
-
-/// Each target's worst flushed breaker state across proxy processes (best effort: empty when
-/// Redis is unavailable).
-async fn health_states(state: &State, tenant: &str) -> BTreeMap<String, String> {
-    let Ok(mut conn) = state.redis.get().await else { return BTreeMap::new() };
-    let fields: Vec<(String, String)> =
-        redis::cmd("HGETALL").arg(state.redis_keys.health(tenant)).query_async(&mut *conn).await.unwrap_or_default();
-    let rank = |s: &str| match s {
-        "open" | "exhausted" => 2,
-        "half_open" => 1,
-        _ => 0,
-    };
-    let mut worst: BTreeMap<String, String> = BTreeMap::new();
-    for (field, json) in fields {
-        let Some((target, _)) = field.split_once('|') else { continue };
-        let Some(s) = serde_json::from_str::<serde_json::Value>(&json)
-            .ok()
-            .and_then(|v| v.get("state")?.as_str().map(str::to_string))
-        else {
-            continue;
-        };
-        let entry = worst.entry(target.to_string()).or_insert_with(|| s.clone());
-        if rank(&s) > rank(entry) {
-            *entry = s;
-        }
-    }
-    worst
+    })
 }
 
 /// ROUTING.md step 3 from the month's flushed spend (shield-core decides the state).
-async fn budget_view(state: &State, tenant: &str, route: &shield_core::route::Route) -> (BudgetView, BudgetState) {
+async fn budget_view(state: &AdminState, tenant: &str, route: &shield_core::route::Route) -> (BudgetView, BudgetState) {
     let month = chrono::Utc::now().format("%Y%m").to_string();
     let spend_micros: i64 = match state.redis.get().await {
         Ok(mut conn) => redis::cmd("HGET")

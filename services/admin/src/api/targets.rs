@@ -12,6 +12,7 @@ use shield_core::url_safety;
 use shield_core::validate::{routes_broken_by, routes_using, validate_target};
 
 use super::{Body, State, created_or_replaced, decode};
+use crate::AdminState;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
 use crate::repo::audit::{self, Action};
@@ -50,16 +51,22 @@ pub async fn get(state: State, principal: Principal, id: web::Path<String>) -> A
         (status = 409, description = "would break a route's required_profile"), (status = 422, description = "validation error naming the field")))]
 #[put("/v1/tenant/me/gateway/targets/{id}")]
 pub async fn put(state: State, principal: Principal, id: web::Path<String>, body: Body) -> ApiResult<HttpResponse> {
-    let id = id.into_inner();
-    let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;
-    let mut target: Target = decode(&body)?;
+    let (created, target) = save(&state, &principal, &id, &body).await?;
+    Ok(created_or_replaced(created, target))
+}
+
+/// Validates and stores a target body (JSON); `true` when it was created. Shared by the API
+/// and the portal's form, so both give the same answers and the same audit rows.
+pub async fn save(state: &AdminState, principal: &Principal, id: &str, body: &[u8]) -> ApiResult<(bool, Target)> {
+    let tenant = principal.tenant(state, Scope::ConfigWrite).await?;
+    let mut target: Target = decode(body)?;
     if target.allow_private {
         principal.require(Scope::RegistryWrite)?;
     }
     check_resolved_hosts(&target).await?;
     let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
-    validate_target(&id, &mut target, &secrets::bindings(write.conn(), tenant.id).await?)?;
-    let before = config::target(write.conn(), tenant.id, &id).await?;
+    validate_target(id, &mut target, &secrets::bindings(write.conn(), tenant.id).await?)?;
+    let before = config::target(write.conn(), tenant.id, id).await?;
     if before.is_none() && config::target_count(write.conn(), tenant.id).await? >= MAX_TARGETS_PER_TENANT as i64 {
         return Err(ApiError::validation("id", format!("a tenant has at most {MAX_TARGETS_PER_TENANT} targets")));
     }
@@ -75,8 +82,8 @@ pub async fn put(state: State, principal: Principal, id: web::Path<String>, body
     target.updated_at = chrono::Utc::now().timestamp();
     target.updated_by = principal.actor().to_string();
     let created = config::put_target(write.conn(), tenant.id, &target).await?;
-    write.commit(Action::TargetSet, &id, before.as_ref().map(digest_of), Some(digest_of(&target))).await?;
-    Ok(created_or_replaced(created, target))
+    write.commit(Action::TargetSet, id, before.as_ref().map(digest_of), Some(digest_of(&target))).await?;
+    Ok((created, target))
 }
 
 /// Refused with 409 while a route lists the target.

@@ -8,6 +8,7 @@ use shield_core::money::Usd;
 use shield_core::usage::UsageRow;
 
 use super::State;
+use crate::AdminState;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
 
@@ -59,7 +60,12 @@ fn day(text: Option<&str>, field: &str) -> Result<NaiveDate, ApiError> {
     responses((status = 200, body = UsageReport), (status = 422), (status = 503, description = "Redis unavailable")))]
 #[get("/v1/tenant/me/gateway/usage")]
 pub async fn get(state: State, principal: Principal, query: web::Query<UsageQuery>) -> ApiResult<HttpResponse> {
-    let tenant = principal.tenant(&state, Scope::TenantRead).await?;
+    Ok(HttpResponse::Ok().json(report(&state, &principal, &query).await?))
+}
+
+/// The daily rows for a query; shared by the API and the portal's usage page.
+pub async fn report(state: &AdminState, principal: &Principal, query: &UsageQuery) -> ApiResult<UsageReport> {
+    let tenant = principal.tenant(state, Scope::TenantRead).await?;
     let (from, to) = (day(query.from.as_deref(), "from")?, day(query.to.as_deref(), "to")?);
     if to < from || (to - from).num_days() >= MAX_DAYS {
         return Err(ApiError::validation("to", format!("must be on or after `from`, within {MAX_DAYS} days")));
@@ -100,5 +106,5 @@ pub async fn get(state: State, principal: Principal, query: web::Query<UsageQuer
         }
     }
     rows.sort_by(|a, b| (&a.date, &a.route, &a.target).cmp(&(&b.date, &b.route, &b.target)));
-    Ok(HttpResponse::Ok().json(UsageReport { rows }))
+    Ok(UsageReport { rows })
 }

@@ -1,0 +1,226 @@
+//! Routes: each with its targets in order, the strategy, the rules in plain words and the
+//! month's budget bar; edited as JSON (the API's body) with the API's errors shown inline.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use shield_core::route::{Route, Strategy};
+
+use super::targets::{health_label, urlencode};
+use super::{Ctx, Form, PortalError, Problems, Session, check_csrf, redirect, render, usd};
+use crate::AdminState;
+use crate::api::health::worst_states;
+use crate::api::routes::with_budget_states;
+use crate::auth::Scope;
+use crate::error::ApiError;
+use crate::repo::config;
+
+pub struct RouteTarget {
+    pub id: String,
+    pub health: String,
+    pub health_label: &'static str,
+}
+
+pub struct BudgetBar {
+    pub spend: String,
+    pub limit: String,
+    /// Shown: one decimal.
+    pub percent: String,
+    /// Bar width in percent, capped at 100.
+    pub width: u32,
+    /// ok, warn (from 80 %) or at_limit (100 %).
+    pub state: String,
+    pub at_limit: String,
+    pub incomplete: bool,
+}
+
+pub struct RouteView {
+    pub name: String,
+    pub link: String,
+    pub enabled: bool,
+    pub strategy: &'static str,
+    pub targets: Vec<RouteTarget>,
+    pub rules: Vec<String>,
+    pub budget: Option<BudgetBar>,
+    pub month_spend: String,
+    pub incomplete: bool,
+}
+
+#[derive(Template)]
+#[template(path = "routes.html")]
+struct RoutesPage {
+    ctx: Ctx,
+    routes: Vec<RouteView>,
+    has_targets: bool,
+    saved: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+pub struct RouteQuery {
+    saved: Option<String>,
+    name: Option<String>,
+}
+
+fn strategy_label(strategy: Strategy) -> &'static str {
+    match strategy {
+        Strategy::Priority => "priority: in the order listed",
+        Strategy::LowestLatency => "lowest latency first",
+        Strategy::LowestCost => "lowest estimated cost first",
+        Strategy::Weighted => "weighted random",
+    }
+}
+
+pub async fn list(
+    req: HttpRequest,
+    state: web::Data<AdminState>,
+    session: Session,
+    query: web::Query<RouteQuery>,
+) -> Result<HttpResponse, PortalError> {
+    let tenant = session.principal.tenant(&state, Scope::TenantRead).await?;
+    let has_targets = config::target_count(&state.db, tenant.id).await? > 0;
+    let mut routes = config::routes(&state.db, tenant.id).await?;
+    with_budget_states(&state, tenant.id, &tenant.slug, &mut routes).await?;
+    let health = worst_states(&state, &tenant.slug).await;
+    let views = routes.iter().map(|route| view(route, &health)).collect();
+    let page = RoutesPage { ctx: session.ctx(&req, "routes"), routes: views, has_targets, saved: query.saved.clone() };
+    Ok(render(StatusCode::OK, &page.ctx, &page))
+}
+
+fn view(route: &Route, health: &std::collections::BTreeMap<String, String>) -> RouteView {
+    let state = route.budget_state.clone().unwrap_or_default();
+    let spent = state["spend_micros"].as_i64().unwrap_or(0);
+    let incomplete = state["incomplete"].as_bool().unwrap_or(false);
+    let budget = route.budget.as_ref().map(|budget| {
+        let percent = state["percent"].as_f64().unwrap_or(0.0);
+        BudgetBar {
+            spend: usd(spent),
+            limit: usd(budget.monthly.micros()),
+            percent: format!("{percent:.1}"),
+            width: percent.clamp(0.0, 100.0).round() as u32,
+            // The bar's colour: at 100 % the route blocks or falls back, either way it is at the limit.
+            state: match state["state"].as_str() {
+                Some("ok") | None => "ok",
+                Some("warn") => "warn",
+                Some(_) => "at_limit",
+            }
+            .to_string(),
+            at_limit: serde_json::to_value(budget.at_limit)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            incomplete,
+        }
+    });
+    RouteView {
+        name: route.name.clone(),
+        link: urlencode(&route.name),
+        enabled: route.enabled,
+        strategy: strategy_label(route.strategy),
+        targets: route
+            .targets
+            .iter()
+            .map(|id| {
+                let h = health.get(id).cloned().unwrap_or_else(|| "unknown".into());
+                RouteTarget { id: id.clone(), health_label: health_label(&h), health: h }
+            })
+            .collect(),
+        rules: route.rules.iter().map(|r| r.describe()).collect(),
+        budget,
+        month_spend: usd(spent),
+        incomplete,
+    }
+}
+
+#[derive(Template)]
+#[template(path = "route_form.html")]
+struct RouteForm {
+    ctx: Ctx,
+    editing: bool,
+    name: String,
+    body: String,
+    problems: Problems,
+}
+
+impl RouteForm {
+    fn error(&self, field: &str) -> Option<&str> {
+        self.problems.on(field)
+    }
+}
+
+pub async fn new(
+    req: HttpRequest,
+    state: web::Data<AdminState>,
+    session: Session,
+) -> Result<HttpResponse, PortalError> {
+    let tenant = session.principal.tenant(&state, Scope::TenantRead).await?;
+    let targets: Vec<String> = config::targets(&state.db, tenant.id).await?.into_keys().take(2).collect();
+    let body = serde_json::to_string_pretty(&serde_json::json!({
+        "targets": targets, "strategy": "priority", "rules": [],
+    }))
+    .expect("JSON serialises");
+    let page = RouteForm {
+        ctx: session.ctx(&req, "routes"),
+        editing: false,
+        name: String::new(),
+        body,
+        problems: Problems::default(),
+    };
+    Ok(render(StatusCode::OK, &page.ctx, &page))
+}
+
+pub async fn edit(
+    req: HttpRequest,
+    state: web::Data<AdminState>,
+    session: Session,
+    query: web::Query<RouteQuery>,
+) -> Result<HttpResponse, PortalError> {
+    let tenant = session.principal.tenant(&state, Scope::TenantRead).await?;
+    let name = query.name.clone().unwrap_or_default();
+    let route = config::route(&state.db, tenant.id, &name)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("route {name:?} does not exist")))?;
+    let page = RouteForm {
+        ctx: session.ctx(&req, "routes"),
+        editing: true,
+        name,
+        body: editable_json(&route),
+        problems: Problems::default(),
+    };
+    Ok(render(StatusCode::OK, &page.ctx, &page))
+}
+
+/// The route as the API takes it: without the name (it is the path) and the server's fields.
+fn editable_json(route: &Route) -> String {
+    let mut value = serde_json::to_value(route).unwrap_or_default();
+    if let Some(map) = value.as_object_mut() {
+        for field in ["name", "updated_at", "updated_by", "budget_state"] {
+            map.remove(field);
+        }
+    }
+    serde_json::to_string_pretty(&value).unwrap_or_default()
+}
+
+pub async fn save(
+    req: HttpRequest,
+    state: web::Data<AdminState>,
+    session: Session,
+    form: Form,
+) -> Result<HttpResponse, PortalError> {
+    check_csrf(&req, &form)?;
+    let name = form.get("name").trim().to_string();
+    let body = form.get("body").to_string();
+    let editing = form.get("editing") == "1";
+    let problems = if name.is_empty() {
+        let mut problems = Problems::default();
+        problems.field("name", "required: the name callers send as model, such as smart or shield/cheap");
+        problems
+    } else {
+        match crate::api::routes::save(&state, &session.principal, &name, body.as_bytes()).await {
+            Ok(_) => return Ok(redirect(&format!("/portal/routes?saved={}", urlencode(&name)))),
+            Err(err) => Problems::from_api(err, &["name"])?,
+        }
+    };
+    let status = problems.status.unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
+    let page = RouteForm { ctx: session.ctx(&req, "routes"), editing, name, body, problems };
+    Ok(render(status, &page.ctx, &page))
+}
