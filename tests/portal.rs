@@ -139,9 +139,20 @@ async fn sign_in_sets_a_strict_http_only_session_and_sign_out_ends_it() {
     let session = signed_in.set_cookie("shield_session").expect("a session cookie");
     assert!(session.contains("HttpOnly") && session.contains("SameSite=Strict") && session.contains("Path=/portal"));
     assert!(session.contains("Max-Age=600"), "the session lasts as long as the token: {session}");
+    assert!(!session.contains("Secure"), "plain HTTP here; behind TLS the cookie is Secure");
     let targets = browser.get("/portal/targets").await;
     assert_eq!(targets.status, StatusCode::OK);
     assert!(targets.body.contains("Sign out"));
+
+    let behind_tls = browser
+        .client
+        .get(format!("{}/portal/login", browser.base))
+        .header("x-forwarded-proto", "https")
+        .send()
+        .await
+        .unwrap();
+    let cookie = behind_tls.headers().get("set-cookie").and_then(|c| c.to_str().ok()).unwrap_or_default().to_string();
+    assert!(cookie.contains("Secure"), "{cookie}");
 
     let csrf = browser.cookies["shield_csrf"].clone();
     let out = browser.post("/portal/logout", &[("csrf", &csrf)]).await;

@@ -6,7 +6,9 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 
-use super::{CSRF_COOKIE, Ctx, Form, PortalError, SESSION_COOKIE, check_csrf, cookie, redirect, render, session};
+use super::{
+    CSRF_COOKIE, Ctx, Form, PortalError, SESSION_COOKIE, check_csrf, cookie, https, redirect, render, session,
+};
 use crate::AdminState;
 use crate::api::login::{LoginRequest, authenticate};
 use crate::error::ApiError;
@@ -44,8 +46,8 @@ pub async fn submit(req: HttpRequest, state: web::Data<AdminState>, form: Form) 
             // A new CSRF value with the new session, so one set before sign-in is not reused.
             Ok(HttpResponse::SeeOther()
                 .insert_header(("Location", "/portal/targets"))
-                .cookie(cookie(SESSION_COOKIE, login.token, Some(ttl)))
-                .cookie(cookie(CSRF_COOKIE, crate::random::b64url(24), None))
+                .cookie(cookie(SESSION_COOKIE, login.token, Some(ttl), https(&req)))
+                .cookie(cookie(CSRF_COOKIE, crate::random::b64url(24), None, https(&req)))
                 .finish())
         }
         Err(err @ (ApiError::Unauthorized(_) | ApiError::RateLimited | ApiError::DatabaseUnavailable)) => {
@@ -59,7 +61,7 @@ pub async fn submit(req: HttpRequest, state: web::Data<AdminState>, form: Form) 
 
 pub async fn logout(req: HttpRequest, form: Form) -> Result<HttpResponse, PortalError> {
     check_csrf(&req, &form)?;
-    let mut gone = cookie(SESSION_COOKIE, String::new(), Some(time::Duration::ZERO));
+    let mut gone = cookie(SESSION_COOKIE, String::new(), Some(time::Duration::ZERO), https(&req));
     gone.make_removal();
     Ok(HttpResponse::SeeOther().insert_header(("Location", "/portal/login")).cookie(gone).finish())
 }

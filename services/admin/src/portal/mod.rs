@@ -99,6 +99,7 @@ pub struct Ctx {
     pub csrf: String,
     /// The CSRF cookie was missing: the response sets it.
     fresh_csrf: bool,
+    https: bool,
 }
 
 impl Ctx {
@@ -107,7 +108,7 @@ impl Ctx {
             Some(value) if value.len() >= 16 => (value, false),
             _ => (crate::random::b64url(24), true),
         };
-        Ctx { tenant: tenant.into(), user: user.into(), nav, csrf, fresh_csrf }
+        Ctx { tenant: tenant.into(), user: user.into(), nav, csrf, fresh_csrf, https: https(req) }
     }
 
     /// For pages shown before sign-in.
@@ -132,17 +133,24 @@ pub(crate) fn render(status: StatusCode, ctx: &Ctx, page: &impl Template) -> Htt
     let mut response = HttpResponse::build(status);
     response.content_type("text/html; charset=utf-8").insert_header(("Cache-Control", "no-store"));
     if ctx.fresh_csrf {
-        response.cookie(cookie(CSRF_COOKIE, ctx.csrf.clone(), None));
+        response.cookie(cookie(CSRF_COOKIE, ctx.csrf.clone(), None, ctx.https));
     }
     response.body(body)
 }
 
-fn cookie(name: &'static str, value: String, max_age: Option<time::Duration>) -> Cookie<'static> {
-    let mut cookie = Cookie::build(name, value).path("/portal").http_only(true).same_site(SameSite::Strict).finish();
+/// `secure`: the request came over HTTPS (directly or, per `X-Forwarded-Proto`/`Forwarded`,
+/// through a TLS-terminating proxy); the cookie is then never sent over plain HTTP.
+fn cookie(name: &'static str, value: String, max_age: Option<time::Duration>, secure: bool) -> Cookie<'static> {
+    let mut cookie =
+        Cookie::build(name, value).path("/portal").http_only(true).same_site(SameSite::Strict).secure(secure).finish();
     if let Some(age) = max_age {
         cookie.set_max_age(age);
     }
     cookie
+}
+
+pub(crate) fn https(req: &HttpRequest) -> bool {
+    req.connection_info().scheme() == "https"
 }
 
 /// A signed-in user of a tenant, from the session cookie.
@@ -232,7 +240,7 @@ impl ResponseError for PortalError {
     fn error_response(&self) -> HttpResponse {
         if let PortalError::SignIn { expired } = self {
             let to = if *expired { "/portal/login?expired=1" } else { "/portal/login" };
-            let mut gone = cookie(SESSION_COOKIE, String::new(), Some(time::Duration::ZERO));
+            let mut gone = cookie(SESSION_COOKIE, String::new(), Some(time::Duration::ZERO), false);
             gone.make_removal();
             return HttpResponse::SeeOther()
                 .insert_header(("Location", to))
@@ -247,7 +255,14 @@ impl ResponseError for PortalError {
             StatusCode::SERVICE_UNAVAILABLE => "Temporarily unavailable",
             _ => "Something went wrong",
         };
-        let ctx = Ctx { tenant: String::new(), user: String::new(), nav: "", csrf: String::new(), fresh_csrf: false };
+        let ctx = Ctx {
+            tenant: String::new(),
+            user: String::new(),
+            nav: "",
+            csrf: String::new(),
+            fresh_csrf: false,
+            https: false,
+        };
         let page = ErrorPage { ctx, status: status.as_u16(), title, message: self.to_string() };
         render(status, &page.ctx, &page)
     }
