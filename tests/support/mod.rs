@@ -33,12 +33,18 @@ pub fn free_port() -> u16 {
 pub struct DbName {
     pub name: String,
     pub url: String,
+    base: String,
 }
 
 impl DbName {
     pub fn reserve() -> DbName {
+        DbName::reserve_on(&postgres_base())
+    }
+
+    /// On another server (e.g. a [`process::PrivatePostgres`]).
+    pub fn reserve_on(base: &str) -> DbName {
         let name = unique("shield_t_");
-        DbName { url: format!("{}/{name}", postgres_base()), name }
+        DbName { url: format!("{base}/{name}"), name, base: base.to_string() }
     }
 }
 
@@ -75,7 +81,7 @@ impl TestDb {
 impl Drop for DbName {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let admin_url = format!("{}/postgres", postgres_base());
+        let admin_url = format!("{}/postgres", self.base);
         // Drop runs inside the test's runtime, which cannot be blocked on; use a thread.
         let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

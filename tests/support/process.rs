@@ -70,3 +70,104 @@ impl PrivateRedis {
         }
     }
 }
+
+/// A private Postgres cluster (initdb in a temporary directory, run as the `postgres` user on a
+/// free port), for tests that stop and start the database. Removed on drop.
+pub struct PrivatePostgres {
+    pub port: u16,
+    dir: PathBuf,
+    server: Option<std::process::Child>,
+}
+
+impl PrivatePostgres {
+    pub fn start() -> PrivatePostgres {
+        use std::os::unix::process::CommandExt;
+        let dir = std::env::temp_dir().join(super::unique("shield-pg-"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (uid, gid) = postgres_ids();
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown the cluster directory");
+        let status = Command::new(postgres_bin("initdb"))
+            .args([
+                "-D",
+                &dir.join("data").to_string_lossy(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ])
+            .uid(uid)
+            .gid(gid)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("initdb runs");
+        assert!(status.success(), "initdb failed");
+        let mut pg = PrivatePostgres { port: super::free_port(), dir, server: None };
+        pg.restart();
+        pg
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>` (no database).
+    pub fn base(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}", self.port)
+    }
+
+    /// A fast shutdown (what `pg_ctl stop -m fast` does): clients are disconnected.
+    pub fn stop(&mut self) {
+        if let Some(mut server) = self.server.take() {
+            let _ = Command::new("kill").args(["-INT", &server.id().to_string()]).status();
+            let _ = server.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        use std::os::unix::process::CommandExt;
+        let (uid, gid) = postgres_ids();
+        let child = Command::new(postgres_bin("postgres"))
+            .args(["-D", &self.dir.join("data").to_string_lossy(), "-p", &self.port.to_string()])
+            .args(["-k", &self.dir.to_string_lossy(), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .uid(uid)
+            .gid(gid)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("postgres starts");
+        self.server = Some(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while Command::new(postgres_bin("pg_isready"))
+            .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .status()
+            .map_or(true, |s| !s.success())
+        {
+            assert!(std::time::Instant::now() < deadline, "private postgres did not start");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn postgres_ids() -> (u32, u32) {
+    let id = |flag: &str| {
+        let out = Command::new("id").args([flag, "postgres"]).output().expect("id runs");
+        String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().expect("a postgres user exists")
+    };
+    (id("-u"), id("-g"))
+}
+
+/// Debian keeps the server binaries under /usr/lib/postgresql/<version>/bin.
+fn postgres_bin(name: &str) -> PathBuf {
+    let versions = std::fs::read_dir("/usr/lib/postgresql").expect("PostgreSQL server binaries are installed");
+    let mut dirs: Vec<PathBuf> = versions.filter_map(|e| e.ok()).map(|e| e.path().join("bin").join(name)).collect();
+    dirs.sort();
+    dirs.into_iter().rfind(|p| p.exists()).unwrap_or_else(|| PathBuf::from(name))
+}

@@ -22,11 +22,20 @@ pub struct StackOptions {
     pub routing: bool,
     pub start_admin: bool,
     pub flush_s: u64,
+    /// A Postgres server other than the shared one (e.g. a private one the test stops).
+    pub postgres_base: Option<String>,
 }
 
 impl Default for StackOptions {
     fn default() -> Self {
-        StackOptions { redis_url: redis_url(), default_upstream: false, routing: true, start_admin: true, flush_s: 1 }
+        StackOptions {
+            redis_url: redis_url(),
+            default_upstream: false,
+            routing: true,
+            start_admin: true,
+            flush_s: 1,
+            postgres_base: None,
+        }
     }
 }
 
@@ -44,7 +53,8 @@ pub struct Stack {
     pub client: reqwest::Client,
     env: Vec<(&'static str, String)>,
     token: String,
-    children: Vec<Child>,
+    /// Named children (`mock-llm`, `admin`, `proxy`, `proxy-<addr>`), killed on drop.
+    children: Vec<(String, Child)>,
 }
 
 impl Stack {
@@ -59,7 +69,10 @@ impl Stack {
         let admin = format!("127.0.0.1:{}", free_port());
         let proxy = format!("127.0.0.1:{}", free_port());
         let prefix = unique("st") + ":";
-        let db = DbName::reserve();
+        let db = match &options.postgres_base {
+            Some(base) => DbName::reserve_on(base),
+            None => DbName::reserve(),
+        };
         let mut env = vec![
             ("DATABASE_URL", db.url.clone()),
             ("REDIS_URL", options.redis_url.clone()),
@@ -163,7 +176,7 @@ impl Stack {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("start {name}: {e}"));
-        self.children.push(child);
+        self.children.push((name.to_string(), child));
     }
 
     /// Everything the children logged so far.
@@ -185,7 +198,7 @@ impl Stack {
             .stderr(log)
             .spawn()
             .expect("start proxy");
-        self.children.insert(0, child);
+        self.children.push((format!("proxy-{addr}"), child));
         let url = format!("http://{addr}/healthz");
         eventually(30, "the extra proxy to answer", || async { http_ok(&url).await.then_some(()) }).await;
         addr
@@ -193,13 +206,13 @@ impl Stack {
 
     /// Kills the proxy (the last child) with SIGKILL: no chance to flush.
     pub async fn kill_proxy(&mut self) {
-        let mut proxy = self.children.pop().expect("proxy running");
+        let mut proxy = self.take("proxy");
         proxy.kill().await.expect("SIGKILL");
     }
 
     /// Stops the proxy (the last child) with SIGTERM and waits for it to exit.
     pub async fn terminate_proxy(&mut self) {
-        let mut proxy = self.children.pop().expect("proxy running");
+        let mut proxy = self.take("proxy");
         let pid = proxy.id().expect("proxy pid");
         let status = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill runs");
         assert!(status.success());
@@ -210,13 +223,41 @@ impl Stack {
 
     /// Kills the proxy (the last child) and starts it again with `extra` environment.
     pub async fn restart_proxy(&mut self, extra: &[(&'static str, String)]) {
-        let mut old = self.children.pop().expect("proxy running");
+        let mut old = self.take("proxy");
         let _ = old.kill().await;
         self.env.extend(extra.iter().cloned());
         self.spawn("proxy", &["proxy"]);
         let proxy = self.proxy.clone();
         eventually(30, "the proxy to answer", || async {
             http_ok(&format!("http://{proxy}/healthz")).await.then_some(())
+        })
+        .await;
+    }
+
+    /// The tenant owner's admin token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    fn take(&mut self, name: &str) -> Child {
+        let i = self.children.iter().position(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} is not running"));
+        self.children.remove(i).1
+    }
+
+    /// The process id of a running child (`admin`, `proxy`, `proxy-<addr>`).
+    pub fn pid(&self, name: &str) -> u32 {
+        self.children.iter().find(|(n, _)| n == name).and_then(|(_, c)| c.id()).expect("running")
+    }
+
+    /// Kills the admin (SIGKILL, mid-write if one is in flight) and starts it again.
+    pub async fn restart_admin(&mut self) {
+        let mut old = self.take("admin");
+        let _ = old.kill().await;
+        let _ = old.wait().await;
+        self.spawn("admin", &["admin"]);
+        let admin = self.admin.clone();
+        eventually(30, "the admin to answer", || async {
+            http_ok(&format!("http://{admin}/healthz")).await.then_some(())
         })
         .await;
     }
@@ -320,7 +361,7 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        for child in &mut self.children {
+        for (_, child) in &mut self.children {
             let _ = child.start_kill();
         }
         let _ = std::fs::remove_dir_all(&self.logs);
