@@ -6,7 +6,8 @@
 //! * `POST /mock/{scenario}/v1/chat/completions` — `scenario` is `;`-separated directives:
 //!   `id:TAG` (names the scenario: sequences count per scenario, the log can be filtered by it),
 //!   `status:503` (answer that status in OpenAI error shape), `seq:503-503-200` (the n-th call
-//!   gets the n-th status, then the last one forever), `delay:MS`, `hang` (never answer),
+//!   gets the n-th status, then the last one forever), `cycle:503-200-200` (the same, repeated
+//!   forever: exactly a third of the calls fail), `delay:MS`, `hang` (never answer),
 //!   `reset` (send the status line, then drop the connection mid-body), `retry-after:S`,
 //!   `err:CODE` (the error body's `code`, e.g. `insufficient_quota`), `usage:P-C` (reported
 //!   prompt/completion tokens), `body:garbage` (a 200 that is not JSON), `body:nochoices`
@@ -22,6 +23,8 @@
 //! * `GET /v1/models`, `GET /mock/{scenario}/v1/models`.
 //! * `GET /_mock/requests[?id=TAG]` — the requests received (method, path, headers, body),
 //!   oldest first; `DELETE /_mock/requests` clears the log. The log keeps the last 10,000.
+//! * `GET /_mock/calls?id=TAG` — `{"calls": N}`: every chat call a scenario received, counted
+//!   without the log's cap (load tests reconcile 100,000 calls against it).
 //! * `GET /_mock/streams?id=TAG` — `{started, completed, dropped}`: streams the client dropped
 //!   before the end are counted, so tests can prove nothing keeps generating for nobody.
 
@@ -50,6 +53,8 @@ struct MockState {
     log: Mutex<VecDeque<Received>>,
     calls: Mutex<HashMap<String, usize>>,
     streams: Mutex<HashMap<String, StreamCounts>>,
+    /// Calls per scenario id, uncapped.
+    calls_by_id: Mutex<HashMap<String, u64>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -64,6 +69,8 @@ struct StreamCounts {
 struct Scenario {
     id: Option<String>,
     statuses: Vec<u16>,
+    /// `cycle:`: the statuses repeat instead of the last one sticking.
+    cycle: bool,
     delay: Option<Duration>,
     hang: bool,
     reset: bool,
@@ -93,6 +100,10 @@ impl Scenario {
                 "id" => s.id = Some(value.to_string()),
                 "status" => s.statuses = value.parse().map(|v| vec![v]).unwrap_or_default(),
                 "seq" => s.statuses = value.split('-').filter_map(|v| v.parse().ok()).collect(),
+                "cycle" => {
+                    s.statuses = value.split('-').filter_map(|v| v.parse().ok()).collect();
+                    s.cycle = true;
+                }
                 "delay" => s.delay = value.parse().ok().map(Duration::from_millis),
                 "hang" => s.hang = true,
                 "reset" => s.reset = true,
@@ -183,11 +194,18 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     if req.path() == "/_mock/requests" {
         return requests(&req, &state);
     }
-    if req.path() == "/_mock/streams" {
-        let id = web::Query::<HashMap<String, String>>::from_query(req.query_string())
+    let query_id = || {
+        web::Query::<HashMap<String, String>>::from_query(req.query_string())
             .ok()
             .and_then(|q| q.get("id").cloned())
-            .unwrap_or_default();
+            .unwrap_or_default()
+    };
+    if req.path() == "/_mock/calls" {
+        let calls = state.calls_by_id.lock().expect("mock calls").get(&query_id()).copied().unwrap_or(0);
+        return HttpResponse::Ok().json(json!({ "calls": calls }));
+    }
+    if req.path() == "/_mock/streams" {
+        let id = query_id();
         let counts = state.streams.lock().expect("mock streams").get(&id).copied().unwrap_or_default();
         return HttpResponse::Ok().json(counts);
     }
@@ -202,13 +220,19 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
         *n += 1;
         *n - 1
     };
+    if let (Some(id), true) = (&scenario.id, rest == "/v1/chat/completions") {
+        *state.calls_by_id.lock().expect("mock calls").entry(id.clone()).or_insert(0) += 1;
+    }
     if let Some(delay) = scenario.delay {
         tokio::time::sleep(delay).await;
     }
     if scenario.hang {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
-    let status = scenario.statuses.get(call).or(scenario.statuses.last()).copied().unwrap_or(200);
+    let status = match (scenario.cycle, scenario.statuses.len()) {
+        (true, len) if len > 0 => scenario.statuses[call % len],
+        _ => scenario.statuses.get(call).or(scenario.statuses.last()).copied().unwrap_or(200),
+    };
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     if scenario.reset {
         let broken = futures_util::stream::once(async {
