@@ -42,12 +42,11 @@ pub fn url_private_reason(url: &Url) -> Option<&'static str> {
 pub fn private_reason(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => v4_reason(v4),
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return v4_reason(v4);
-            }
-            v6_reason(v6)
-        }
+        IpAddr::V6(v6) => match embedded_v4(v6) {
+            // An IPv6 spelling of an IPv4 address is judged as that address.
+            Some(v4) => v4_reason(v4).or_else(|| v6_reason(v6)),
+            None => v6_reason(v6),
+        },
     }
 }
 
@@ -65,6 +64,23 @@ fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
         Some("carrier-grade NAT")
     } else if ip.is_broadcast() || ip.is_multicast() || a >= 240 {
         Some("broadcast, multicast or reserved")
+    } else {
+        None
+    }
+}
+
+/// The IPv4 address an IPv6 address carries where a network may route it to that IPv4 host:
+/// IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`, deprecated), NAT64's
+/// well-known prefix (`64:ff9b::a.b.c.d`) and 6to4 (`2002:AABB:CCDD::`).
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = ip.segments();
+    let tail = |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        Some(v4)
+    } else if (s[..6] == [0; 6] && !ip.is_loopback() && !ip.is_unspecified()) || s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        Some(tail(s[6], s[7]))
+    } else if s[0] == 0x2002 {
+        Some(tail(s[1], s[2]))
     } else {
         None
     }
@@ -152,6 +168,14 @@ mod tests {
             ("http://[::1]/", Some("loopback")),
             ("http://[fd00::1]/", Some("private (unique local)")),
             ("http://[fe80::1]/", Some("link-local")),
+            ("http://[::ffff:127.0.0.1]/", Some("loopback")),
+            ("http://[::ffff:a9fe:a9fe]/", Some("link-local (cloud metadata lives here)")),
+            ("http://[::10.0.0.1]/", Some("private (RFC 1918)")),
+            ("http://[64:ff9b::7f00:1]/", Some("loopback")),
+            ("http://[64:ff9b::a9fe:a9fe]/", Some("link-local (cloud metadata lives here)")),
+            ("http://[2002:c0a8:101::1]/", Some("private (RFC 1918)")),
+            ("http://[64:ff9b::808:808]/", None),
+            ("http://[2606:4700::1111]/", None),
             ("http://[::ffff:10.0.0.1]/", Some("private (RFC 1918)")),
             ("https://8.8.8.8/", None),
             ("https://172.32.0.1/", None),

@@ -11,7 +11,8 @@
 //!   `reset` (send the status line, then drop the connection mid-body), `retry-after:S`,
 //!   `err:CODE` (the error body's `code`, e.g. `insufficient_quota`), `usage:P-C` (reported
 //!   prompt/completion tokens), `body:garbage` (a 200 that is not JSON), `body:nochoices`
-//!   (a 200 JSON without `choices`).
+//!   (a 200 JSON without `choices`), `redirect:TAG` (a 302 to `/mock/id:TAG/v1/chat/completions`
+//!   on this mock; a gateway must not follow it: the log of TAG stays empty).
 //!   Streaming (`"stream": true` in the request): `chunks:N` content chunks (default 3),
 //!   `ttfb:MS` before the first event, `chunkdelay:MS` between events, `errfirst` (the first
 //!   event is an error), `break:N` (drop the connection after N chunks), `stall:N` (go silent
@@ -75,6 +76,8 @@ struct Scenario {
     hang: bool,
     reset: bool,
     retry_after: Option<String>,
+    /// `redirect:TAG`: a 302 to this mock's `/mock/id:TAG/v1/chat/completions`.
+    redirect: Option<String>,
     error_code: Option<String>,
     usage: Option<(u64, u64)>,
     body: Option<String>,
@@ -111,6 +114,7 @@ impl Scenario {
                 "err" => s.error_code = Some(value.to_string()),
                 "usage" => s.usage = value.split_once('-').and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?))),
                 "body" => s.body = Some(value.to_string()),
+                "redirect" => s.redirect = Some(value.to_string()),
                 "chunks" => s.chunks = value.parse().ok(),
                 "ttfb" => s.ttfb = value.parse().ok().map(Duration::from_millis),
                 "chunkdelay" => s.chunk_delay = value.parse().ok().map(Duration::from_millis),
@@ -239,6 +243,10 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
             Err::<Bytes, _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
         });
         return HttpResponse::build(status).content_type("application/json").streaming(broken);
+    }
+    if let Some(location) = &scenario.redirect {
+        let location = format!("/mock/id:{location}/v1/chat/completions");
+        return HttpResponse::Found().insert_header(("location", location)).finish();
     }
     let mut response = HttpResponse::build(status);
     if let Some(retry_after) = &scenario.retry_after {

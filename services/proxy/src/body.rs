@@ -11,6 +11,9 @@ use crate::error::ProxyError;
 /// Chat requests with images can be large; beyond this a body is refused with 413.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
+/// OpenAI's own limit on `messages`; a longer conversation is refused before any routing.
+pub const MAX_MESSAGES: usize = 2048;
+
 /// Fields only Shield reads; never sent upstream (ROUTING.md "body hygiene").
 const SHIELD_ONLY: [&str; 4] = ["x_shield", "prompt", "system", "run_id"];
 
@@ -58,6 +61,10 @@ impl ChatRequest {
     /// Checks what a routed call needs beyond `model`.
     pub fn check_routable(&self) -> Result<(), ProxyError> {
         match self.fields.get("messages") {
+            Some(Value::Array(messages)) if messages.len() > MAX_MESSAGES => Err(ProxyError::BadRequest(format!(
+                "`messages` has {} entries; at most {MAX_MESSAGES} are accepted",
+                messages.len()
+            ))),
             Some(Value::Array(messages)) if !messages.is_empty() => Ok(()),
             Some(_) => Err(ProxyError::BadRequest("`messages` must be a non-empty array".into())),
             None => Err(ProxyError::BadRequest("missing required field `messages`".into())),
