@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use shield_proxy::body::ChatRequest;
+use shield_core::chat_request::ChatRequest;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(request) = ChatRequest::parse(data) else { return };

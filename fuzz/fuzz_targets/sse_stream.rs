@@ -6,7 +6,7 @@
 use futures_util::StreamExt;
 use libfuzzer_sys::fuzz_target;
 use shield_core::guardrails::{Detector, GuardrailPolicy, Mode};
-use shield_proxy::guard::StreamGuard;
+use shield_core::output_guard::StreamGuard;
 
 fn events(chunks: Vec<Vec<u8>>) -> Vec<(String, String)> {
     use eventsource_stream::Eventsource;

@@ -6,6 +6,7 @@
 //! clock and holds no global state: time, randomness and nonces are passed in.
 
 pub mod breaker;
+pub mod chat_request;
 pub mod detect;
 pub mod error;
 pub mod guardrails;
@@ -13,6 +14,7 @@ pub mod keys;
 pub mod money;
 pub mod names;
 pub mod outcome;
+pub mod output_guard;
 pub mod parse;
 pub mod plan;
 pub mod profile;

@@ -65,3 +65,9 @@ impl ResponseError for ProxyError {
 pub fn openai_error(message: &str, kind: &str, code: &str, param: Value) -> Value {
     json!({"error": {"message": message, "type": kind, "code": code, "param": param}})
 }
+
+impl From<shield_core::chat_request::BadRequest> for ProxyError {
+    fn from(err: shield_core::chat_request::BadRequest) -> ProxyError {
+        ProxyError::BadRequest(err.0)
+    }
+}

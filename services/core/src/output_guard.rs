@@ -1,0 +1,143 @@
+//! Guardrails on the data plane: the input is checked once before routing; the output once on
+//! the answer actually returned (whichever target produced it), and for streams on the text as
+//! it flows. A block is final: there is never "try another model until one passes" (seed §5),
+//! since that would turn routing into a guardrail bypass. Tool RBAC is checked on the answer's
+//! tool calls. Results carry kinds and counts, never the matched text.
+
+use crate::guardrails::{GuardrailPolicy, GuardrailResult, Verdict};
+use serde_json::{Map, Value, json};
+
+/// `x_shield.guardrail_results` entries: each result with the phase it ran in.
+pub fn results_json(phase: &str, results: &[GuardrailResult]) -> Vec<Value> {
+    results
+        .iter()
+        .map(|r| json!({"phase": phase, "name": r.name, "mode": r.mode, "passed": r.passed, "findings": r.findings}))
+        .collect()
+}
+
+/// The refusal message for a blocking verdict.
+pub fn blocked_reason(phase: &str, guardrail: &str) -> String {
+    format!("Blocked by {} ({phase})", GuardrailPolicy::title(guardrail))
+}
+
+/// The assistant text of a completion (all choices).
+pub fn answer_text(body: &Map<String, Value>) -> String {
+    let choices = body.get("choices").and_then(Value::as_array);
+    choices
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.pointer("/message/content").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The tool names a completion (or a stream chunk's delta) asks to call.
+pub fn tool_names(choices: Option<&Vec<Value>>, message_key: &str) -> Vec<String> {
+    choices
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get(message_key).and_then(|m| m.get("tool_calls")).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|call| call.pointer("/function/name").and_then(Value::as_str).map(str::to_string))
+        .collect()
+}
+
+/// Checks a whole answer: output guardrails, then tool RBAC. `Err` is the refusal reason.
+pub fn check_answer(
+    policy: &GuardrailPolicy,
+    role: Option<&str>,
+    body: &Map<String, Value>,
+) -> (Verdict, Result<(), String>) {
+    let verdict = policy.check(&answer_text(body));
+    if let Some(name) = verdict.blocked_by {
+        return (verdict, Err(blocked_reason("output", name)));
+    }
+    let tools = tool_names(body.get("choices").and_then(Value::as_array), "message");
+    let tools: Vec<&str> = tools.iter().map(String::as_str).collect();
+    let refused = policy.refused_tool(role, &tools).map(|tool| tool_refusal(policy, role, tool));
+    (verdict, refused.map_or(Ok(()), Err))
+}
+
+pub fn tool_refusal(policy: &GuardrailPolicy, role: Option<&str>, tool: &str) -> String {
+    if policy.tools.kill_switch {
+        "Tool calls are disabled for this tenant".to_string()
+    } else {
+        format!("Tool `{tool}` is not allowed for role {}", role.unwrap_or("(none)"))
+    }
+}
+
+/// Output guardrails over a stream, chunk by chunk. Detection runs on each new piece of text
+/// together with the tail of what came before, so a finding split across two chunks is
+/// still caught (the chunk that completes it is held back and the stream ends).
+pub struct StreamGuard {
+    policy: GuardrailPolicy,
+    role: Option<String>,
+    tail: String,
+    pub results: Vec<GuardrailResult>,
+}
+
+/// Enough context for any finding the detectors know (keys, card numbers, IBANs, e-mails).
+const TAIL_CHARS: usize = 256;
+
+impl StreamGuard {
+    pub fn new(policy: GuardrailPolicy, role: Option<String>) -> StreamGuard {
+        StreamGuard { policy, role, tail: String::new(), results: Vec::new() }
+    }
+
+    /// `Err(reason)` when this chunk must not be forwarded and the stream must end.
+    pub fn check(&mut self, chunk: &Value) -> Result<(), String> {
+        let choices = chunk.get("choices").and_then(Value::as_array);
+        let tools = tool_names(choices, "delta");
+        let tools: Vec<&str> = tools.iter().map(String::as_str).collect();
+        if let Some(tool) = self.policy.refused_tool(self.role.as_deref(), &tools) {
+            return Err(tool_refusal(&self.policy, self.role.as_deref(), tool));
+        }
+        let text: String =
+            choices.into_iter().flatten().filter_map(|c| c.pointer("/delta/content").and_then(Value::as_str)).collect();
+        if text.is_empty() {
+            return Ok(());
+        }
+        let window = format!("{}{text}", self.tail);
+        let verdict = self.policy.check(&window);
+        let skip = window.len().saturating_sub(TAIL_CHARS);
+        self.tail =
+            window[window.char_indices().map(|(i, _)| i).find(|i| *i >= skip).unwrap_or(window.len())..].to_string();
+        for result in verdict.results.into_iter().filter(|r| !r.passed) {
+            if !self.results.iter().any(|seen| seen.name == result.name) {
+                self.results.push(result);
+            }
+        }
+        match verdict.blocked_by {
+            Some(name) => Err(blocked_reason("output", name)),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guardrails::{Detector, Mode};
+
+    #[test]
+    fn a_secret_split_across_chunks_is_caught() {
+        let policy = GuardrailPolicy { secrets_detection: Detector { mode: Mode::Block }, ..Default::default() };
+        let mut guard = StreamGuard::new(policy, None);
+        let chunk = |text: &str| json!({"choices": [{"index": 0, "delta": {"content": text}}]});
+        assert!(guard.check(&chunk("your key is sk-proj-abcdefghij")).is_ok());
+        let blocked = guard.check(&chunk("klmnopqrstuvwxyz0123 enjoy")).unwrap_err();
+        assert_eq!(blocked, "Blocked by secrets detection (output)");
+    }
+
+    #[test]
+    fn tool_calls_in_answers_and_deltas() {
+        let mut policy = GuardrailPolicy::default();
+        policy.tools.allowed_by_role.insert("contractor".into(), vec!["search".into()]);
+        let body = json!({"choices": [{"message": {"content": null, "tool_calls": [{"function": {"name": "shell", "arguments": "{}"}}]}}]});
+        let (_, result) = check_answer(&policy, Some("contractor"), body.as_object().unwrap());
+        assert_eq!(result.unwrap_err(), "Tool `shell` is not allowed for role contractor");
+        let mut guard = StreamGuard::new(policy, Some("contractor".into()));
+        let delta = json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "search"}}]}}]});
+        assert!(guard.check(&delta).is_ok());
+    }
+}
