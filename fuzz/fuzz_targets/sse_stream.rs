@@ -3,15 +3,15 @@
 //! panics, and the same bytes give the same events however they were cut.
 #![no_main]
 
-use futures_util::StreamExt;
+use futures::StreamExt;
 use libfuzzer_sys::fuzz_target;
 use shield_core::guardrails::{Detector, GuardrailPolicy, Mode};
 use shield_core::output_guard::StreamGuard;
 
 fn events(chunks: Vec<Vec<u8>>) -> Vec<(String, String)> {
     use eventsource_stream::Eventsource;
-    let stream = futures_util::stream::iter(chunks.into_iter().map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from(c))));
-    futures_util::executor::block_on(
+    let stream = futures::stream::iter(chunks.into_iter().map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from(c))));
+    futures::executor::block_on(
         stream.eventsource().filter_map(|e| async move { e.ok().map(|e| (e.event, e.data)) }).collect(),
     )
 }
