@@ -171,8 +171,20 @@ http {{
         children.append(subprocess.Popen(["nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_http(f"http://127.0.0.1:{ports['nginx']}/healthz")
 
+        targets = {
+            "direct": (f"http://127.0.0.1:{ports['mock']}/v1/chat/completions", {"Content-Type": "application/json"}),
+            "nginx": (f"http://127.0.0.1:{ports['nginx']}/v1/chat/completions", {"Content-Type": "application/json"}),
+            "shield": (f"http://127.0.0.1:{ports['proxy']}/v1/chat/completions",
+                       {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}),
+        }
+        results = {name: wrk(url, headers) for name, (url, headers) in targets.items()}
+        # Unloaded latency: one connection, so the cores are not saturated and the difference
+        # is what one pass through the gateway costs.
+        serial = {name: wrk(url, headers, connections=1, duration=max(3, DURATION // 2)) for name, (url, headers) in targets.items()}
         if peers:
-            # LiteLLM's proxy with the mock as an OpenAI-compatible model named like Shield's route.
+            # Measured after Shield's runs. LiteLLM's proxy with the mock as an OpenAI-compatible model named like Shield's route.
+            # It refuses to start without a master key; callers authenticate with it, as with Shield.
+            litellm_key = f"sk-bench-{uuid.uuid4().hex}"
             litellm_conf = os.path.join(work, "litellm.yaml")
             with open(litellm_conf, "w") as f:
                 f.write(f"""model_list:
@@ -184,22 +196,16 @@ http {{
 """)
             log = open(os.path.join(work, "litellm.log"), "w")
             children.append(subprocess.Popen(["litellm", "--config", litellm_conf, "--host", "127.0.0.1", "--port", str(ports["litellm"])],
-                                             env=dict(os.environ, LITELLM_LOG="ERROR"), stdout=log, stderr=log))
+                                             env=dict(os.environ, LITELLM_LOG="ERROR", LITELLM_MASTER_KEY=litellm_key),
+                                             stdout=log, stderr=log))
             wait_http(f"http://127.0.0.1:{ports['litellm']}/health/liveliness", seconds=120)
-
-        targets = {
-            "direct": (f"http://127.0.0.1:{ports['mock']}/v1/chat/completions", {"Content-Type": "application/json"}),
-            "nginx": (f"http://127.0.0.1:{ports['nginx']}/v1/chat/completions", {"Content-Type": "application/json"}),
-            "shield": (f"http://127.0.0.1:{ports['proxy']}/v1/chat/completions",
-                       {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}),
-        }
-        results = {name: wrk(url, headers) for name, (url, headers) in targets.items()}
-        if peers:
             results["litellm"] = wrk(f"http://127.0.0.1:{ports['litellm']}/v1/chat/completions",
-                                     {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"})
-        # Unloaded latency: one connection, so the cores are not saturated and the difference
-        # is what one pass through the gateway costs.
-        serial = {name: wrk(url, headers, connections=1, duration=max(3, DURATION // 2)) for name, (url, headers) in targets.items()}
+                                     {"Content-Type": "application/json", "Authorization": f"Bearer {litellm_key}"})
+            # Stopped before anything else is measured: an idle Python server still takes CPU.
+            children[-1].send_signal(signal.SIGTERM)
+            children[-1].wait(timeout=30)
+            children.pop()
+
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         print(f"\nShield benchmark, {time.strftime('%Y-%m-%d')}, commit {commit}, {os.cpu_count()} cores, "
               f"wrk -t2 -c{CONCURRENCY} -d{DURATION}s, keep-alive, POST /v1/chat/completions\n")
