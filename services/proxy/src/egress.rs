@@ -40,6 +40,9 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
+/// How long an idle upstream connection is kept for reuse.
+pub const POOL_IDLE: Duration = Duration::from_secs(4);
+
 fn client(guarded: bool) -> Client {
     let builder = Client::builder()
         .redirect(redirect::Policy::none())
@@ -47,7 +50,10 @@ fn client(guarded: bool) -> Client {
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(10))
         .pool_max_idle_per_host(512)
-        .pool_idle_timeout(Duration::from_secs(90));
+        // Below the 5 s keep-alive of uvicorn (vLLM, most Python model servers) and actix:
+        // reusing a connection the server is closing at that moment resets the request (seen
+        // as `connect` failures under load). Busy targets keep their connections warm anyway.
+        .pool_idle_timeout(POOL_IDLE);
     let builder = if guarded { builder.dns_resolver(GuardedResolver) } else { builder };
     builder.build().expect("the HTTP client configuration is static and valid")
 }
