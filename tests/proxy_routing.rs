@@ -59,6 +59,10 @@ async fn availability_failures_fail_over_and_are_classified() {
         ("quota", "status:429;err:insufficient_quota", "quota_exhausted"),
         ("garbage", "body:garbage", "bad_response"),
         ("nochoices", "body:nochoices", "bad_response"),
+        // A 200 whose body is an OpenAI error (ROUTING.md: a 2xx that is not a completion).
+        ("error200", "body:error", "bad_response"),
+        // The status line at once, then the body a byte every 20 ms: ~5 s against timeout_s 1.
+        ("drip", "drip:20", "timeout"),
         ("reset", "reset", "connect"),
         ("redirect", "status:302", "bad_response"),
     ];
@@ -80,6 +84,14 @@ async fn availability_failures_fail_over_and_are_classified() {
         assert_eq!(body["x_shield"]["routing"]["target"], "ok");
     }
     assert_eq!(stack.received("ok").await.len(), cases.len());
+
+    // Slow byte by byte but inside the target's timeout: answered by it, nothing failed over.
+    stack.mock_target("slow", "drip:1", json!({"timeout_s": 10, "first_byte_timeout_s": 5})).await;
+    stack.put_route("r-slow", json!({"targets": ["slow", "ok"]})).await;
+    let (status, headers, body) = stack.chat(&key, chat_body("r-slow"), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!((header(&headers, "x-shield-target"), header(&headers, "x-shield-failovers")), ("slow", "0"));
+    assert!(body["choices"][0]["message"]["content"].as_str().unwrap().starts_with("mock answer to:"), "{body}");
 }
 
 #[tokio::test]

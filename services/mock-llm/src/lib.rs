@@ -11,7 +11,9 @@
 //!   `reset` (send the status line, then drop the connection mid-body), `retry-after:S`,
 //!   `err:CODE` (the error body's `code`, e.g. `insufficient_quota`), `usage:P-C` (reported
 //!   prompt/completion tokens), `body:garbage` (a 200 that is not JSON), `body:nochoices`
-//!   (a 200 JSON without `choices`), `redirect:TAG` (a 302 to `/mock/id:TAG/v1/chat/completions`
+//!   (a 200 JSON without `choices`), `body:error` (a 200 whose JSON is an OpenAI error, as some
+//!   providers answer), `drip:MS` (a non-streamed answer sent one byte at a time, MS apart),
+//!   `redirect:TAG` (a 302 to `/mock/id:TAG/v1/chat/completions`
 //!   on this mock; a gateway must not follow it: the log of TAG stays empty).
 //!   Streaming (`"stream": true` in the request): `chunks:N` content chunks (default 3),
 //!   `ttfb:MS` before the first event, `chunkdelay:MS` between events, `errfirst` (the first
@@ -81,6 +83,8 @@ struct Scenario {
     error_code: Option<String>,
     usage: Option<(u64, u64)>,
     body: Option<String>,
+    /// `drip:MS`: the non-streamed body goes out one byte per MS.
+    drip: Option<Duration>,
     chunks: Option<usize>,
     ttfb: Option<Duration>,
     chunk_delay: Option<Duration>,
@@ -114,6 +118,7 @@ impl Scenario {
                 "err" => s.error_code = Some(value.to_string()),
                 "usage" => s.usage = value.split_once('-').and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?))),
                 "body" => s.body = Some(value.to_string()),
+                "drip" => s.drip = value.parse().ok().map(Duration::from_millis),
                 "redirect" => s.redirect = Some(value.to_string()),
                 "chunks" => s.chunks = value.parse().ok(),
                 "ttfb" => s.ttfb = value.parse().ok().map(Duration::from_millis),
@@ -268,14 +273,38 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
         ("POST", "/v1/chat/completions") => match scenario.body.as_deref() {
             Some("garbage") => response.content_type("application/json").body("this is not json"),
             Some("nochoices") => response.json(json!({"id": "x", "object": "chat.completion"})),
+            Some("error") => response.json(
+                json!({"error": {"message": "mock: the model is overloaded", "type": "server_error", "code": null, "param": null}}),
+            ),
             _ => {
                 let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                response.json(completion(&request, scenario.usage, &scenario))
+                let answer = completion(&request, scenario.usage, &scenario);
+                match scenario.drip {
+                    Some(every) => response.content_type("application/json").streaming(drip(answer.to_string(), every)),
+                    None => response.json(answer),
+                }
             }
         },
         _ => HttpResponse::NotFound()
             .json(json!({"error": {"message": format!("mock has no {} {rest}", req.method()), "type": "not_found"}})),
     }
+}
+
+/// `text` one byte at a time, `every` apart: an upstream that is slow inside the body.
+fn drip(text: String, every: Duration) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    let bytes = Bytes::from(text);
+    futures_util::stream::unfold(0usize, move |at| {
+        let bytes = bytes.clone();
+        async move {
+            if at == bytes.len() {
+                return None;
+            }
+            if at > 0 {
+                tokio::time::sleep(every).await;
+            }
+            Some((Ok(bytes.slice(at..at + 1)), at + 1))
+        }
+    })
 }
 
 /// A streamed completion as SSE events, shaped by the scenario's streaming directives.
