@@ -8,7 +8,7 @@ use std::time::Duration;
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use actix_web::web::Bytes;
-use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
+use http::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 
 use crate::ProxyState;
 use crate::dispatch::HOP_HEADER;
@@ -32,14 +32,13 @@ pub async fn forward(
     let mut headers = HeaderMap::with_capacity(2);
     headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
     headers.insert(HeaderName::from_static(HOP_HEADER), HeaderValue::from(next_hop));
-    let response = egress.relay(url, headers, body, DEFAULT_TIMEOUT).await.map_err(ProxyError::DefaultUpstream)?;
-    let status = StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let (head, body) = egress.relay(url, headers, body, DEFAULT_TIMEOUT).await.map_err(ProxyError::DefaultUpstream)?;
+    let status = StatusCode::from_u16(head.status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut out = HttpResponse::build(status);
-    if let Some(content_type) = response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
+    if let Some(content_type) = head.headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         out.insert_header(("content-type", content_type));
     }
-    Ok(out
-        .streaming(futures_util::StreamExt::map(response.bytes_stream(), |chunk| chunk.map_err(std::io::Error::other))))
+    Ok(out.streaming(futures_util::StreamExt::map(body, |chunk| chunk.map_err(std::io::Error::other))))
 }
 
 pub fn chat_url(base: &url::Url) -> url::Url {

@@ -10,7 +10,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
+use http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 use shield_core::breaker::Permit;
 use shield_core::outcome::Class;

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use reqwest::header::{HeaderName, HeaderValue};
+use http::header::{HeaderName, HeaderValue};
 use shield_core::snapshot::Snapshot;
 use shield_core::target::{AuthMode, Flavor, Target};
 use shield_core::url_safety;

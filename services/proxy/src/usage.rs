@@ -3,7 +3,8 @@
 //! Capped at 10,000 rows (seed §7): past that the oldest row is dropped and counted. A flush
 //! that fails puts its rows back, so Redis being away delays usage but does not lose it.
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use shield_core::run::Attempt;
@@ -26,13 +27,52 @@ pub struct Answered<'a> {
 
 #[derive(Default)]
 pub struct UsageBuffer {
-    /// Rows in insertion order of their first use (for dropping the oldest).
-    rows: Mutex<(BTreeMap<RowKey, UsageRow>, Vec<RowKey>)>,
+    rows: Mutex<Rows>,
     dropped: std::sync::atomic::AtomicU64,
 }
 
+#[derive(Default)]
+struct Rows {
+    map: BTreeMap<RowKey, UsageRow>,
+    /// Keys in insertion order of their first use (for dropping the oldest).
+    order: Vec<RowKey>,
+    /// Unflushed spend per `(tenant, route)` in month `yyyymm`: kept as rows change, so a
+    /// budget check reads one entry instead of scanning up to 10,000 rows on every call.
+    spend: HashMap<String, HashMap<String, (String, i64)>>,
+}
+
+impl Rows {
+    fn add_spend(&mut self, key: &RowKey, micros: i64) {
+        let (tenant, day, route, _) = key;
+        if micros == 0 || day.get(..6) != Some(&today()[..6]) {
+            return;
+        }
+        let routes = self.spend.entry(tenant.clone()).or_default();
+        let entry = routes.entry(route.clone()).or_insert_with(|| (day[..6].to_string(), 0));
+        if entry.0 != day[..6] {
+            *entry = (day[..6].to_string(), 0);
+        }
+        entry.1 += micros;
+    }
+}
+
+thread_local! {
+    /// `(unix day, yyyymmdd)`: formatted once a day per thread, not on every call.
+    static TODAY: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+}
+
+/// Today's `yyyymmdd` (UTC).
 fn today() -> String {
-    chrono::Utc::now().format("%Y%m%d").to_string()
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let day = secs / 86_400;
+    TODAY.with(|cached| {
+        let mut cached = cached.borrow_mut();
+        if cached.0 != day {
+            let midnight = chrono::DateTime::from_timestamp((day * 86_400) as i64, 0).unwrap_or_default();
+            *cached = (day, midnight.format("%Y%m%d").to_string());
+        }
+        cached.1.clone()
+    })
 }
 
 impl UsageBuffer {
@@ -63,19 +103,22 @@ impl UsageBuffer {
             row.stream_broken += u64::from(answer.stream_broken);
         }
         let mut guard = self.rows.lock().expect("usage lock");
-        let (map, order) = &mut *guard;
+        let state = &mut *guard;
         for (target, row) in rows {
             let key = (tenant.to_string(), day.clone(), route.to_string(), target.to_string());
-            match map.get_mut(&key) {
+            state.add_spend(&key, row.cost_micros);
+            match state.map.get_mut(&key) {
                 Some(existing) => existing.add(&row),
                 None => {
-                    if map.len() >= MAX_ROWS {
-                        let oldest = order.remove(0);
-                        map.remove(&oldest);
+                    if state.map.len() >= MAX_ROWS {
+                        let oldest = state.order.remove(0);
+                        if let Some(dropped) = state.map.remove(&oldest) {
+                            state.add_spend(&oldest, -dropped.cost_micros);
+                        }
                         self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
-                    order.push(key.clone());
-                    map.insert(key, row);
+                    state.order.push(key.clone());
+                    state.map.insert(key, row);
                 }
             }
         }
@@ -84,37 +127,39 @@ impl UsageBuffer {
     /// Takes every row for a flush.
     pub fn take(&self) -> BTreeMap<RowKey, UsageRow> {
         let mut guard = self.rows.lock().expect("usage lock");
-        guard.1.clear();
-        std::mem::take(&mut guard.0)
+        guard.order.clear();
+        guard.spend.clear();
+        std::mem::take(&mut guard.map)
     }
 
     /// Puts rows back after a failed flush (merged with what arrived meanwhile).
     pub fn restore(&self, rows: BTreeMap<RowKey, UsageRow>) {
         let mut guard = self.rows.lock().expect("usage lock");
-        let (map, order) = &mut *guard;
+        let state = &mut *guard;
         for (key, row) in rows {
-            if let Some(existing) = map.get_mut(&key) {
+            let cost = row.cost_micros;
+            if let Some(existing) = state.map.get_mut(&key) {
                 existing.add(&row);
-            } else if map.len() < MAX_ROWS {
-                order.insert(0, key.clone());
-                map.insert(key, row);
+            } else if state.map.len() < MAX_ROWS {
+                state.order.insert(0, key.clone());
+                state.map.insert(key.clone(), row);
             } else {
                 self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                continue;
             }
+            state.add_spend(&key, cost);
         }
     }
 
     /// This process's unflushed spend of `route` this month (added to the flushed total for
     /// budget decisions).
     pub fn unflushed_spend(&self, tenant: &str, route: &str) -> i64 {
-        let month = chrono::Utc::now().format("%Y%m").to_string();
+        let month = today();
         let guard = self.rows.lock().expect("usage lock");
-        guard
-            .0
-            .iter()
-            .filter(|((t, day, r, _), _)| t == tenant && r == route && day.starts_with(&month))
-            .map(|(_, row)| row.cost_micros)
-            .sum()
+        match guard.spend.get(tenant).and_then(|routes| routes.get(route)) {
+            Some((m, micros)) if m.as_str() == &month[..6] => *micros,
+            _ => 0,
+        }
     }
 
     /// Rows dropped since the last call (for the metric).
@@ -171,5 +216,63 @@ mod tests {
         let rows = buffer.take();
         assert_eq!(rows.len(), MAX_ROWS);
         assert!(!rows.keys().any(|k| k.2 == "r0"), "the oldest went first");
+    }
+
+    fn priced(target: &str, cost: i64) -> Answered<'_> {
+        Answered {
+            target,
+            input_tokens: 1,
+            output_tokens: 1,
+            cost_micros: cost,
+            estimated: false,
+            stream_broken: false,
+        }
+    }
+
+    /// The budget check's figure: every unflushed row of this month for (tenant, route).
+    fn scanned_spend(rows: &BTreeMap<RowKey, UsageRow>, tenant: &str, route: &str) -> i64 {
+        let month = &today()[..6];
+        rows.iter()
+            .filter(|((t, day, r, _), _)| t == tenant && r == route && day.starts_with(month))
+            .map(|(_, row)| row.cost_micros)
+            .sum()
+    }
+
+    proptest::proptest! {
+        /// Whatever is recorded, flushed, put back after a failed flush or dropped at the cap,
+        /// the running unflushed spend equals the sum over the rows still buffered.
+        #[test]
+        fn unflushed_spend_is_always_the_sum_of_the_buffered_rows(
+            ops in proptest::collection::vec((0u8..4, 0usize..3, 0usize..3, 0i64..1_000), 1..200)
+        ) {
+            let buffer = UsageBuffer::default();
+            let mut taken = BTreeMap::new();
+            for (op, tenant, route, cost) in ops {
+                let (tenant, route) = (["t1", "t2", "t3"][tenant], ["a", "b", "c"][route]);
+                match op {
+                    0 | 1 => buffer.record(tenant, route, &[attempt("x", true)], Some(priced("x", cost))),
+                    2 => taken = buffer.take(),
+                    _ => buffer.restore(std::mem::take(&mut taken)),
+                }
+                let rows = buffer.rows.lock().unwrap().map.clone();
+                for t in ["t1", "t2", "t3"] {
+                    for r in ["a", "b", "c"] {
+                        proptest::prop_assert_eq!(buffer.unflushed_spend(t, r), scanned_spend(&rows, t, r));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_dropped_at_the_cap_take_their_spend_with_them() {
+        let buffer = UsageBuffer::default();
+        buffer.record("t", "r0", &[attempt("a", true)], Some(priced("a", 7)));
+        for i in 1..MAX_ROWS + 1 {
+            buffer.record("t", &format!("r{i}"), &[attempt("a", true)], Some(priced("a", 1)));
+        }
+        assert_eq!(buffer.take_dropped(), 1);
+        assert_eq!(buffer.unflushed_spend("t", "r0"), 0, "the dropped row's spend is gone with it");
+        assert_eq!(buffer.unflushed_spend("t", "r1"), 1);
     }
 }
