@@ -1,4 +1,5 @@
-//! Attacks from the outside: SSRF in every spelling at write time and a redirect at call time,
+//! Attacks from the outside: SSRF in every spelling at write time, DNS rebinding and a redirect
+//! at call time,
 //! forged and tampered admin tokens, and request limits on both planes (body size, JSON depth,
 //! header size, message count). Each refusal names the problem and the process keeps serving.
 //! Cross-tenant attempts on every endpoint are in isolation.rs and proxy_auth.rs; secret leaks
@@ -79,6 +80,85 @@ async fn an_upstream_redirect_is_not_followed() {
     assert_ne!(headers.get("x-shield-target").map(|v| v.to_str().unwrap()), Some("leak"), "{body}");
     assert!(!stack.received("redir").await.is_empty(), "the redirecting target was called");
     assert!(stack.received("leak").await.is_empty(), "the redirect was never followed");
+}
+
+/// A line of `/etc/hosts` naming `host`, removed when dropped (even when the test fails). The
+/// system resolver reads the file on every lookup, so this is real DNS as both services see it.
+struct HostsEntry {
+    host: String,
+}
+
+impl HostsEntry {
+    const FILE: &str = "/etc/hosts";
+
+    fn add(ip: &str, host: &str) -> HostsEntry {
+        let mut hosts = std::fs::read_to_string(Self::FILE).expect("read /etc/hosts");
+        if !hosts.ends_with('\n') {
+            hosts.push('\n');
+        }
+        hosts.push_str(&format!("{ip} {host}\n"));
+        std::fs::write(Self::FILE, hosts).expect("this test rebinds a name in /etc/hosts and must run as root");
+        HostsEntry { host: host.to_string() }
+    }
+}
+
+impl Drop for HostsEntry {
+    fn drop(&mut self) {
+        if let Ok(hosts) = std::fs::read_to_string(Self::FILE) {
+            let kept: String = hosts
+                .lines()
+                .filter(|l| !l.split_whitespace().any(|w| w == self.host))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let _ = std::fs::write(Self::FILE, kept);
+        }
+    }
+}
+
+/// DNS rebinding: a name that did not resolve when the target was written (accepted: the proxy
+/// checks every call) later resolves to loopback. The proxy's resolver refuses it at call time
+/// (`unsafe_url`, failover, nothing reaches the address), while the same name on a target with
+/// `allow_private` does reach the mock — so the refusal is the check, not a failed lookup — and
+/// writing the target again is now refused at write time.
+#[actix_web::test]
+async fn a_name_rebound_to_a_private_address_is_refused_at_call_time() {
+    let stack = Stack::start().await;
+    let host = format!("rebind-{}.shield-test", uuid::Uuid::new_v4().simple());
+    let port = stack.mock.rsplit(':').next().unwrap().to_string();
+    let target = |id: &str, allow_private: bool| {
+        json!({"base_url": format!("http://{host}:{port}/mock/id:{id}/v1"), "model": "m", "allow_private": allow_private,
+            "auth": {"mode": "none"}})
+    };
+    stack.put_target("rebound", target("rebound", false)).await;
+    stack.put_target("allowed", target("allowed", true)).await;
+    stack.mock_target("good", "", json!({})).await;
+    stack.put_route("r", json!({"targets": ["rebound", "good"]})).await;
+    stack.put_route("private-ok", json!({"targets": ["allowed"]})).await;
+    // Written last: once it answers, the snapshot holds every route above (not called yet, so
+    // no breaker has seen a failure of `rebound`).
+    stack.put_route("ready", json!({"targets": ["good"]})).await;
+    let (key, _) = stack.key(None).await;
+    shield_e2e::eventually(10, "the routes", || async {
+        let (status, headers, _) = stack.chat(&key, chat_body("ready"), &[]).await;
+        (status == StatusCode::OK && headers.contains_key("x-shield-route")).then_some(())
+    })
+    .await;
+
+    let _rebound = HostsEntry::add("127.0.0.1", &host);
+    let (status, headers, body) = stack.chat(&key, chat_body("r"), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(headers["x-shield-target"], "good", "{body}");
+    assert_eq!(body["x_shield"]["routing"]["attempts"][0]["class"], "unsafe_url", "{body}");
+    assert!(stack.received("rebound").await.is_empty(), "nothing reached the rebound address");
+
+    let (status, headers, body) = stack.chat(&key, chat_body("private-ok"), &[]).await;
+    assert_eq!((status, &headers["x-shield-target"]), (StatusCode::OK, &"allowed".parse().unwrap()), "{body}");
+    assert_eq!(stack.received("allowed").await.len(), 1, "the name resolves to the mock");
+
+    let (status, body) =
+        stack.admin_call(Method::PUT, &T.replace("probe", "rebound"), Some(target("rebound", false))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("resolves to 127.0.0.1"), "{body}");
 }
 
 fn b64(value: &Value) -> String {
