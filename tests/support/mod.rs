@@ -3,6 +3,7 @@
 //! server over real HTTP. Everything is safe to run in parallel and twice in a row.
 
 pub mod admin;
+pub mod evidence;
 pub mod logs;
 pub mod process;
 pub mod stack;
@@ -100,12 +101,17 @@ impl Drop for DbName {
 
 /// Every Redis key under `prefix`, with its value as text (strings) or field=value lines.
 pub async fn redis_dump(prefix: &str) -> Vec<(String, String)> {
-    let client = redis::Client::open(redis_url()).expect("redis url");
-    let mut conn = client.get_multiplexed_async_connection().await.expect("Redis must be running for the tests");
-    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.expect("KEYS");
+    redis_dump_from(&redis_url(), prefix).await.expect("Redis must be running for the tests")
+}
+
+/// [`redis_dump`] from the Redis at `url`.
+pub async fn redis_dump_from(url: &str, prefix: &str) -> redis::RedisResult<Vec<(String, String)>> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await?;
     let mut out = Vec::new();
     for key in keys {
-        let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await.expect("TYPE");
+        let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await?;
         let value = match kind.as_str() {
             "string" => redis::cmd("GET").arg(&key).query_async::<String>(&mut conn).await.unwrap_or_default(),
             "hash" => {
@@ -113,11 +119,49 @@ pub async fn redis_dump(prefix: &str) -> Vec<(String, String)> {
                     redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await.unwrap_or_default();
                 map.into_iter().map(|(k, v)| format!("{k}={v}\n")).collect()
             }
+            "stream" => {
+                let entries: redis::Value =
+                    redis::cmd("XRANGE").arg(&key).arg("-").arg("+").query_async(&mut conn).await?;
+                let mut text = String::new();
+                flatten(&entries, &mut text);
+                text
+            }
+            "list" => {
+                let items: Vec<String> = redis::cmd("LRANGE").arg(&key).arg(0).arg(-1).query_async(&mut conn).await?;
+                items.join("\n")
+            }
+            "set" => {
+                let items: Vec<String> = redis::cmd("SMEMBERS").arg(&key).query_async(&mut conn).await?;
+                items.join("\n")
+            }
             other => format!("<{other}>"),
         };
         out.push((key, value));
     }
-    out
+    Ok(out)
+}
+
+/// Every string inside a Redis reply, one per line (stream entries are nested arrays).
+fn flatten(value: &redis::Value, out: &mut String) {
+    match value {
+        redis::Value::BulkString(bytes) => {
+            out.push_str(&String::from_utf8_lossy(bytes));
+            out.push('\n');
+        }
+        redis::Value::SimpleString(text) => {
+            out.push_str(text);
+            out.push('\n');
+        }
+        redis::Value::Array(items) | redis::Value::Set(items) => items.iter().for_each(|item| flatten(item, out)),
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
+            flatten(k, out);
+            flatten(v, out);
+        }),
+        other => {
+            out.push_str(&format!("{other:?}"));
+            out.push('\n');
+        }
+    }
 }
 
 /// Polls `check` until it returns `Some`, or panics after `seconds` naming `what`.

@@ -1,8 +1,8 @@
 //! A whole Shield deployment from the real binary: `shield mock-llm`, `shield admin` and
 //! `shield proxy` as child processes on free ports, with their own database and Redis prefix.
-//! Children are killed when the stack is dropped, even when the test fails.
+//! Children are killed when the stack is dropped, even when the test fails. What the stack
+//! produced is kept for the whole-suite leak scan when the suite asks ([`crate::evidence`]).
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -13,8 +13,9 @@ use shield_admin::auth::{Scope, Tokens};
 use tokio::process::{Child, Command};
 
 use crate::admin::{JWT_SECRET, vault_key};
+use crate::evidence::{Evidence, postgres_dump};
 use crate::process::shield_bin;
-use crate::{DbName, eventually, free_port, redis_url, unique};
+use crate::{DbName, eventually, free_port, redis_dump_from, redis_url, unique};
 
 pub struct StackOptions {
     pub redis_url: String,
@@ -49,7 +50,8 @@ pub struct Stack {
     /// The tenant owner's sign-in, as `shield tenant create` printed it.
     pub owner_email: String,
     pub owner_password: String,
-    pub logs: PathBuf,
+    /// The children's logs and, when the suite keeps it, the leak scan's evidence.
+    pub evidence: Evidence,
     pub client: reqwest::Client,
     env: Vec<(&'static str, String)>,
     token: String,
@@ -63,8 +65,7 @@ impl Stack {
     }
 
     pub async fn start_with(options: StackOptions) -> Stack {
-        let logs = std::env::temp_dir().join(unique("shield-stack-"));
-        std::fs::create_dir_all(&logs).unwrap();
+        let evidence = Evidence::new();
         let mock = format!("127.0.0.1:{}", free_port());
         let admin = format!("127.0.0.1:{}", free_port());
         let proxy = format!("127.0.0.1:{}", free_port());
@@ -98,7 +99,7 @@ impl Stack {
             tenant: String::new(),
             owner_email: String::new(),
             owner_password: String::new(),
-            logs,
+            evidence,
             client: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap(),
             env,
             token: String::new(),
@@ -120,6 +121,9 @@ impl Stack {
         stack.owner_email = created["admin_email"].as_str().unwrap_or_default().to_string();
         stack.owner_password = created["password"].as_str().unwrap_or_default().to_string();
         stack.tenant = slug;
+        for secret in [JWT_SECRET.to_string(), vault_key(), stack.owner_password.clone()] {
+            stack.evidence.secret(&secret);
+        }
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
         stack.token = Tokens::new(JWT_SECRET)
             .unwrap()
@@ -131,6 +135,7 @@ impl Stack {
                 now,
             )
             .0;
+        stack.evidence.secret(&stack.token);
         if options.start_admin {
             stack.spawn("admin", &["admin"]);
         }
@@ -168,8 +173,13 @@ impl Stack {
         cmd
     }
 
+    /// A child's log file, appended to: a restarted child keeps its predecessor's lines.
+    fn log_file(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new().create(true).append(true).open(self.evidence.path(&format!("{name}.log"))).unwrap()
+    }
+
     fn spawn(&mut self, name: &str, args: &[&str]) {
-        let log = std::fs::File::create(self.logs.join(format!("{name}.log"))).unwrap();
+        let log = self.log_file(name);
         let child = self
             .command(args)
             .stdout(Stdio::null())
@@ -183,14 +193,14 @@ impl Stack {
     pub fn all_logs(&self) -> String {
         ["mock-llm", "admin", "proxy"]
             .iter()
-            .map(|n| std::fs::read_to_string(self.logs.join(format!("{n}.log"))).unwrap_or_default())
+            .map(|n| std::fs::read_to_string(self.evidence.path(&format!("{n}.log"))).unwrap_or_default())
             .collect()
     }
 
     /// Starts another proxy process of the same deployment; returns its address.
     pub async fn extra_proxy(&mut self) -> String {
         let addr = format!("127.0.0.1:{}", free_port());
-        let log = std::fs::File::create(self.logs.join(format!("proxy-{addr}.log"))).unwrap();
+        let log = self.log_file(&format!("proxy-{addr}"));
         let child = self
             .command(&["proxy"])
             .env("SHIELD_PROXY_ADDR", &addr)
@@ -263,13 +273,30 @@ impl Stack {
     }
 
     pub async fn admin_call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        self.admin_request(method, path, body, true).await
+    }
+
+    /// An admin API call; `scanned` is false only for the one answer that shows a secret by
+    /// design (a new API key), which the leak scan must not read.
+    async fn admin_request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        scanned: bool,
+    ) -> (StatusCode, Value) {
+        let what = format!("{method} admin {path}");
         let mut request = self.client.request(method, format!("http://{}{path}", self.admin)).bearer_auth(&self.token);
         if let Some(body) = body {
             request = request.json(&body);
         }
         let response = request.send().await.expect("admin answers");
-        let status = response.status();
-        (status, response.json().await.unwrap_or(Value::Null))
+        let (status, headers) = (response.status(), response.headers().clone());
+        let text = response.text().await.unwrap_or_default();
+        if scanned {
+            self.evidence.response(&what, status, &headers, &text);
+        }
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
     pub async fn put_target(&self, id: &str, body: Value) {
@@ -300,6 +327,7 @@ impl Stack {
     }
 
     pub async fn put_secret(&self, name: &str, value: &str, bindings: &[&str]) {
+        self.evidence.secret(value);
         let (status, response) = self
             .admin_call(
                 reqwest::Method::PUT,
@@ -313,10 +341,17 @@ impl Stack {
     /// A new API key for the tenant: (key, id).
     pub async fn key(&self, role: Option<&str>) -> (String, String) {
         let (status, body) = self
-            .admin_call(reqwest::Method::POST, "/v1/tenant/me/keys", Some(json!({"name": "test", "role": role})))
+            .admin_request(
+                reqwest::Method::POST,
+                "/v1/tenant/me/keys",
+                Some(json!({"name": "test", "role": role})),
+                false,
+            )
             .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
-        (body["key"].as_str().unwrap().to_string(), body["id"].as_str().unwrap().to_string())
+        let key = body["key"].as_str().unwrap().to_string();
+        self.evidence.secret(&key);
+        (key, body["id"].as_str().unwrap().to_string())
     }
 
     /// An API key of a second tenant, made with the CLI.
@@ -330,7 +365,9 @@ impl Stack {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let out = self.command(&["key", "create", "--tenant", &slug, "--name", "other"]).output().await.unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
+        let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        self.evidence.secret(&key);
+        key
     }
 
     /// POST /v1/chat/completions with `key`; returns status, headers and the JSON body.
@@ -338,12 +375,16 @@ impl Stack {
         let mut request =
             self.client.post(format!("http://{}/v1/chat/completions", self.proxy)).bearer_auth(key).json(&body);
         for (k, v) in headers {
+            if k.eq_ignore_ascii_case(UPSTREAM_KEY_HEADER) {
+                self.evidence.secret(v);
+            }
             request = request.header(*k, *v);
         }
         let response = request.send().await.expect("proxy answers");
         let status = response.status();
         let headers = response.headers().clone();
         let text = response.text().await.unwrap_or_default();
+        self.evidence.response("POST proxy /v1/chat/completions", status, &headers, &text);
         (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
@@ -359,12 +400,66 @@ impl Stack {
     }
 }
 
+/// The header a caller's own provider key arrives in (API.md).
+const UPSTREAM_KEY_HEADER: &str = "x-shield-upstream-key";
+
+impl Stack {
+    /// Redis values under the stack's prefix, every Postgres row and each process's
+    /// `/metrics`, into the evidence directory; each bounded, so a stopped service (chaos
+    /// tests) costs seconds, not a hang.
+    fn collect_evidence(&self) {
+        let bound = Duration::from_secs(5);
+        let (prefix, db) = (self.prefix.clone(), self.db.url.clone());
+        let redis = self.env.iter().find(|(k, _)| *k == "REDIS_URL").map(|(_, v)| v.clone()).unwrap_or_else(redis_url);
+        let mut metrics = vec![("admin".to_string(), self.admin.clone())];
+        for (name, _) in &self.children {
+            match name.as_str() {
+                "proxy" => metrics.push((name.clone(), self.proxy.clone())),
+                other => {
+                    if let Some(addr) = other.strip_prefix("proxy-") {
+                        metrics.push((name.clone(), addr.to_string()));
+                    }
+                }
+            }
+        }
+        // Drop runs inside the test's runtime, which cannot be blocked on; use a thread.
+        let collected = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(async move {
+                let mut files = Vec::new();
+                if let Ok(Ok(values)) = tokio::time::timeout(bound, redis_dump_from(&redis, &prefix)).await {
+                    files.push(("redis.txt".to_string(), values.iter().map(|(k, v)| format!("{k}\n{v}\n")).collect()));
+                }
+                if let Ok(Ok(rows)) = tokio::time::timeout(bound, postgres_dump(&db)).await {
+                    files.push(("postgres.txt".to_string(), rows));
+                }
+                let client = reqwest::Client::builder().timeout(bound).build().expect("client");
+                for (name, addr) in metrics {
+                    if let Ok(response) = client.get(format!("http://{addr}/metrics")).send().await
+                        && let Ok(text) = response.text().await
+                    {
+                        files.push((format!("metrics-{name}.txt"), text));
+                    }
+                }
+                files
+            })
+        })
+        .join()
+        .unwrap_or_default();
+        for (name, content) in collected {
+            self.evidence.write(&name, &content);
+        }
+    }
+}
+
 impl Drop for Stack {
     fn drop(&mut self) {
+        if self.evidence.kept() {
+            self.collect_evidence();
+        }
         for (_, child) in &mut self.children {
             let _ = child.start_kill();
         }
-        let _ = std::fs::remove_dir_all(&self.logs);
     }
 }
 
