@@ -102,6 +102,27 @@ async fn click(client: &Client, css: &str) {
     client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("no element {css}: {e}")).click().await.unwrap();
 }
 
+/// Clicks a link or a submit button and waits for the next page: WebDriver may answer the
+/// click while the old page is still shown, and reading it then reads the wrong page.
+async fn click_through(client: &Client, css: &str) {
+    let old = client.find(Locator::Css("html")).await.expect("a page is loaded");
+    click(client, css).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // The old page's root goes stale once the new page replaced it.
+    while old.tag_name().await.is_ok() {
+        assert!(std::time::Instant::now() < deadline, "{css} did not load a new page");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    loop {
+        let state = client.execute("return document.readyState", vec![]).await;
+        if state.is_ok_and(|s| s == "complete") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the page after {css} did not finish loading");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 async fn body(client: &Client) -> String {
     text(client, "body").await
 }
@@ -125,15 +146,15 @@ async fn walk_through() {
     screenshot(&client, "01-sign-in").await;
     fill(&client, "#email", &stack.owner_email).await;
     fill(&client, "#password", "not-the-password").await;
-    click(&client, "#sign-in").await;
+    click_through(&client, "#sign-in").await;
     assert_eq!(text(&client, "#login-error").await, "wrong e-mail or password");
     fill(&client, "#password", &stack.owner_password).await;
-    click(&client, "#sign-in").await;
+    click_through(&client, "#sign-in").await;
     assert!(body(&client).await.contains("No targets yet"), "the empty state tells a new tenant what to do");
     screenshot(&client, "02-targets-empty").await;
 
     // A target, first with mistakes: each message sits beside its field.
-    click(&client, "#new-target").await;
+    click_through(&client, "#new-target").await;
     fill(&client, "#id", "mock-a").await;
     fill(&client, "#name", XSS_NAME).await;
     fill(&client, "#base_url", &format!("http://{}/mock/id:a;status:503/v1", stack.mock)).await;
@@ -141,10 +162,10 @@ async fn walk_through() {
     client.find(Locator::Css("#auth_mode")).await.unwrap().select_by_value("none").await.unwrap();
     fill(&client, "#input_price", "cheap").await;
     fill(&client, "#output_price", "10").await;
-    click(&client, "#save-target").await;
+    click_through(&client, "#save-target").await;
     assert!(text(&client, "#error-price\\.input_per_mtok").await.contains("USD per million tokens"));
     fill(&client, "#input_price", "2.5").await;
-    click(&client, "#save-target").await;
+    click_through(&client, "#save-target").await;
     let url_error = text(&client, "#error-base_url").await;
     assert!(
         url_error.contains("loopback") && url_error.contains("allow_private"),
@@ -152,10 +173,10 @@ async fn walk_through() {
     );
     screenshot(&client, "03-target-form-errors").await;
     click(&client, "#allow_private").await;
-    click(&client, "#save-target").await;
+    click_through(&client, "#save-target").await;
     assert!(body(&client).await.contains("Saved target mock-a"));
 
-    click(&client, "#new-target").await;
+    click_through(&client, "#new-target").await;
     fill(&client, "#id", "mock-b").await;
     fill(&client, "#name", "Healthy mock").await;
     fill(&client, "#base_url", &format!("http://{}/mock/id:b;usage:1000-500/v1", stack.mock)).await;
@@ -165,7 +186,7 @@ async fn walk_through() {
     fill(&client, "#input_price", "0.15").await;
     fill(&client, "#output_price", "0.6").await;
     click(&client, "#allow_private").await;
-    click(&client, "#save-target").await;
+    click_through(&client, "#save-target").await;
     let table = text(&client, "#targets").await;
     assert!(table.contains(XSS_NAME), "the name renders as text: {table}");
     assert!(client.get_alert_text().await.is_err(), "no script ran");
@@ -176,10 +197,10 @@ async fn walk_through() {
 
     // A route in the JSON editor: an unknown target is named inline, then the real one saves.
     client.goto(&format!("{portal}/routes")).await.unwrap();
-    click(&client, "#new-route").await;
+    click_through(&client, "#new-route").await;
     fill(&client, "#name", "smart").await;
     fill(&client, "#body", r#"{"targets": ["mock-a", "mock-zz"]}"#).await;
-    click(&client, "#save-route").await;
+    click_through(&client, "#save-route").await;
     let errors = text(&client, "#form-errors").await;
     assert!(errors.contains("mock-zz"), "the unknown target is named: {errors}");
     screenshot(&client, "05-route-form-errors").await;
@@ -189,7 +210,7 @@ async fn walk_through() {
         "budget": {"monthly": 1, "at_limit": "block"}
     });
     fill(&client, "#body", &route.to_string()).await;
-    click(&client, "#save-route").await;
+    click_through(&client, "#save-route").await;
     let page = body(&client).await;
     assert!(page.contains("Saved route smart"), "{page}");
     assert!(page.contains("If the prompt is flagged by PII detection → only mock-b"), "{page}");
@@ -197,11 +218,11 @@ async fn walk_through() {
     screenshot(&client, "06-routes").await;
 
     // The simulator: PII-flagged prompts stay on mock-b, and it says why mock-a is out.
-    click(&client, "nav a[href='/portal/simulate']").await;
+    click_through(&client, "nav a[href='/portal/simulate']").await;
     client.find(Locator::Css("#route")).await.unwrap().select_by_value("smart").await.unwrap();
     fill(&client, "#sample", "my card is 4111 1111 1111 1111").await;
     click(&client, "#flag-pii_detection").await;
-    click(&client, "#simulate").await;
+    click_through(&client, "#simulate").await;
     assert_eq!(text(&client, "#matched-rule").await, "If the prompt is flagged by PII detection → only mock-b");
     assert_eq!(text(&client, "#order").await, "mock-b");
     let candidates = text(&client, "#candidates").await;
@@ -245,7 +266,7 @@ async fn walk_through() {
     assert!(overflow.as_i64().unwrap_or(1) <= 0, "the routes page is wider than a phone: {overflow}");
     screenshot(&client, "09-routes-phone").await;
 
-    click(&client, "#sign-out").await;
+    click_through(&client, "#sign-out").await;
     assert!(client.current_url().await.unwrap().path().ends_with("/portal/login"));
     client.goto(&format!("{portal}/targets")).await.unwrap();
     assert!(client.current_url().await.unwrap().path().ends_with("/portal/login"), "signed out for real");

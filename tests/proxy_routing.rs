@@ -88,7 +88,11 @@ async fn availability_failures_fail_over_and_are_classified() {
     // Slow byte by byte but inside the target's timeout: answered by it, nothing failed over.
     stack.mock_target("slow", "drip:1", json!({"timeout_s": 10, "first_byte_timeout_s": 5})).await;
     stack.put_route("r-slow", json!({"targets": ["slow", "ok"]})).await;
-    let (status, headers, body) = stack.chat(&key, chat_body("r-slow"), &[]).await;
+    let (status, headers, body) = shield_e2e::eventually(10, "the route r-slow", || async {
+        let answer = stack.chat(&key, chat_body("r-slow"), &[]).await;
+        (answer.0 != StatusCode::NOT_FOUND).then_some(answer)
+    })
+    .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!((header(&headers, "x-shield-target"), header(&headers, "x-shield-failovers")), ("slow", "0"));
     assert!(body["choices"][0]["message"]["content"].as_str().unwrap().starts_with("mock answer to:"), "{body}");
