@@ -36,9 +36,8 @@ pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse>
     params(("name" = String, Path, description = "percent-encoded: shield%2Fcheap")), responses((status = 200, body = Route), (status = 404)))]
 #[get("/v1/tenant/me/gateway/routes/{name}")]
 pub async fn get(state: State, principal: Principal, name: web::Path<String>) -> ApiResult<HttpResponse> {
-    let name = name.into_inner();
     let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    let route = config::route(&state.db, tenant.id, &name).await?.ok_or_else(|| not_found(&name))?;
+    let route = read(&state, &principal, &name).await?;
     let mut routes = [route];
     with_budget_states(&state, tenant.id, &tenant.slug, &mut routes).await?;
     let [route] = routes;
@@ -118,6 +117,12 @@ pub async fn with_budget_states(
         }));
     }
     Ok(())
+}
+
+/// One route of the principal's tenant (the API's GET and the portal's editor).
+pub async fn read(state: &AdminState, principal: &Principal, name: &str) -> ApiResult<Route> {
+    let tenant = principal.tenant(state, Scope::TenantRead).await?;
+    config::route(&state.db, tenant.id, name).await?.ok_or_else(|| not_found(name))
 }
 
 fn not_found(name: &str) -> ApiError {

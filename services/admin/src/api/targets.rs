@@ -37,10 +37,13 @@ pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse>
     params(("id" = String, Path)), responses((status = 200, body = Target), (status = 404)))]
 #[get("/v1/tenant/me/gateway/targets/{id}")]
 pub async fn get(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
-    let id = id.into_inner();
-    let tenant = principal.tenant(&state, Scope::TenantRead).await?;
-    let target = config::target(&state.db, tenant.id, &id).await?.ok_or_else(|| not_found(&id))?;
-    Ok(HttpResponse::Ok().json(target))
+    Ok(HttpResponse::Ok().json(read(&state, &principal, &id).await?))
+}
+
+/// One target of the principal's tenant (the API's GET and the portal's edit form).
+pub async fn read(state: &AdminState, principal: &Principal, id: &str) -> ApiResult<Target> {
+    let tenant = principal.tenant(state, Scope::TenantRead).await?;
+    config::target(&state.db, tenant.id, id).await?.ok_or_else(|| not_found(id))
 }
 
 /// Create or replace. `allow_private: true` also needs `registry:write`; a change that breaks

@@ -12,7 +12,6 @@ use crate::AdminState;
 use crate::api::health::worst_states;
 use crate::api::routes::with_budget_states;
 use crate::auth::Scope;
-use crate::error::ApiError;
 use crate::repo::config;
 
 pub struct RouteTarget {
@@ -141,12 +140,6 @@ struct RouteForm {
     problems: Problems,
 }
 
-impl RouteForm {
-    fn error(&self, field: &str) -> Option<&str> {
-        self.problems.on(field)
-    }
-}
-
 pub async fn new(
     req: HttpRequest,
     state: web::Data<AdminState>,
@@ -174,11 +167,8 @@ pub async fn edit(
     session: Session,
     query: web::Query<RouteQuery>,
 ) -> Result<HttpResponse, PortalError> {
-    let tenant = session.principal.tenant(&state, Scope::TenantRead).await?;
     let name = query.name.clone().unwrap_or_default();
-    let route = config::route(&state.db, tenant.id, &name)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("route {name:?} does not exist")))?;
+    let route = crate::api::routes::read(&state, &session.principal, &name).await?;
     let page = RouteForm {
         ctx: session.ctx(&req, "routes"),
         editing: true,

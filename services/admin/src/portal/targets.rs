@@ -156,12 +156,6 @@ struct TargetForm {
     secret_refs: Vec<String>,
 }
 
-impl TargetForm {
-    fn error(&self, field: &str) -> Option<&str> {
-        self.problems.on(field)
-    }
-}
-
 pub async fn new(
     req: HttpRequest,
     state: web::Data<AdminState>,
@@ -183,10 +177,7 @@ pub async fn edit(
     session: Session,
     id: web::Path<String>,
 ) -> Result<HttpResponse, PortalError> {
-    let tenant = session.principal.tenant(&state, Scope::TenantRead).await?;
-    let target = config::target(&state.db, tenant.id, &id)
-        .await?
-        .ok_or_else(|| crate::error::ApiError::NotFound(format!("target {:?} does not exist", id.as_str())))?;
+    let target = crate::api::targets::read(&state, &session.principal, &id).await?;
     let v = TargetValues {
         id: target.id.clone(),
         name: target.name.clone(),

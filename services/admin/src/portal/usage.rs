@@ -14,20 +14,7 @@ use crate::api::usage::{UsageDay, UsageQuery, report};
 /// The default period: the last two weeks, today included.
 const DEFAULT_DAYS: u64 = 14;
 
-pub struct Row {
-    pub date: String,
-    pub route: String,
-    pub target: String,
-    pub calls: u64,
-    pub ok: u64,
-    pub errors: u64,
-    pub failovers_from: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub cost: String,
-    pub latency_ms_avg: u64,
-}
-
+/// Sums over the period's rows.
 pub struct Totals {
     pub calls: u64,
     pub ok: u64,
@@ -35,7 +22,7 @@ pub struct Totals {
     pub failovers_from: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
-    pub cost: String,
+    pub cost_micros: i64,
 }
 
 #[derive(Template)]
@@ -44,12 +31,19 @@ struct UsagePage {
     ctx: Ctx,
     from: String,
     to: String,
-    rows: Vec<Row>,
+    rows: Vec<UsageDay>,
     totals: Totals,
     chart: Option<Chart>,
     width: f64,
     height: f64,
     problems: Problems,
+}
+
+impl UsagePage {
+    /// Micro-dollars for people, in the template.
+    fn usd(&self, micros: &i64) -> String {
+        usd(*micros)
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -83,14 +77,14 @@ pub async fn page(
         failovers_from: rows.iter().map(|r| r.failovers_from).sum(),
         input_tokens: rows.iter().map(|r| r.input_tokens).sum(),
         output_tokens: rows.iter().map(|r| r.output_tokens).sum(),
-        cost: usd(rows.iter().map(|r| r.cost_micros).sum()),
+        cost_micros: rows.iter().map(|r| r.cost_micros).sum(),
     };
     let status = problems.status.unwrap_or(StatusCode::OK);
     let page = UsagePage {
         ctx: session.ctx(&req, "usage"),
         from,
         to,
-        rows: rows.into_iter().map(row).collect(),
+        rows,
         totals,
         chart,
         width: chart::WIDTH,
@@ -98,22 +92,6 @@ pub async fn page(
         problems,
     };
     Ok(render(status, &page.ctx, &page))
-}
-
-fn row(day: UsageDay) -> Row {
-    Row {
-        cost: usd(day.cost_micros),
-        date: day.date,
-        route: day.route,
-        target: day.target,
-        calls: day.calls,
-        ok: day.ok,
-        errors: day.errors,
-        failovers_from: day.failovers_from,
-        input_tokens: day.input_tokens,
-        output_tokens: day.output_tokens,
-        latency_ms_avg: day.latency_ms_avg,
-    }
 }
 
 /// Every day of a valid period (the API has already refused invalid ones).
