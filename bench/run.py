@@ -6,6 +6,11 @@ Shield (admin + proxy, real Postgres and Redis) routing to the mock through a ro
 LiteLLM's proxy (`pip install 'litellm[proxy]'`, one worker, its default settings) pointed at
 the same mock; then drives each with wrk at keep-alive concurrency 20 and prints RPS, p50 and
 p99 for each, and Shield's figures relative to the direct call, the nginx floor and LiteLLM.
+
+Added latency is measured where it means overhead rather than queueing: at a fixed offered
+rate the machine can serve on every path (hey, FIXED_RPS in all over 20 keep-alive workers),
+and one request at a time (wrk -c1). At saturation (c20) latency is concurrency / throughput
+(Little's law), so there a slower path shows "added latency" that is only its lower throughput.
 Set SHIELD_BENCH_PEERS=0 to leave LiteLLM out.
 
 Usage: bench/run.sh [seconds per run, default 10]
@@ -27,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIELD = os.path.join(ROOT, "target", "release", "shield")
 DURATION = int(sys.argv[1]) if len(sys.argv) > 1 else 10
 CONCURRENCY = 20
+FIXED_RPS = 5000
 BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
 
 
@@ -76,6 +82,23 @@ def wrk(url, headers, connections=CONCURRENCY, duration=None):
     return {"rps": rps, "p50": pct["50"], "p99": pct["99"], "non_2xx": int(errors.group(1)) if errors else 0}
 
 
+def fixed_rate(url, headers, duration=None):
+    """p50/p99 at FIXED_RPS offered over CONCURRENCY keep-alive workers (hey), in ms."""
+    args = ["hey", "-z", f"{duration or DURATION}s", "-c", str(CONCURRENCY), "-q", str(FIXED_RPS // CONCURRENCY),
+            "-m", "POST", "-d", BODY, "-T", "application/json"]
+    for name, value in headers.items():
+        if name.lower() != "content-type":
+            args += ["-H", f"{name}: {value}"]
+    subprocess.run(args[:2] + ["2s"] + args[3:] + [url], capture_output=True)  # warm-up
+    started = time.time()
+    rows = subprocess.run(args + ["-o", "csv", url], capture_output=True, text=True).stdout.splitlines()[1:]
+    elapsed = time.time() - started
+    # csv: response-time (s), DNS+dialup, DNS, request-write, response-delay, response-read, status, offset
+    times = sorted(float(r.split(",")[0]) * 1000 for r in rows if r)
+    non_2xx = sum(1 for r in rows if r and not r.split(",")[6].startswith("2"))
+    return {"rps": len(times) / elapsed, "p50": pct(times, 50), "p99": pct(times, 99), "non_2xx": non_2xx}
+
+
 def ttft(port, path, headers, n=300):
     """Time to first token of `n` sequential streamed calls over one keep-alive connection:
     from sending the request to reading the first `data:` line (ms, sorted)."""
@@ -113,9 +136,9 @@ def to_ms(text):
 
 
 def main():
-    for tool in ("wrk", "nginx"):
+    for tool in ("wrk", "nginx", "hey"):
         if not shutil.which(tool):
-            sys.exit(f"{tool} is missing: apt-get install -y wrk nginx-light")
+            sys.exit(f"{tool} is missing: apt-get install -y wrk nginx-light hey")
     work = tempfile.mkdtemp(prefix="shield-bench-")
     ports = {name: free_port() for name in ("mock", "nginx", "admin", "proxy", "litellm")}
     peers = os.environ.get("SHIELD_BENCH_PEERS", "1") != "0" and shutil.which("litellm") is not None
@@ -181,6 +204,7 @@ http {{
         # Unloaded latency: one connection, so the cores are not saturated and the difference
         # is what one pass through the gateway costs.
         serial = {name: wrk(url, headers, connections=1, duration=max(3, DURATION // 2)) for name, (url, headers) in targets.items()}
+        fixed = {name: fixed_rate(url, headers) for name, (url, headers) in targets.items()}
         if peers:
             # Measured after Shield's runs. LiteLLM's proxy with the mock as an OpenAI-compatible model named like Shield's route.
             # It refuses to start without a master key; callers authenticate with it, as with Shield.
@@ -218,6 +242,13 @@ http {{
             print(f"{name:<8}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}")
         sd, ss = serial["direct"], serial["shield"]
         print(f"\nunloaded: shield added p50 {ss['p50'] - sd['p50']:+.3f} ms, added p99 {ss['p99'] - sd['p99']:+.3f} ms")
+        print(f"\nfixed rate (hey -c{CONCURRENCY}, {FIXED_RPS} requests/s offered, keep-alive)")
+        print(f"{'path':<8}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}")
+        for name, r in fixed.items():
+            print(f"{name:<8}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}")
+        fd, fs = fixed["direct"], fixed["shield"]
+        print(f"fixed rate: shield added p50 {fs['p50'] - fd['p50']:+.3f} ms, "
+              f"added p99 {fs['p99'] - fd['p99']:+.3f} ms (target <= 0.5)")
         direct_ttft = ttft(ports["mock"], "/v1/chat/completions", {"Content-Type": "application/json"})
         shield_ttft = ttft(ports["proxy"], "/v1/chat/completions", {"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
         print("\nstreaming, time to first token (300 sequential calls, one keep-alive connection)")
@@ -230,14 +261,14 @@ http {{
                      "shield": {"p50": pct(shield_ttft, 50), "p99": pct(shield_ttft, 99)}}
         d, n, s = results["direct"], results["nginx"], results["shield"]
         print(f"\nat c{CONCURRENCY}: shield added p50 over direct: {s['p50'] - d['p50']:+.3f} ms")
-        print(f"shield added p99 over direct: {s['p99'] - d['p99']:+.3f} ms (target <= 0.5)")
+        print(f"shield added p99 over direct: {s['p99'] - d['p99']:+.3f} ms (saturated: mostly lower throughput, see above)")
         print(f"shield throughput / nginx floor: {s['rps'] / n['rps']:.0%} (target >= 75%)")
         print(f"shield throughput / direct: {s['rps'] / d['rps']:.0%}")
         if peers:
             l = results["litellm"]
             print(f"shield throughput / litellm: {s['rps'] / max(l['rps'], 0.001):.0f}x (target >= 100x); "
                   f"litellm non-2xx: {l['non_2xx']}")
-        print(json.dumps({"date": time.strftime("%Y-%m-%d"), "commit": commit, "c20": results, "c1": serial, "ttft": streaming}))
+        print(json.dumps({"date": time.strftime("%Y-%m-%d"), "commit": commit, "c20": results, "c1": serial, "fixed": fixed, "ttft": streaming}))
     finally:
         for child in children:
             child.send_signal(signal.SIGTERM)
