@@ -140,7 +140,7 @@ impl Caches {
 
     /// The month spend of `route` as last flushed by all processes (0 for a new month).
     pub fn month_spend(&self, tenant: &str, route: &str) -> i64 {
-        let month = chrono::Utc::now().format("%Y%m").to_string();
+        let month = crate::calendar::this_month();
         match self.spend.read().expect("spend lock").get(tenant) {
             Some((cached_month, routes)) if *cached_month == month => routes.get(route).copied().unwrap_or(0),
             _ => 0,
@@ -148,7 +148,7 @@ impl Caches {
     }
 
     async fn refresh_spend(&self, tenant: &str) {
-        let month = chrono::Utc::now().format("%Y%m").to_string();
+        let month = crate::calendar::this_month();
         let read = async {
             let mut conn = self.redis.get().await.ok()?;
             redis::cmd("HGETALL")

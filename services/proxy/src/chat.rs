@@ -7,11 +7,14 @@
 use std::time::Instant;
 
 use actix_web::http::StatusCode;
-use actix_web::http::header::HeaderMap as InboundHeaders;
+use actix_web::http::header::{ContentType, HeaderMap as InboundHeaders};
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, ResponseError, post, web};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
 use shield_core::money::Usd;
+use shield_core::plan::Excluded;
 use shield_core::plan::Facts;
+use shield_core::run::{Attempt, Halt};
 use shield_core::usage::budget_state;
 
 use crate::auth::authenticate;
@@ -246,17 +249,56 @@ pub fn inbound_hop(headers: &InboundHeaders, max_hops: u32) -> Result<u32, Proxy
     if hop >= max_hops { Err(ProxyError::LoopDetected(hop)) } else { Ok(hop) }
 }
 
-pub fn routing_record(routed: &Routed, target: Option<&str>) -> Value {
-    let cost =
-        routed.cost_micros.map(|micros| shield_core::money::Usd(micros).to_decimal().parse::<f64>().unwrap_or(0.0));
+/// `x_shield.routing`: serialised straight from the run, without building a JSON tree first
+/// (building and dropping that tree was the largest cost of Shield's own on the answer path).
+#[derive(Serialize)]
+pub struct RoutingRecord<'a> {
+    route: &'a str,
+    target: Option<&'a str>,
+    attempts: &'a [Attempt],
+    excluded: &'a [Excluded],
+    rule: &'a Option<Value>,
+    reason: Option<&'a str>,
+    /// USD; the exact figure is `cost_micros`.
+    cost: Option<f64>,
+    cost_micros: Option<i64>,
+    halt: Halt,
+    budget: &'static str,
+}
+
+pub fn routing_record<'a>(routed: &'a Routed, target: Option<&'a str>) -> RoutingRecord<'a> {
     let reason = match &routed.result {
         RoutedResult::Refusal { reason, .. } => Some(reason.as_str()),
         _ => None,
     };
-    json!({
-        "route": routed.route, "target": target, "attempts": routed.attempts, "excluded": routed.excluded,
-        "rule": routed.rule, "reason": reason, "cost": cost, "cost_micros": routed.cost_micros, "halt": routed.halt, "budget": routed.budget.as_str(),
-    })
+    RoutingRecord {
+        route: &routed.route,
+        target,
+        attempts: &routed.attempts,
+        excluded: &routed.excluded,
+        rule: &routed.rule,
+        reason,
+        // Micro-dollars are exact in an f64 division: the nearest double to the decimal.
+        cost: routed.cost_micros.map(|micros| micros as f64 / 1_000_000.0),
+        cost_micros: routed.cost_micros,
+        halt: routed.halt,
+        budget: routed.budget.as_str(),
+    }
+}
+
+/// `x_shield` of a response.
+#[derive(Serialize)]
+struct XShield<'a> {
+    routing: RoutingRecord<'a>,
+    guardrail_results: &'a [Value],
+}
+
+/// An upstream's completion with Shield's `x_shield` beside its own fields.
+#[derive(Serialize)]
+struct AnswerBody<'a> {
+    #[serde(flatten)]
+    upstream: &'a Map<String, Value>,
+    x_shield: XShield<'a>,
 }
 
 pub fn with_routing_headers(
@@ -277,10 +319,18 @@ fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Value>) ->
     let x_shield = |routed: &Routed, target: Option<&str>| json!({"routing": routing_record(routed, target), "guardrail_results": guardrails});
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, mut body } => {
-            // Written into the upstream's own map: the answer is not copied.
+            // Written into the upstream's own map: the answer is not copied. An upstream's own
+            // `x_shield` is dropped: the one the caller reads is Shield's.
             body.insert("model".into(), Value::String(model));
-            body.insert("x_shield".into(), x_shield(&routed, Some(&target)));
-            with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(body)
+            body.remove("x_shield");
+            let answer = AnswerBody {
+                upstream: &body,
+                x_shield: XShield { routing: routing_record(&routed, Some(&target)), guardrail_results: &guardrails },
+            };
+            let json = serde_json::to_vec(&answer).unwrap_or_default();
+            with_routing_headers(HttpResponse::Ok(), &routed, Some(&target))
+                .content_type(ContentType::json())
+                .body(json)
         }
         RoutedResult::Refusal { reason, target } => {
             routed.result = RoutedResult::Refusal { reason: reason.clone(), target: target.clone() };
@@ -414,5 +464,38 @@ mod tests {
         let error = refused_error("openai-4o", StatusCode::BAD_REQUEST, Some(body));
         assert_eq!(error["error"]["message"], "target `openai-4o` answered 400: Unknown parameter: foo");
         assert_eq!(error["error"]["param"], "foo");
+    }
+
+    #[actix_web::test]
+    async fn an_answer_carries_shields_own_x_shield_once_and_the_exact_cost() {
+        let body: Map<String, Value> =
+            serde_json::from_str(r#"{"id": "c1", "model": "up", "choices": [], "x_shield": {"routing": "forged"}}"#)
+                .unwrap();
+        let routed = Routed {
+            route: "smart".into(),
+            rule: None,
+            attempts: Vec::new(),
+            excluded: Vec::new(),
+            halt: Halt::Succeeded,
+            failovers: 0,
+            result: RoutedResult::Answer { target: "a".into(), model: "gpt-x".into(), body },
+            cost_micros: Some(1350),
+            budget: shield_core::usage::BudgetState::Ok,
+        };
+        let request =
+            ChatRequest::parse(br#"{"model": "smart", "messages": [{"role": "user", "content": "hi"}]}"#).unwrap();
+        let response = respond(routed, &request, vec![json!({"name": "pii"})]);
+        assert_eq!(response.headers().get("content-type").unwrap(), "application/json");
+        let bytes = actix_web::body::to_bytes(response.into_body()).await.unwrap();
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        assert_eq!(text.matches("\"x_shield\"").count(), 1, "{text}");
+        let answer: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(answer["model"], "gpt-x");
+        assert_eq!(answer["id"], "c1");
+        assert_eq!(answer["x_shield"]["routing"]["target"], "a");
+        assert_eq!(answer["x_shield"]["routing"]["cost"].to_string(), "0.00135");
+        assert_eq!(answer["x_shield"]["routing"]["cost_micros"], 1350);
+        assert_eq!(answer["x_shield"]["routing"]["halt"], "succeeded");
+        assert_eq!(answer["x_shield"]["guardrail_results"][0]["name"], "pii");
     }
 }

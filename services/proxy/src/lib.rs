@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod body;
 pub mod cache;
+pub mod calendar;
 pub mod chat;
 pub mod config;
 pub mod default_path;

@@ -105,7 +105,7 @@ fn render(outcome: Outcome) -> HttpResponse {
             };
             let mut body = body;
             body["guardrail_results"] = json!(guardrails);
-            body["routing"] = routing_record(&routed, target.as_deref());
+            body["routing"] = json!(routing_record(&routed, target.as_deref()));
             with_routing_headers(HttpResponse::build(status), &routed, target.as_deref()).json(body)
         }
     }

@@ -3,11 +3,12 @@
 //! Capped at 10,000 rows (seed §7): past that the oldest row is dropped and counted. A flush
 //! that fails puts its rows back, so Redis being away delays usage but does not lose it.
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use shield_core::run::Attempt;
+
+use crate::calendar::today;
 use shield_core::usage::UsageRow;
 
 pub const MAX_ROWS: usize = 10_000;
@@ -54,25 +55,6 @@ impl Rows {
         }
         entry.1 += micros;
     }
-}
-
-thread_local! {
-    /// `(unix day, yyyymmdd)`: formatted once a day per thread, not on every call.
-    static TODAY: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
-}
-
-/// Today's `yyyymmdd` (UTC).
-fn today() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let day = secs / 86_400;
-    TODAY.with(|cached| {
-        let mut cached = cached.borrow_mut();
-        if cached.0 != day {
-            let midnight = chrono::DateTime::from_timestamp((day * 86_400) as i64, 0).unwrap_or_default();
-            *cached = (day, midnight.format("%Y%m%d").to_string());
-        }
-        cached.1.clone()
-    })
 }
 
 impl UsageBuffer {
