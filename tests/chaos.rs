@@ -1,14 +1,16 @@
 //! Faults in the stores under a running deployment (real binary, loopback only, bounded):
-//! Postgres stopped (the admin answers 503 naming it, the data plane keeps serving) and the
-//! admin killed in the middle of a stream of writes (the snapshots converge on what Postgres
-//! holds). Redis outages, proxy SIGKILL/SIGTERM and misbehaving upstreams are covered by
-//! publishing.rs, proxy_auth.rs, proxy_usage.rs, proxy_routing.rs and proxy_streaming.rs.
+//! Postgres stopped (the admin answers 503 naming it, the data plane keeps serving), Redis
+//! frozen in the middle of continuous traffic (no call fails or waits, no usage is lost or
+//! counted twice) and the admin killed in the middle of a stream of writes (the snapshots
+//! converge on what Postgres holds). Redis stopped and restarted, proxy SIGKILL/SIGTERM and
+//! misbehaving upstreams are covered by publishing.rs, proxy_auth.rs, proxy_usage.rs,
+//! proxy_routing.rs and proxy_streaming.rs.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use shield_core::keys::RedisKeys;
 use shield_e2e::eventually;
-use shield_e2e::process::PrivatePostgres;
+use shield_e2e::process::{PrivatePostgres, PrivateRedis};
 use shield_e2e::redis_url;
 use shield_e2e::stack::{Stack, StackOptions, chat_body};
 
@@ -82,6 +84,82 @@ async fn with_postgres_stopped_the_admin_says_so_and_the_data_plane_keeps_servin
 }
 
 /// Target bodies of the writer: a distinct model per write, so the last write is recognisable.
+/// Redis frozen (SIGSTOP: it holds every connection and answers nothing, as in a partition)
+/// for 3 s in the middle of continuous traffic from four clients, then thawed. No call fails,
+/// none waits for Redis (the request path reads memory), and once Redis answers again the
+/// stored usage equals exactly the calls made — a flush that timed out while its script was
+/// still queued in Redis must not be counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_frozen_mid_traffic_fails_no_call_and_loses_or_doubles_no_usage() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    let redis = PrivateRedis::start();
+    let stack = Arc::new(Stack::start_with(StackOptions { redis_url: redis.url(), ..Default::default() }).await);
+    let price = json!({"price": {"input_per_mtok": 2.5, "output_per_mtok": 10}});
+    stack.mock_target("steady", "usage:10-20", price).await;
+    stack.put_route("smart", json!({"targets": ["steady"]})).await;
+    let (key, _) = stack.key(None).await;
+    eventually(10, "the route to reach the proxy", || async {
+        (stack.chat(&key, chat_body("smart"), &[]).await.0 == StatusCode::OK).then_some(())
+    })
+    .await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (stack, key, stop) = (stack.clone(), key.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut calls = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let (status, _, body) = stack.chat(&key, chat_body("smart"), &[]).await;
+                    calls.push((status, started.elapsed(), body));
+                }
+                calls
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    redis.freeze();
+    let ping = async {
+        let client = redis::Client::open(redis.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await
+    };
+    assert!(tokio::time::timeout(Duration::from_millis(500), ping).await.is_err(), "frozen Redis still answers");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    redis.thaw();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut calls = Vec::new();
+    for client in clients {
+        calls.extend(client.await.unwrap());
+    }
+
+    let failed: Vec<_> = calls.iter().filter(|(status, _, _)| *status != StatusCode::OK).collect();
+    assert!(failed.is_empty(), "{} of {} calls failed: {:?}", failed.len(), calls.len(), failed.first());
+    // Not a speed target: a call that waited on Redis would take the store's 2 s timeout.
+    let slowest = calls.iter().map(|(_, took, _)| *took).max().unwrap();
+    assert!(slowest < Duration::from_millis(1900), "a call waited {slowest:?}: the request path touched Redis");
+    let made = calls.len() as u64 + 1; // and the call that found the route
+    let stored = eventually(20, "usage to reach Redis after the thaw", || async {
+        let (status, body) = stack.admin_call(Method::GET, "/v1/tenant/me/gateway/usage?route=smart", None).await;
+        let calls = body["rows"].as_array()?.iter().find(|r| r["target"] == "steady")?["calls"].as_u64()?;
+        (status == StatusCode::OK && calls >= made).then_some(calls)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // any late double count would land now
+    let (_, body) = stack.admin_call(Method::GET, "/v1/tenant/me/gateway/usage?route=smart", None).await;
+    let settled = body["rows"][0]["calls"].as_u64().unwrap();
+    println!(
+        "redis frozen 3 s under traffic: {made} calls made, {stored} stored, {settled} after 3 s more; slowest call {slowest:?}"
+    );
+    assert_eq!((stored, settled), (made, made), "usage lost or counted twice");
+    assert_eq!(body["rows"][0]["cost_micros"].as_i64().unwrap(), made as i64 * 225, "spend is exact too");
+}
+
 fn target(stack: &Stack, n: usize) -> Value {
     json!({"base_url": format!("http://{}/mock/id:w/v1", stack.mock), "model": format!("model-{n}"),
            "allow_private": true, "auth": {"mode": "none"}})

@@ -57,6 +57,22 @@ impl PrivateRedis {
         self.server = None;
     }
 
+    /// SIGSTOP: the server keeps its data and its connections but answers nothing (a hung
+    /// server, or a network partition, as clients see it) until [`PrivateRedis::thaw`].
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.server.as_ref().expect("redis is running").pid().to_string();
+        let status = std::process::Command::new("kill").args([signal, &pid]).status().expect("kill runs");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     pub fn restart(&mut self) {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
