@@ -1,8 +1,9 @@
 //! The whole-suite leak scan. `scripts/test` runs the suite with `SHIELD_EVIDENCE_DIR` set, so
-//! every stack keeps its logs, the responses it got, its Redis values, every Postgres row and
-//! each process's `/metrics`, and lists the secrets it used (see `support/evidence.rs`); then
-//! it runs the ignored test below, which looks for every secret of every stack in every kept
-//! file of every stack (a secret of one tenant in another stack's files is a leak too).
+//! every deployment a test starts (a stack of real processes or the in-process admin) keeps its
+//! logs, the responses it got (API answers and portal pages), its Redis values, every Postgres
+//! row and each process's `/metrics`, and lists the secrets it used (`support/evidence.rs`);
+//! then it runs the ignored test below, which looks for every secret of every deployment in
+//! every kept file of every deployment (one tenant's secret in another's files is a leak too).
 //!
 //! Run by hand: `SHIELD_EVIDENCE_DIR=/tmp/ev cargo test -p shield-e2e`, then
 //! `SHIELD_EVIDENCE_DIR=/tmp/ev cargo test -p shield-e2e --test leak_scan -- --ignored`.

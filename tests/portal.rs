@@ -19,6 +19,8 @@ struct Browser {
     base: String,
     client: reqwest::Client,
     cookies: BTreeMap<String, String>,
+    /// Every page is kept for the whole-suite leak scan.
+    evidence: shield_e2e::evidence::Evidence,
 }
 
 struct Page {
@@ -45,7 +47,7 @@ impl Page {
 impl Browser {
     fn new(admin: &Admin) -> Browser {
         let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-        Browser { base: admin.url.clone(), client, cookies: BTreeMap::new() }
+        Browser { base: admin.url.clone(), client, cookies: BTreeMap::new(), evidence: admin.evidence.clone() }
     }
 
     /// Signed in with a session cookie holding `token`, and a known CSRF cookie.
@@ -72,7 +74,9 @@ impl Browser {
                 self.cookies.insert(name.into(), value.into());
             }
         }
-        Page { status, headers, body: response.text().await.unwrap_or_default() }
+        let body = response.text().await.unwrap_or_default();
+        self.evidence.response("portal page", status, &headers, &body);
+        Page { status, headers, body }
     }
 
     async fn get(&mut self, path: &str) -> Page {

@@ -11,6 +11,7 @@ use shield_admin::{AdminConfig, AdminState};
 use shield_core::keys::RedisKeys;
 use shield_core::vault::Keyring;
 
+use super::evidence::{self, Evidence};
 use super::{TestDb, redis_url, unique};
 
 /// The tenant's config version in Postgres.
@@ -39,9 +40,16 @@ pub struct Admin {
     pub keys: RedisKeys,
     pub redis: String,
     pub db: TestDb,
+    /// Responses, secrets and, at drop, Redis, Postgres and `/metrics`, for the leak scan.
+    pub evidence: Evidence,
     handle: actix_web::dev::ServerHandle,
     client: reqwest::Client,
 }
+
+/// Answers that show a secret once, by design (a new API key, a webhook's signing secret, a
+/// new tenant's password): the value is listed as a secret, the answer is not kept for the scan.
+const REVEALS: [(&str, &str); 3] =
+    [("/v1/tenant/me/keys", "key"), ("/v1/tenant/me/webhooks", "secret"), ("/v1/tenants", "password")];
 
 impl Admin {
     pub async fn start() -> Admin {
@@ -81,6 +89,9 @@ impl Admin {
         let server = server.run();
         let handle = server.handle();
         actix_web::rt::spawn(server);
+        let evidence = Evidence::new();
+        evidence.secret(JWT_SECRET);
+        evidence.secret(&vault_key());
         Admin {
             url: format!("http://{addr}"),
             state,
@@ -88,6 +99,7 @@ impl Admin {
             keys,
             redis: redis.to_string(),
             db,
+            evidence,
             handle,
             client: reqwest::Client::new(),
         }
@@ -99,16 +111,20 @@ impl Admin {
 
     pub fn token_with_ttl(&self, tenant: Option<&str>, scopes: &[Scope], ttl: Duration) -> String {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-        Tokens::new(JWT_SECRET).unwrap().issue("tester@example.com", tenant, scopes.to_vec(), ttl, now).0
+        let token = Tokens::new(JWT_SECRET).unwrap().issue("tester@example.com", tenant, scopes.to_vec(), ttl, now).0;
+        self.evidence.secret(&token);
+        token
     }
 
     /// A correctly signed token that expired a minute ago.
     pub fn expired(&self, tenant: Option<&str>, scopes: &[Scope]) -> String {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-        Tokens::new(JWT_SECRET)
+        let token = Tokens::new(JWT_SECRET)
             .unwrap()
             .issue("tester@example.com", tenant, scopes.to_vec(), Duration::from_secs(60), now - 120)
-            .0
+            .0;
+        self.evidence.secret(&token);
+        token
     }
 
     /// A token for `tenant` with every tenant scope.
@@ -123,6 +139,7 @@ impl Admin {
         let email = format!("owner@{slug}.example.com");
         let created =
             shield_admin::provision::create_tenant(&self.db.pool, &slug, "Acme", &email, "test").await.expect("tenant");
+        self.evidence.secret(&created.password);
         (slug, email, created.password)
     }
 
@@ -133,17 +150,29 @@ impl Admin {
         token: Option<&str>,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
+        let what = format!("{method} {path}");
+        let reveals = (method == Method::POST).then(|| REVEALS.iter().find(|(p, _)| *p == path)).flatten();
         let mut request = self.client.request(method, format!("{}{path}", self.url));
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
         if let Some(body) = body {
+            if path.contains("/secrets/")
+                && let Some(value) = body.get("value").and_then(Value::as_str)
+            {
+                self.evidence.secret(value);
+            }
             request = request.json(&body);
         }
         let response = request.send().await.expect("admin answers");
-        let status = response.status();
+        let (status, headers) = (response.status(), response.headers().clone());
         let text = response.text().await.unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
+        match reveals.filter(|_| status.is_success()) {
+            Some((_, field)) => self.evidence.secret(value[*field].as_str().unwrap_or_default()),
+            None => self.evidence.response(&what, status, &headers, &text),
+        }
+        (status, value)
     }
 
     pub async fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
@@ -173,21 +202,19 @@ impl Admin {
             .send()
             .await
             .expect("admin answers");
-        let status = response.status();
+        let (status, headers) = (response.status(), response.headers().clone());
         let text = response.text().await.unwrap_or_default();
+        self.evidence.response(&format!("PUT (raw) {path}"), status, &headers, &text);
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     /// A GET without a token, as text.
     pub async fn client_text(&self, path: &str) -> String {
-        self.client
-            .get(format!("{}{path}", self.url))
-            .send()
-            .await
-            .expect("admin answers")
-            .text()
-            .await
-            .unwrap_or_default()
+        let response = self.client.get(format!("{}{path}", self.url)).send().await.expect("admin answers");
+        let (status, headers) = (response.status(), response.headers().clone());
+        let text = response.text().await.unwrap_or_default();
+        self.evidence.response(&format!("GET {path}"), status, &headers, &text);
+        text
     }
 
     /// The snapshot currently in Redis for `tenant`.
@@ -202,6 +229,10 @@ impl Admin {
 
 impl Drop for Admin {
     fn drop(&mut self) {
+        // The server runs on worker threads of its own, so it answers `/metrics` meanwhile.
+        let addr = self.url.trim_start_matches("http://").to_string();
+        let metrics = vec![("admin".to_string(), addr)];
+        evidence::collect(&self.evidence, self.redis.clone(), self.prefix.clone(), self.db.url.clone(), metrics);
         drop(self.handle.stop(false));
     }
 }

@@ -1,11 +1,12 @@
 //! Evidence for the whole-suite leak scan (`tests/leak_scan.rs`).
 //!
-//! With `SHIELD_EVIDENCE_DIR` set (scripts/test sets it), every [`crate::stack::Stack`] keeps
-//! what it produced in a directory of its own under it: its children's logs, the responses its
-//! helpers received, and — collected when the stack is dropped — its Redis values, every row
-//! of every Postgres table, and each process's `/metrics`; `secrets.txt` lists every secret the
-//! stack used (signing and vault keys, passwords, tokens, API keys, vault values, passthrough
-//! keys). The scan then looks for every secret of every stack in every file of every stack.
+//! With `SHIELD_EVIDENCE_DIR` set (scripts/test sets it), every deployment a test starts — a
+//! [`crate::stack::Stack`] of real processes, or the in-process [`crate::admin::Admin`] — keeps
+//! what it produced in a directory of its own under it: the children's logs, the responses the
+//! helpers received, and — collected when it is dropped — its Redis values, every row of every
+//! Postgres table, and each process's `/metrics`; `secrets.txt` lists every secret it used
+//! (signing and vault keys, passwords, tokens, API keys, vault values, webhook secrets,
+//! passthrough keys). The scan then looks for every secret in every file of every deployment.
 //! Without the variable a stack keeps its logs in a temporary directory removed at drop.
 
 use std::io::Write;
@@ -29,10 +30,27 @@ pub fn root() -> Option<PathBuf> {
     std::env::var_os("SHIELD_EVIDENCE_DIR").filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
-/// One stack's evidence directory; removed at drop unless the suite keeps evidence.
+/// One deployment's evidence directory; removed when the last clone is dropped, unless the
+/// suite keeps evidence. Clones write to the same directory (a test's own HTTP helpers record
+/// through one).
+#[derive(Clone)]
 pub struct Evidence {
     pub dir: PathBuf,
     kept: bool,
+    _guard: std::sync::Arc<Removal>,
+}
+
+struct Removal {
+    dir: PathBuf,
+    kept: bool,
+}
+
+impl Drop for Removal {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
 }
 
 impl Evidence {
@@ -47,7 +65,8 @@ impl Evidence {
             None => (std::env::temp_dir().join(unique("shield-stack-")), false),
         };
         std::fs::create_dir_all(&dir).expect("evidence directory");
-        Evidence { dir, kept }
+        let guard = std::sync::Arc::new(Removal { dir: dir.clone(), kept });
+        Evidence { dir, kept, _guard: guard }
     }
 
     /// The suite keeps this stack's evidence for the scan.
@@ -98,14 +117,6 @@ impl Default for Evidence {
     }
 }
 
-impl Drop for Evidence {
-    fn drop(&mut self) {
-        if !self.kept {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
 /// Every row of every table of the database at `url`, one JSON object per line, under a
 /// `-- table` header.
 pub async fn postgres_dump(url: &str) -> Result<String, sqlx::Error> {
@@ -129,7 +140,44 @@ pub async fn postgres_dump(url: &str) -> Result<String, sqlx::Error> {
     Ok(out)
 }
 
-/// The files of an evidence root the scan reads, per stack directory.
+/// What a deployment holds when it is dropped: Redis values under `prefix`, every Postgres row
+/// of `db`, and `/metrics` of each `(name, address)`; each bounded, so a stopped service costs
+/// seconds, not a hang. Runs on a thread of its own: drop runs inside the test's runtime,
+/// which cannot be blocked on.
+pub fn collect(evidence: &Evidence, redis: String, prefix: String, db: String, metrics: Vec<(String, String)>) {
+    if !evidence.kept() {
+        return;
+    }
+    let bound = std::time::Duration::from_secs(5);
+    let collected = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async move {
+            let mut files = Vec::new();
+            if let Ok(Ok(values)) = tokio::time::timeout(bound, crate::redis_dump_from(&redis, &prefix)).await {
+                files.push(("redis.txt".to_string(), values.iter().map(|(k, v)| format!("{k}\n{v}\n")).collect()));
+            }
+            if let Ok(Ok(rows)) = tokio::time::timeout(bound, postgres_dump(&db)).await {
+                files.push(("postgres.txt".to_string(), rows));
+            }
+            let client = reqwest::Client::builder().timeout(bound).build().expect("client");
+            for (name, addr) in metrics {
+                if let Ok(response) = client.get(format!("http://{addr}/metrics")).send().await
+                    && let Ok(text) = response.text().await
+                {
+                    files.push((format!("metrics-{name}.txt"), text));
+                }
+            }
+            files
+        })
+    })
+    .join()
+    .unwrap_or_default();
+    for (name, content) in collected {
+        evidence.write(&name, &content);
+    }
+}
+
+/// The files of an evidence root the scan reads, per deployment directory.
 pub fn scanned_files(root: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for stack in std::fs::read_dir(root).into_iter().flatten().flatten() {

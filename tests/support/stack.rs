@@ -13,9 +13,9 @@ use shield_admin::auth::{Scope, Tokens};
 use tokio::process::{Child, Command};
 
 use crate::admin::{JWT_SECRET, vault_key};
-use crate::evidence::{Evidence, postgres_dump};
+use crate::evidence::{self, Evidence};
 use crate::process::shield_bin;
-use crate::{DbName, eventually, free_port, redis_dump_from, redis_url, unique};
+use crate::{DbName, eventually, free_port, redis_url, unique};
 
 pub struct StackOptions {
     pub redis_url: String,
@@ -405,11 +405,8 @@ const UPSTREAM_KEY_HEADER: &str = "x-shield-upstream-key";
 
 impl Stack {
     /// Redis values under the stack's prefix, every Postgres row and each process's
-    /// `/metrics`, into the evidence directory; each bounded, so a stopped service (chaos
-    /// tests) costs seconds, not a hang.
+    /// `/metrics`, into the evidence directory.
     fn collect_evidence(&self) {
-        let bound = Duration::from_secs(5);
-        let (prefix, db) = (self.prefix.clone(), self.db.url.clone());
         let redis = self.env.iter().find(|(k, _)| *k == "REDIS_URL").map(|(_, v)| v.clone()).unwrap_or_else(redis_url);
         let mut metrics = vec![("admin".to_string(), self.admin.clone())];
         for (name, _) in &self.children {
@@ -422,33 +419,7 @@ impl Stack {
                 }
             }
         }
-        // Drop runs inside the test's runtime, which cannot be blocked on; use a thread.
-        let collected = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            runtime.block_on(async move {
-                let mut files = Vec::new();
-                if let Ok(Ok(values)) = tokio::time::timeout(bound, redis_dump_from(&redis, &prefix)).await {
-                    files.push(("redis.txt".to_string(), values.iter().map(|(k, v)| format!("{k}\n{v}\n")).collect()));
-                }
-                if let Ok(Ok(rows)) = tokio::time::timeout(bound, postgres_dump(&db)).await {
-                    files.push(("postgres.txt".to_string(), rows));
-                }
-                let client = reqwest::Client::builder().timeout(bound).build().expect("client");
-                for (name, addr) in metrics {
-                    if let Ok(response) = client.get(format!("http://{addr}/metrics")).send().await
-                        && let Ok(text) = response.text().await
-                    {
-                        files.push((format!("metrics-{name}.txt"), text));
-                    }
-                }
-                files
-            })
-        })
-        .join()
-        .unwrap_or_default();
-        for (name, content) in collected {
-            self.evidence.write(&name, &content);
-        }
+        evidence::collect(&self.evidence, redis, self.prefix.clone(), self.db.url.clone(), metrics);
     }
 }
 
