@@ -34,18 +34,14 @@ pub fn root() -> Option<PathBuf> {
 /// suite keeps evidence. Clones write to the same directory (a test's own HTTP helpers record
 /// through one).
 #[derive(Clone)]
-pub struct Evidence {
-    pub dir: PathBuf,
-    kept: bool,
-    _guard: std::sync::Arc<Removal>,
-}
+pub struct Evidence(std::sync::Arc<Directory>);
 
-struct Removal {
+struct Directory {
     dir: PathBuf,
     kept: bool,
 }
 
-impl Drop for Removal {
+impl Drop for Directory {
     fn drop(&mut self) {
         if !self.kept {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -65,23 +61,22 @@ impl Evidence {
             None => (std::env::temp_dir().join(unique("shield-stack-")), false),
         };
         std::fs::create_dir_all(&dir).expect("evidence directory");
-        let guard = std::sync::Arc::new(Removal { dir: dir.clone(), kept });
-        Evidence { dir, kept, _guard: guard }
+        Evidence(std::sync::Arc::new(Directory { dir, kept }))
     }
 
     /// The suite keeps this stack's evidence for the scan.
     pub fn kept(&self) -> bool {
-        self.kept
+        self.0.kept
     }
 
     pub fn secret(&self, value: &str) {
-        if self.kept && !value.is_empty() {
+        if self.kept() && !value.is_empty() {
             self.append(SECRETS, &format!("{}\n", value.replace('\n', " ")));
         }
     }
 
     pub fn response(&self, what: &str, status: StatusCode, headers: &HeaderMap, body: &str) {
-        if !self.kept {
+        if !self.kept() {
             return;
         }
         let mut text = format!("== {what} -> {status}\n");
@@ -94,20 +89,20 @@ impl Evidence {
     }
 
     pub fn write(&self, name: &str, content: &str) {
-        if self.kept {
-            let _ = std::fs::write(self.dir.join(name), content);
+        if self.kept() {
+            let _ = std::fs::write(self.path(name), content);
         }
     }
 
     fn append(&self, name: &str, text: &str) {
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(name));
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(self.path(name));
         if let Ok(mut file) = file {
             let _ = file.write_all(text.as_bytes());
         }
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
+        self.0.dir.join(name)
     }
 }
 

@@ -425,9 +425,7 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        if self.evidence.kept() {
-            self.collect_evidence();
-        }
+        self.collect_evidence();
         for (_, child) in &mut self.children {
             let _ = child.start_kill();
         }

@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use shield_core::run::Attempt;
+use shield_core::usage::UsageRow;
 
 use crate::calendar::today;
-use shield_core::usage::UsageRow;
 
 pub const MAX_ROWS: usize = 10_000;
 
@@ -43,15 +43,24 @@ struct Rows {
 }
 
 impl Rows {
-    fn add_spend(&mut self, key: &RowKey, micros: i64) {
+    /// Adds `micros` of row `key` to its route's unflushed spend when the row is of `month`
+    /// (the current `yyyymm`, which the caller already has).
+    fn add_spend(&mut self, month: &str, key: &RowKey, micros: i64) {
         let (tenant, day, route, _) = key;
-        if micros == 0 || day.get(..6) != Some(&today()[..6]) {
+        if micros == 0 || !day.starts_with(month) {
             return;
         }
-        let routes = self.spend.entry(tenant.clone()).or_default();
-        let entry = routes.entry(route.clone()).or_insert_with(|| (day[..6].to_string(), 0));
-        if entry.0 != day[..6] {
-            *entry = (day[..6].to_string(), 0);
+        // Keys are cloned only for a (tenant, route) not seen since the last flush.
+        if !self.spend.contains_key(tenant) {
+            self.spend.insert(tenant.clone(), HashMap::new());
+        }
+        let routes = self.spend.get_mut(tenant).expect("inserted above");
+        if !routes.contains_key(route) {
+            routes.insert(route.clone(), (month.to_string(), 0));
+        }
+        let entry = routes.get_mut(route).expect("inserted above");
+        if entry.0 != month {
+            *entry = (month.to_string(), 0);
         }
         entry.1 += micros;
     }
@@ -88,14 +97,14 @@ impl UsageBuffer {
         let state = &mut *guard;
         for (target, row) in rows {
             let key = (tenant.to_string(), day.clone(), route.to_string(), target.to_string());
-            state.add_spend(&key, row.cost_micros);
+            state.add_spend(&day[..6], &key, row.cost_micros);
             match state.map.get_mut(&key) {
                 Some(existing) => existing.add(&row),
                 None => {
                     if state.map.len() >= MAX_ROWS {
                         let oldest = state.order.remove(0);
                         if let Some(dropped) = state.map.remove(&oldest) {
-                            state.add_spend(&oldest, -dropped.cost_micros);
+                            state.add_spend(&day[..6], &oldest, -dropped.cost_micros);
                         }
                         self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -116,6 +125,7 @@ impl UsageBuffer {
 
     /// Puts rows back after a failed flush (merged with what arrived meanwhile).
     pub fn restore(&self, rows: BTreeMap<RowKey, UsageRow>) {
+        let today = today();
         let mut guard = self.rows.lock().expect("usage lock");
         let state = &mut *guard;
         for (key, row) in rows {
@@ -129,7 +139,7 @@ impl UsageBuffer {
                 self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 continue;
             }
-            state.add_spend(&key, cost);
+            state.add_spend(&today[..6], &key, cost);
         }
     }
 
