@@ -13,6 +13,10 @@ pub struct AdminMetrics {
 }
 
 impl Default for AdminMetrics {
+    #[allow(
+        clippy::expect_used,
+        reason = "startup: static metric definitions registered once; a bad one fails every test"
+    )]
     fn default() -> Self {
         let registry = Registry::new();
         let requests = IntCounterVec::new(

@@ -8,7 +8,9 @@
 //! script), so a slow publisher can never overwrite a newer snapshot with an older one.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use deadpool_redis::Pool as RedisPool;
@@ -63,7 +65,7 @@ impl Publisher {
     pub async fn after_write(&self, tenant_id: i64) {
         if let Err(err) = self.publish(tenant_id, false).await {
             tracing::warn!(tenant_id, error = %err, "snapshot not published yet; will retry");
-            self.dirty.lock().expect("dirty set lock").insert(tenant_id);
+            self.dirty.lock().insert(tenant_id);
         }
     }
 
@@ -76,12 +78,13 @@ impl Publisher {
         };
         if let Err(err) = published {
             tracing::warn!(tenant_id, error = %err, "key not published yet; will retry");
-            self.dirty.lock().expect("dirty set lock").insert(tenant_id);
+            self.dirty.lock().insert(tenant_id);
         }
     }
 
     /// Publishes the tenant's snapshot; with `with_keys`, every API key record too (for
     /// convergence, when Redis may have lost them).
+    #[allow(clippy::expect_used, reason = "serialising derived structs of strings and numbers cannot fail")]
     pub async fn publish(&self, tenant_id: i64, with_keys: bool) -> Result<(), PublishError> {
         let (snapshot, key_records) = self.build(tenant_id, with_keys).await?;
         let mut conn = self.redis.get().await?;
@@ -106,6 +109,7 @@ impl Publisher {
         Ok(())
     }
 
+    #[allow(clippy::expect_used, reason = "serialising derived structs of strings and numbers cannot fail")]
     async fn set_key(
         &self,
         conn: &mut deadpool_redis::Connection,
@@ -180,11 +184,11 @@ impl Publisher {
     }
 
     async fn retry_dirty(&self) {
-        let pending: Vec<i64> = std::mem::take(&mut *self.dirty.lock().expect("dirty set lock")).into_iter().collect();
+        let pending: Vec<i64> = std::mem::take(&mut *self.dirty.lock()).into_iter().collect();
         for tenant_id in pending {
             if let Err(err) = self.publish(tenant_id, true).await {
                 tracing::debug!(tenant_id, error = %err, "republish still failing");
-                self.dirty.lock().expect("dirty set lock").insert(tenant_id);
+                self.dirty.lock().insert(tenant_id);
             } else {
                 tracing::info!(tenant_id, "snapshot published after Redis came back");
             }

@@ -1,8 +1,8 @@
 //! Login throttling: at most 10 failed sign-ins per e-mail per 5 minutes, in process. Enough to
 //! make password guessing through one admin replica slow; a fleet puts a WAF in front too.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const WINDOW: Duration = Duration::from_secs(300);
@@ -15,12 +15,12 @@ pub struct LoginLimiter {
 
 impl LoginLimiter {
     pub fn allowed(&self, email: &str, now: Instant) -> bool {
-        let map = self.failures.lock().expect("limiter lock");
+        let map = self.failures.lock();
         map.get(email).is_none_or(|(since, count)| now.duration_since(*since) > WINDOW || *count < MAX_FAILURES)
     }
 
     pub fn failed(&self, email: &str, now: Instant) {
-        let mut map = self.failures.lock().expect("limiter lock");
+        let mut map = self.failures.lock();
         if map.len() > 100_000 {
             map.retain(|_, (since, _)| now.duration_since(*since) <= WINDOW);
         }
@@ -32,7 +32,7 @@ impl LoginLimiter {
     }
 
     pub fn succeeded(&self, email: &str) {
-        self.failures.lock().expect("limiter lock").remove(email);
+        self.failures.lock().remove(email);
     }
 }
 

@@ -31,8 +31,8 @@
 //! * `GET /_mock/streams?id=TAG` — `{started, completed, dropped}`: streams the client dropped
 //!   before the end are counted, so tests can prove nothing keeps generating for nobody.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
@@ -184,7 +184,7 @@ fn record(state: &MockState, req: &HttpRequest, body: &Bytes) {
     };
     let entry =
         Received { method: req.method().to_string(), path, headers, body: String::from_utf8_lossy(body).to_string() };
-    let mut log = state.log.lock().expect("mock log");
+    let mut log = state.log.lock();
     if log.len() == LOG_CAPACITY {
         log.pop_front();
     }
@@ -210,12 +210,12 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
             .unwrap_or_default()
     };
     if req.path() == "/_mock/calls" {
-        let calls = state.calls_by_id.lock().expect("mock calls").get(&query_id()).copied().unwrap_or(0);
+        let calls = state.calls_by_id.lock().get(&query_id()).copied().unwrap_or(0);
         return HttpResponse::Ok().json(json!({ "calls": calls }));
     }
     if req.path() == "/_mock/streams" {
         let id = query_id();
-        let counts = state.streams.lock().expect("mock streams").get(&id).copied().unwrap_or_default();
+        let counts = state.streams.lock().get(&id).copied().unwrap_or_default();
         return HttpResponse::Ok().json(counts);
     }
     if req.path() == "/healthz" {
@@ -224,13 +224,13 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     record(&state, &req, &body);
     let (scenario, spec, rest) = split_path(req.path());
     let call = {
-        let mut calls = state.calls.lock().expect("mock calls");
+        let mut calls = state.calls.lock();
         let n = calls.entry(spec).or_insert(0);
         *n += 1;
         *n - 1
     };
     if let (Some(id), true) = (&scenario.id, rest == "/v1/chat/completions") {
-        *state.calls_by_id.lock().expect("mock calls").entry(id.clone()).or_insert(0) += 1;
+        *state.calls_by_id.lock().entry(id.clone()).or_insert(0) += 1;
     }
     if let Some(delay) = scenario.delay {
         tokio::time::sleep(delay).await;
@@ -314,7 +314,7 @@ fn stream(
     request: Value,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     let id = scenario.id.clone().unwrap_or_default();
-    state.streams.lock().expect("mock streams").entry(id.clone()).or_default().started += 1;
+    state.streams.lock().entry(id.clone()).or_default().started += 1;
     let model = request.get("model").and_then(Value::as_str).unwrap_or("mock").to_string();
     let include_usage = request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
     let chunks = scenario.chunks.unwrap_or(3);
@@ -398,7 +398,7 @@ impl StreamGuard {
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        let mut streams = self.state.streams.lock().expect("mock streams");
+        let mut streams = self.state.streams.lock();
         let counts = streams.entry(self.id.clone()).or_default();
         if self.finished {
             counts.completed += 1;
@@ -410,12 +410,12 @@ impl Drop for StreamGuard {
 
 fn requests(req: &HttpRequest, state: &MockState) -> HttpResponse {
     if req.method() == "DELETE" {
-        state.log.lock().expect("mock log").clear();
+        state.log.lock().clear();
         return HttpResponse::NoContent().finish();
     }
     let id =
         web::Query::<HashMap<String, String>>::from_query(req.query_string()).ok().and_then(|q| q.get("id").cloned());
-    let log = state.log.lock().expect("mock log");
+    let log = state.log.lock();
     let wanted = id.map(|id| format!("id:{id}"));
     let matching: Vec<&Received> = log
         .iter()

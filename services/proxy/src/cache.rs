@@ -6,8 +6,10 @@
 //! entry at once. When Redis is away, cached entries keep serving.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+
+use parking_lot::RwLock;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
@@ -90,7 +92,7 @@ impl Caches {
 
     /// Resolves a key by its SHA-256 hex.
     pub async fn key(&self, hash: &str) -> KeyLookup {
-        let cached = self.api_keys.read().expect("key cache lock").get(hash).cloned();
+        let cached = self.api_keys.read().get(hash).cloned();
         match cached {
             Some(KeyEntry::Known(record)) => {
                 return if record.revoked { KeyLookup::Invalid } else { KeyLookup::Valid(record) };
@@ -101,14 +103,11 @@ impl Caches {
         match self.fetch_key(hash).await {
             Ok(Some(record)) => {
                 let record = Arc::new(record);
-                self.api_keys
-                    .write()
-                    .expect("key cache lock")
-                    .insert(hash.to_string(), KeyEntry::Known(record.clone()));
+                self.api_keys.write().insert(hash.to_string(), KeyEntry::Known(record.clone()));
                 if record.revoked { KeyLookup::Invalid } else { KeyLookup::Valid(record) }
             }
             Ok(None) => {
-                let mut keys = self.api_keys.write().expect("key cache lock");
+                let mut keys = self.api_keys.write();
                 if self.unknown_keys.fetch_add(1, Ordering::Relaxed) as usize >= MAX_UNKNOWN_KEYS {
                     keys.retain(|_, entry| matches!(entry, KeyEntry::Known(_)));
                     self.unknown_keys.store(0, Ordering::Relaxed);
@@ -123,13 +122,13 @@ impl Caches {
     /// The tenant's configuration: `Ok(None)` when it has published none; `Err` when it is not
     /// cached and Redis cannot be asked.
     pub async fn tenant(&self, tenant: &str) -> Result<Option<Arc<TenantConfig>>, StoreDown> {
-        let cached = self.tenants.read().expect("tenant cache lock").get(tenant).cloned();
+        let cached = self.tenants.read().get(tenant).cloned();
         match cached {
             Some(TenantEntry::Loaded(config)) => Ok(Some(config)),
             Some(TenantEntry::Absent) => Ok(None),
             None => {
                 let entry = self.load_tenant(tenant).await?;
-                self.tenants.write().expect("tenant cache lock").insert(tenant.to_string(), entry.clone());
+                self.tenants.write().insert(tenant.to_string(), entry.clone());
                 Ok(match entry {
                     TenantEntry::Loaded(config) => Some(config),
                     TenantEntry::Absent => None,
@@ -141,7 +140,7 @@ impl Caches {
     /// The month spend of `route` as last flushed by all processes (0 for a new month).
     pub fn month_spend(&self, tenant: &str, route: &str) -> i64 {
         let month = crate::calendar::this_month();
-        match self.spend.read().expect("spend lock").get(tenant) {
+        match self.spend.read().get(tenant) {
             Some((cached_month, routes)) if *cached_month == month => routes.get(route).copied().unwrap_or(0),
             _ => 0,
         }
@@ -158,7 +157,7 @@ impl Caches {
                 .ok()
         };
         if let Ok(Some(routes)) = tokio::time::timeout(STORE_TIMEOUT, read).await {
-            self.spend.write().expect("spend lock").insert(tenant.to_string(), (month, routes));
+            self.spend.write().insert(tenant.to_string(), (month, routes));
         }
     }
 
@@ -203,7 +202,7 @@ impl Caches {
 
     /// Re-reads one tenant; keeps the cached entry when Redis cannot be asked.
     async fn refresh_tenant(&self, tenant: &str, min_version: Option<i64>) {
-        let cached_version = match self.tenants.read().expect("tenant cache lock").get(tenant) {
+        let cached_version = match self.tenants.read().get(tenant) {
             Some(TenantEntry::Loaded(config)) => Some(config.snapshot.version),
             Some(TenantEntry::Absent) => None,
             None if min_version.is_some() => return, // not a tenant this process serves
@@ -221,7 +220,7 @@ impl Caches {
                     Some(snapshot) => TenantEntry::Loaded(Arc::new(TenantConfig::build(snapshot, &self.keyring))),
                     None => TenantEntry::Absent,
                 };
-                self.tenants.write().expect("tenant cache lock").insert(tenant.to_string(), entry);
+                self.tenants.write().insert(tenant.to_string(), entry);
             }
             Err(err) => {
                 tracing::debug!(tenant, error = %err, "snapshot refresh failed; serving the cached one")
@@ -232,13 +231,10 @@ impl Caches {
     async fn refresh_key(&self, hash: &str) {
         match self.fetch_key(hash).await {
             Ok(Some(record)) => {
-                self.api_keys
-                    .write()
-                    .expect("key cache lock")
-                    .insert(hash.to_string(), KeyEntry::Known(Arc::new(record)));
+                self.api_keys.write().insert(hash.to_string(), KeyEntry::Known(Arc::new(record)));
             }
             Ok(None) => {
-                self.api_keys.write().expect("key cache lock").remove(hash);
+                self.api_keys.write().remove(hash);
             }
             Err(err) => tracing::debug!(error = %err, "key refresh failed; serving the cached one"),
         }
@@ -249,7 +245,6 @@ impl Caches {
         let keys: Vec<String> = self
             .api_keys
             .read()
-            .expect("key cache lock")
             .iter()
             .filter(|(_, e)| matches!(e, KeyEntry::Known(_)))
             .map(|(k, _)| k.clone())
@@ -257,7 +252,7 @@ impl Caches {
         for hash in keys {
             self.refresh_key(&hash).await;
         }
-        let tenants: Vec<String> = self.tenants.read().expect("tenant cache lock").keys().cloned().collect();
+        let tenants: Vec<String> = self.tenants.read().keys().cloned().collect();
         for tenant in tenants {
             self.refresh_tenant(&tenant, None).await;
             self.refresh_spend(&tenant).await;
@@ -269,7 +264,7 @@ impl Caches {
             ConfigMessage::Tenant { tenant, version } => self.refresh_tenant(&tenant, Some(version)).await,
             ConfigMessage::Reset { .. } => {}
             ConfigMessage::Key { key_hash } => {
-                let cached = self.api_keys.read().expect("key cache lock").contains_key(&key_hash);
+                let cached = self.api_keys.read().contains_key(&key_hash);
                 if cached {
                     self.refresh_key(&key_hash).await;
                 }
@@ -279,7 +274,7 @@ impl Caches {
 
     /// The monthly budget of a cached route in micro-USD (0: none), for budget alerts.
     pub fn route_budget_micros(&self, tenant: &str, route: &str) -> i64 {
-        match self.tenants.read().expect("tenant cache lock").get(tenant) {
+        match self.tenants.read().get(tenant) {
             Some(TenantEntry::Loaded(config)) => config
                 .snapshot
                 .routes
@@ -293,7 +288,7 @@ impl Caches {
 
     /// `published_at` of every cached snapshot, by tenant (for the snapshot-age gauge).
     pub fn snapshot_times(&self) -> Vec<(String, i64)> {
-        let tenants = self.tenants.read().expect("tenant cache lock");
+        let tenants = self.tenants.read();
         tenants
             .iter()
             .filter_map(|(tenant, entry)| match entry {

@@ -73,6 +73,10 @@ pub const POOL_IDLE: Duration = Duration::from_secs(4);
 
 type Upstream<R> = Client<HttpsConnector<HttpConnector<R>>, Full<Bytes>>;
 
+#[allow(
+    clippy::expect_used,
+    reason = "startup (the app factory): without a platform certificate store no TLS provider can be called at all"
+)]
 fn client<R>(resolver: R) -> Upstream<R>
 where
     R: tower_service::Service<Name> + Clone + Send + Sync + 'static,

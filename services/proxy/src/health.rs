@@ -4,8 +4,8 @@
 //! Opening a circuit queues a `gateway_target_down` event (at most one per target per 10
 //! minutes per process); a background task writes it to the `gw_events` stream.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -76,7 +76,7 @@ impl Health {
     /// EWMA of those measured.
     pub fn view(&self, tenant: &str, ids: &[String]) -> View {
         let now = self.now();
-        let targets = self.targets.lock().expect("health lock");
+        let targets = self.targets.lock();
         let mut view = View::default();
         for id in ids {
             if let Some(health) = targets.get(&(tenant.to_string(), id.clone())) {
@@ -97,16 +97,14 @@ impl Health {
     /// Parks `target` after an exhaustion answer (ROUTING.md "Exhaustion cooldown").
     pub fn park(&self, tenant: &str, target: &str, hint_ms: Option<u64>) {
         let now = self.now();
-        let mut targets = self.targets.lock().expect("health lock");
+        let mut targets = self.targets.lock();
         targets.entry((tenant.to_string(), target.to_string())).or_default().cooldown.park(now, hint_ms);
         tracing::info!(tenant, target, hint_ms, "target parked as exhausted");
     }
 
     /// An operator's reset (`POST …/targets/{id}/reset`): clears the cooldown and the breaker.
     pub fn reset(&self, tenant: &str, target: &str) {
-        if let Some(health) =
-            self.targets.lock().expect("health lock").get_mut(&(tenant.to_string(), target.to_string()))
-        {
+        if let Some(health) = self.targets.lock().get_mut(&(tenant.to_string(), target.to_string())) {
             health.cooldown.clear();
             health.breaker.success();
         }
@@ -115,19 +113,11 @@ impl Health {
     /// Asks the breaker to call `target` now.
     pub fn acquire(&self, tenant: &str, target: &str) -> Permit {
         let now = self.now();
-        self.targets
-            .lock()
-            .expect("health lock")
-            .entry((tenant.to_string(), target.to_string()))
-            .or_default()
-            .breaker
-            .acquire(now)
+        self.targets.lock().entry((tenant.to_string(), target.to_string())).or_default().breaker.acquire(now)
     }
 
     pub fn release(&self, tenant: &str, target: &str, permit: Permit) {
-        if let Some(health) =
-            self.targets.lock().expect("health lock").get_mut(&(tenant.to_string(), target.to_string()))
-        {
+        if let Some(health) = self.targets.lock().get_mut(&(tenant.to_string(), target.to_string())) {
             health.breaker.release(permit);
         }
     }
@@ -135,7 +125,7 @@ impl Health {
     /// Records an attempt's outcome; `ms` feeds the latency EWMA on success.
     pub fn record(&self, tenant: &str, target: &str, permit: Permit, result: Result<(), Class>, ms: u64) {
         let now = self.now();
-        let mut targets = self.targets.lock().expect("health lock");
+        let mut targets = self.targets.lock();
         let health = targets.entry((tenant.to_string(), target.to_string())).or_default();
         match result {
             Ok(()) => {
@@ -176,7 +166,7 @@ impl Health {
     pub fn rows(&self, process: &str) -> BTreeMap<String, Vec<(String, HealthRow)>> {
         let now = self.now();
         let at = unix_now();
-        let targets = self.targets.lock().expect("health lock");
+        let targets = self.targets.lock();
         let mut out: BTreeMap<String, Vec<(String, HealthRow)>> = BTreeMap::new();
         for ((tenant, target), health) in targets.iter() {
             let state = health.breaker.state(now);

@@ -38,6 +38,10 @@ const LATENCY_BUCKETS: [f64; 14] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0];
 
 impl Metrics {
+    #[allow(
+        clippy::expect_used,
+        reason = "startup: static metric definitions registered once; a bad one fails every test"
+    )]
     pub fn new(tenant_labels: bool) -> Metrics {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {

@@ -3,8 +3,8 @@
 //! Capped at 10,000 rows (seed §7): past that the oldest row is dropped and counted. A flush
 //! that fails puts its rows back, so Redis being away delays usage but does not lose it.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
 use shield_core::run::Attempt;
 use shield_core::usage::UsageRow;
@@ -51,14 +51,14 @@ impl Rows {
             return;
         }
         // Keys are cloned only for a (tenant, route) not seen since the last flush.
-        if !self.spend.contains_key(tenant) {
-            self.spend.insert(tenant.clone(), HashMap::new());
-        }
-        let routes = self.spend.get_mut(tenant).expect("inserted above");
-        if !routes.contains_key(route) {
-            routes.insert(route.clone(), (month.to_string(), 0));
-        }
-        let entry = routes.get_mut(route).expect("inserted above");
+        let routes = match self.spend.get_mut(tenant) {
+            Some(routes) => routes,
+            None => self.spend.entry(tenant.clone()).or_default(),
+        };
+        let entry = match routes.get_mut(route) {
+            Some(entry) => entry,
+            None => routes.entry(route.clone()).or_insert_with(|| (month.to_string(), 0)),
+        };
         if entry.0 != month {
             *entry = (month.to_string(), 0);
         }
@@ -93,7 +93,7 @@ impl UsageBuffer {
             row.estimated += u64::from(answer.estimated);
             row.stream_broken += u64::from(answer.stream_broken);
         }
-        let mut guard = self.rows.lock().expect("usage lock");
+        let mut guard = self.rows.lock();
         let state = &mut *guard;
         for (target, row) in rows {
             let key = (tenant.to_string(), day.clone(), route.to_string(), target.to_string());
@@ -117,7 +117,7 @@ impl UsageBuffer {
 
     /// Takes every row for a flush.
     pub fn take(&self) -> BTreeMap<RowKey, UsageRow> {
-        let mut guard = self.rows.lock().expect("usage lock");
+        let mut guard = self.rows.lock();
         guard.order.clear();
         guard.spend.clear();
         std::mem::take(&mut guard.map)
@@ -126,7 +126,7 @@ impl UsageBuffer {
     /// Puts rows back after a failed flush (merged with what arrived meanwhile).
     pub fn restore(&self, rows: BTreeMap<RowKey, UsageRow>) {
         let today = today();
-        let mut guard = self.rows.lock().expect("usage lock");
+        let mut guard = self.rows.lock();
         let state = &mut *guard;
         for (key, row) in rows {
             let cost = row.cost_micros;
@@ -147,7 +147,7 @@ impl UsageBuffer {
     /// budget decisions).
     pub fn unflushed_spend(&self, tenant: &str, route: &str) -> i64 {
         let month = today();
-        let guard = self.rows.lock().expect("usage lock");
+        let guard = self.rows.lock();
         match guard.spend.get(tenant).and_then(|routes| routes.get(route)) {
             Some((m, micros)) if m.as_str() == &month[..6] => *micros,
             _ => 0,
@@ -199,6 +199,21 @@ mod tests {
     }
 
     #[test]
+    fn a_panic_while_the_lock_is_held_does_not_poison_the_buffer() {
+        // Issue 14: with std's Mutex and `.expect("lock")`, every later request would panic.
+        let buffer = std::sync::Arc::new(UsageBuffer::default());
+        let holder = buffer.clone();
+        let crashed = std::thread::spawn(move || {
+            let _guard = holder.rows.lock();
+            panic!("a bug while recording");
+        })
+        .join();
+        assert!(crashed.is_err(), "the thread panicked with the lock held");
+        buffer.record("t", "smart", &[attempt("a", true)], None);
+        assert_eq!(buffer.take().len(), 1, "the buffer still records and flushes");
+    }
+
+    #[test]
     fn the_buffer_is_capped_and_counts_what_it_drops() {
         let buffer = UsageBuffer::default();
         for i in 0..MAX_ROWS + 5 {
@@ -246,7 +261,7 @@ mod tests {
                     2 => taken = buffer.take(),
                     _ => buffer.restore(std::mem::take(&mut taken)),
                 }
-                let rows = buffer.rows.lock().unwrap().map.clone();
+                let rows = buffer.rows.lock().map.clone();
                 for t in ["t1", "t2", "t3"] {
                     for r in ["a", "b", "c"] {
                         proptest::prop_assert_eq!(buffer.unflushed_spend(t, r), scanned_spend(&rows, t, r));

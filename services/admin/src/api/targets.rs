@@ -114,6 +114,7 @@ pub async fn delete(state: State, principal: Principal, id: web::Path<String>) -
 #[utoipa::path(post, path = "/v1/tenant/me/gateway/targets/{id}/reset", tag = "targets", security(("bearer" = ["config:write"])),
     params(("id" = String, Path)), responses((status = 202, description = "announced to the proxies"), (status = 404), (status = 503)))]
 #[post("/v1/tenant/me/gateway/targets/{id}/reset")]
+#[allow(clippy::expect_used, reason = "serialising a derived struct of strings cannot fail")]
 pub async fn reset(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
     let id = id.into_inner();
     let tenant = principal.tenant(&state, Scope::ConfigWrite).await?;

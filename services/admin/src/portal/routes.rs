@@ -140,6 +140,7 @@ struct RouteForm {
     problems: Problems,
 }
 
+#[allow(clippy::expect_used, reason = "serialising a JSON value cannot fail")]
 pub async fn new(
     req: HttpRequest,
     state: web::Data<AdminState>,

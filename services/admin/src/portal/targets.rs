@@ -215,6 +215,7 @@ async fn form_page(
     Ok(render(status, &page.ctx, &page))
 }
 
+#[allow(clippy::expect_used, reason = "serialising a JSON value cannot fail")]
 pub async fn save(
     req: HttpRequest,
     state: web::Data<AdminState>,
