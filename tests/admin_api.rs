@@ -441,6 +441,29 @@ async fn unknown_paths_and_docs() {
     assert!(body["paths"]["/v1/tenant/me/gateway/targets/{id}"].is_object());
     let (status, _) = admin.call(Method::GET, "/docs/", None, None).await;
     assert_eq!(status, StatusCode::OK);
+    // API.md: "a browsable UI at /docs" — the bare path redirects to Swagger UI's own.
+    let plain = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let docs = plain.get(format!("{}/docs", admin.url)).send().await.unwrap();
+    assert_eq!(
+        (docs.status(), docs.headers()["location"].to_str().unwrap()),
+        (StatusCode::PERMANENT_REDIRECT, "/docs/")
+    );
+    let followed = reqwest::get(format!("{}/docs", admin.url)).await.unwrap();
+    assert_eq!(followed.status(), StatusCode::OK);
+    assert!(followed.text().await.unwrap().contains("swagger-ui"), "/docs lands on the API browser");
+    for portal in ["/portal", "/portal/"] {
+        let home = plain.get(format!("{}{portal}", admin.url)).send().await.unwrap();
+        assert_eq!(
+            (home.status(), home.headers()["location"].to_str().unwrap()),
+            (StatusCode::SEE_OTHER, "/portal/login"),
+            "{portal}"
+        );
+    }
+    let (status, index) = admin.call(Method::GET, "/", None, None).await;
+    assert_eq!(
+        (status, index["portal"].clone(), index["docs"].clone()),
+        (StatusCode::OK, json!("/portal"), json!("/docs/"))
+    );
     assert_eq!(admin.call(Method::GET, "/healthz", None, None).await.0, StatusCode::OK);
     assert_eq!(admin.call(Method::GET, "/readyz", None, None).await.0, StatusCode::OK);
     let metrics = admin.client_text("/metrics").await;

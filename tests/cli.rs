@@ -240,6 +240,17 @@ async fn up_demo_seeds_a_working_tenant_and_is_idempotent() {
             text.contains("API key").then_some(text)
         })
         .await;
+        // Every address the banner prints answers (issue 14: `/docs` and the bare roots were 404).
+        let printed: Vec<String> = banner
+            .split(|c: char| c.is_whitespace() || c == '(' || c == ')' || c == '\'')
+            .filter(|w| w.starts_with("http://") && !w.contains("/v1/"))
+            .map(str::to_string)
+            .collect();
+        assert!(printed.len() >= 5, "portal, admin, docs, proxy and mock are printed: {printed:?}");
+        for url in &printed {
+            let response = reqwest::get(url).await.unwrap();
+            assert!(response.status().is_success(), "{url} answers {}", response.status());
+        }
         let key = banner_value(&banner, "API key").unwrap();
         let login = banner_value(&banner, "login").unwrap();
         let (email, password) = login.split_once(" / ").unwrap();

@@ -221,6 +221,13 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     if req.path() == "/healthz" {
         return HttpResponse::Ok().json(json!({"status": "ok"}));
     }
+    if req.path() == "/" {
+        return HttpResponse::Ok().json(json!({
+            "service": "shield mock LLM",
+            "endpoints": ["/v1/chat/completions", "/mock/{directives}/v1/chat/completions"],
+            "inspect": ["/_mock/requests?id=TAG", "/_mock/calls?id=TAG", "/_mock/streams?id=TAG"],
+        }));
+    }
     record(&state, &req, &body);
     let (scenario, spec, rest) = split_path(req.path());
     let call = {

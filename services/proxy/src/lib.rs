@@ -93,6 +93,17 @@ impl ProxyState {
     }
 }
 
+/// What this service is (the address `shield up` prints); callers use `/v1/...`.
+#[get("/")]
+async fn index() -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "service": "shield-proxy",
+        "endpoints": ["/v1/chat/completions", "/v1/shield/chat/completions", "/v1/models"],
+        "health": ["/healthz", "/readyz"],
+        "metrics": "/metrics",
+    }))
+}
+
 #[get("/healthz")]
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
@@ -154,6 +165,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(chat::chat_completions)
         .service(native::chat)
         .service(models::list)
+        .service(index)
         .service(healthz)
         .service(readyz)
         .service(metrics_text)

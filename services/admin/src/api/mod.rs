@@ -46,6 +46,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::QueryConfig::default()
                 .error_handler(|err, _| ApiError::BadRequest(format!("bad query: {err}")).into()),
         )
+        .service(ops::index)
+        .service(ops::docs)
         .service(ops::healthz)
         .service(ops::readyz)
         .service(ops::metrics)

@@ -6,6 +6,24 @@ use utoipa::OpenApi;
 
 use super::State;
 
+/// What this service is and where to go from here (the address `shield up` prints).
+#[get("/")]
+pub async fn index() -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "service": "shield-admin",
+        "portal": "/portal",
+        "docs": "/docs/",
+        "openapi": "/openapi.json",
+        "health": ["/healthz", "/readyz"],
+    }))
+}
+
+/// API.md promises the browser at `/docs`; Swagger UI serves it under `/docs/`.
+#[get("/docs")]
+pub async fn docs() -> HttpResponse {
+    HttpResponse::PermanentRedirect().insert_header(("location", "/docs/")).finish()
+}
+
 /// The process is alive.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
 #[get("/healthz")]
