@@ -47,6 +47,45 @@ async fn a_quota_answer_parks_the_target_until_reset() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+/// Issue 14: `402` is opt-in (the default `on` does not rescue a route from it) and a 429 whose
+/// body says the quota is spent follows `429`; either way the target is parked.
+#[tokio::test]
+async fn payment_required_is_opt_in_and_a_spent_quota_follows_429() {
+    let stack = Stack::start().await;
+    stack.mock_target("credits", "status:402", json!({})).await;
+    stack.mock_target("quota", "status:429;err:insufficient_quota", json!({})).await;
+    stack.mock_target("backup-a", "", json!({})).await;
+    stack.mock_target("backup-b", "", json!({})).await;
+    stack.put_route("default-on", json!({"targets": ["credits", "backup-a"]})).await;
+    stack
+        .put_route(
+            "no-429",
+            json!({"targets": ["quota", "backup-b"], "failover": {"on": ["timeout", "connect", "5xx", "402"]}}),
+        )
+        .await;
+    let (key, _) = stack.key(None).await;
+    for (route, failed, status) in [("default-on", "credits", 402), ("no-429", "quota", 429)] {
+        let (code, _, body) = stack.chat(&key, chat_body(route), &[]).await;
+        assert_eq!(code, StatusCode::BAD_GATEWAY, "{route}: not rescued: {body}");
+        assert_eq!(body["error"]["code"], "ineligible_failure", "{route}: {body}");
+        let attempts = body["error"]["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 1, "{route}: {body}");
+        assert_eq!(
+            (attempts[0]["target"].as_str(), attempts[0]["class"].as_str()),
+            (Some(failed), Some("quota_exhausted"))
+        );
+        assert_eq!(attempts[0]["status"], status);
+        // Parked regardless: the next call skips it and the backup answers.
+        let (code, headers, body) = stack.chat(&key, chat_body(route), &[]).await;
+        assert_eq!(code, StatusCode::OK, "{route}: {body}");
+        assert_eq!(body["x_shield"]["routing"]["excluded"], json!([{"target": failed, "reason": "exhausted"}]));
+        assert_eq!(headers["x-shield-failovers"], "0");
+        assert_eq!(stack.received(failed).await.len(), 1, "{route}: parked, not called again");
+    }
+    assert_eq!(stack.received("backup-a").await.len(), 1);
+    assert_eq!(stack.received("backup-b").await.len(), 1);
+}
+
 #[tokio::test]
 async fn payment_required_fails_over_and_auth_errors_do_not() {
     let stack = Stack::start().await;

@@ -2,18 +2,22 @@
 //! does about it. The classifier reads status, headers' meaning and the provider's error body;
 //! it never sees a secret.
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use crate::route::FailoverOn;
 
 /// ROUTING.md "Failure classes". `Ok` is not a failure; every other variant is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Class {
     Timeout,
     Connect,
     RateLimited,
+    /// A 429 (or a stream's error event) whose body says the quota is spent: governed by `429`.
     QuotaExhausted,
+    /// A 402, credit spent (seed 002): governed by the opt-in `402` alone. ROUTING.md names one
+    /// class, `quota_exhausted`, for both; they differ only in which `failover.on` entry
+    /// lets the run move on, so both carry that label.
+    CreditExhausted,
     ServerError,
     BadResponse,
     CredentialUnavailable,
@@ -28,7 +32,7 @@ impl Class {
             Class::Timeout => "timeout",
             Class::Connect => "connect",
             Class::RateLimited => "rate_limited",
-            Class::QuotaExhausted => "quota_exhausted",
+            Class::QuotaExhausted | Class::CreditExhausted => "quota_exhausted",
             Class::ServerError => "server_error",
             Class::BadResponse => "bad_response",
             Class::CredentialUnavailable => "credential_unavailable",
@@ -45,7 +49,9 @@ impl Class {
             Class::Timeout => listed(FailoverOn::Timeout),
             Class::Connect => listed(FailoverOn::Connect),
             Class::RateLimited => listed(FailoverOn::RateLimited),
-            Class::QuotaExhausted => listed(FailoverOn::RateLimited) || listed(FailoverOn::PaymentRequired),
+            Class::QuotaExhausted => listed(FailoverOn::RateLimited),
+            // Opt-in: the default `on` does not rescue a route from a 402 (ROUTING.md).
+            Class::CreditExhausted => listed(FailoverOn::PaymentRequired),
             Class::ServerError => listed(FailoverOn::ServerError),
             // A 2xx that is not a completion, or a failure detected before sending: always
             // move on (ROUTING.md).
@@ -57,9 +63,26 @@ impl Class {
         }
     }
 
+    /// Whether the target is parked as `exhausted` after this failure (ROUTING.md "Exhaustion
+    /// cooldown"), whether or not the run moves on: a rate limit only when it says when it
+    /// resets.
+    pub fn parks(self, has_reset_hint: bool) -> bool {
+        match self {
+            Class::QuotaExhausted | Class::CreditExhausted => true,
+            Class::RateLimited => has_reset_hint,
+            _ => false,
+        }
+    }
+
     /// Whether the failure counts against the target's circuit breaker.
     pub fn is_breaker_failure(self) -> bool {
         !matches!(self, Class::ContextLength | Class::ClientError)
+    }
+}
+
+impl Serialize for Class {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -69,7 +92,7 @@ pub fn classify_status(status: u16, body: &[u8]) -> Class {
     let code = error_code(body);
     let says = |needle: &str| code.as_deref().is_some_and(|c| c.contains(needle));
     match status {
-        402 => Class::QuotaExhausted,
+        402 => Class::CreditExhausted,
         429 if says("insufficient_quota") || says("quota") => Class::QuotaExhausted,
         429 => Class::RateLimited,
         400 | 413 | 422 if says("context_length") || says("maximum context") || says("too many tokens") => {
@@ -137,7 +160,7 @@ mod tests {
             (429, openai_quota, Class::QuotaExhausted),
             (429, openai_rate, Class::RateLimited),
             (429, b"slow down", Class::RateLimited),
-            (402, openrouter_credits, Class::QuotaExhausted),
+            (402, openrouter_credits, Class::CreditExhausted),
             (400, openai_context, Class::ContextLength),
             (400, azure_context, Class::ContextLength),
             (400, vllm_context, Class::ContextLength),
@@ -162,8 +185,35 @@ mod tests {
         assert!(!Class::ClientError.fails_over(&default));
         assert!(Class::BadResponse.fails_over(&[]));
         assert!(!Class::ServerError.fails_over(&[FailoverOn::Timeout]));
-        assert!(Class::QuotaExhausted.fails_over(&[FailoverOn::PaymentRequired]));
         assert!(Class::ContextLength.fails_over(&[FailoverOn::ContextLength]));
+    }
+
+    /// Issue 14: {402, 429-quota} × {default on, on with 402, on without 429}.
+    #[test]
+    fn payment_required_is_opt_in_and_quota_follows_429() {
+        use FailoverOn::*;
+        let default = crate::route::Failover::default().on;
+        let with_402: Vec<FailoverOn> = default.iter().copied().chain([PaymentRequired]).collect();
+        let without_429 = vec![Timeout, Connect, ServerError, PaymentRequired];
+        let credit = classify_status(402, br#"{"error":{"code":402,"message":"Insufficient credits"}}"#);
+        let quota = classify_status(429, br#"{"error":{"code":"insufficient_quota"}}"#);
+        let table = [
+            (credit, &default, false),
+            (credit, &with_402, true),
+            (credit, &without_429, true),
+            (quota, &default, true),
+            (quota, &with_402, true),
+            (quota, &without_429, false),
+        ];
+        for (class, on, moves_on) in table {
+            assert_eq!(class.fails_over(on), moves_on, "{class:?} with on = {on:?}");
+            // Parking is independent of failing over: both park, listed or not.
+            assert!(class.parks(false), "{class:?} parks the target");
+            assert_eq!(class.as_str(), "quota_exhausted");
+        }
+        assert!(!Class::RateLimited.parks(false) && Class::RateLimited.parks(true));
+        assert_eq!(serde_json::to_value(Class::CreditExhausted).unwrap(), "quota_exhausted");
+        assert_eq!(serde_json::to_value(Class::ServerError).unwrap(), "server_error");
     }
 
     #[test]

@@ -134,11 +134,8 @@ where
                 health.record(tenant, &id, permit, Err(failure.class), ms);
                 // Seed 002: proven exhaustion (or a rate limit that says when it resets) parks
                 // the target instead of letting every request hammer it.
-                match (failure.class, failure.reset_hint_ms) {
-                    (Class::QuotaExhausted, hint) | (Class::RateLimited, hint @ Some(_)) => {
-                        health.park(tenant, &id, hint)
-                    }
-                    _ => {}
+                if failure.class.parks(failure.reset_hint_ms.is_some()) {
+                    health.park(tenant, &id, failure.reset_hint_ms);
                 }
                 if failure.class == Class::ContextLength {
                     // Only a larger declared window can help (ROUTING.md `context_length`).
