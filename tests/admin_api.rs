@@ -183,6 +183,20 @@ async fn targets_crud_with_validation_naming_fields() {
     assert_eq!((status, body["model"].clone()), (StatusCode::OK, json!("gpt-4o-mini")));
     let (_, body) = admin.get(T, &token).await;
     assert_eq!(body["targets"].as_array().unwrap().len(), 1);
+    // Issue 14: a default bounded by another field follows it; the read shows the effective value.
+    let mut quick = public_target("gpt-4o-mini");
+    quick["timeout_s"] = json!(5);
+    let (status, body) = admin.put(&format!("{T}/quick"), &token, quick.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "timeout_s 5 alone is accepted: {body}");
+    let (_, body) = admin.get(&format!("{T}/quick"), &token).await;
+    assert_eq!((body["timeout_s"].clone(), body["first_byte_timeout_s"].clone()), (json!(5), json!(5)));
+    quick["first_byte_timeout_s"] = json!(6);
+    let (status, body) = admin.put(&format!("{T}/quick"), &token, quick).await;
+    assert_eq!(
+        (status, body["error"]["field"].clone()),
+        (StatusCode::UNPROCESSABLE_ENTITY, json!("first_byte_timeout_s"))
+    );
+    assert_eq!(admin.delete(&format!("{T}/quick"), &token).await.0, StatusCode::NO_CONTENT);
 
     let cases = [
         (json!({"base_url": "ftp://x.example.com", "model": "m"}), "base_url"),

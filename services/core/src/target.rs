@@ -28,8 +28,10 @@ pub struct Target {
     pub allow_private: bool,
     #[serde(default = "defaults::timeout_s")]
     pub timeout_s: u32,
-    #[serde(default = "defaults::first_byte_timeout_s")]
-    pub first_byte_timeout_s: u32,
+    /// Omitted: min(20, `timeout_s`), filled in when the target is stored, so a read shows the
+    /// effective value and a default never contradicts a `timeout_s` the user set (issue 14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_byte_timeout_s: Option<u32>,
     #[serde(default = "defaults::idle_timeout_s")]
     pub idle_timeout_s: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -50,6 +52,19 @@ pub struct Target {
     /// Set by the server; ignored on input.
     #[serde(default)]
     pub updated_by: String,
+}
+
+impl Target {
+    /// How long a streamed attempt may wait for its first event (ROUTING.md streaming).
+    pub fn first_byte_timeout_s(&self) -> u32 {
+        self.first_byte_timeout_s.unwrap_or_else(|| defaults::first_byte_timeout_s(self.timeout_s))
+    }
+
+    /// Whether `first_byte_timeout_s` is what its default would be: an editor that changes
+    /// `timeout_s` without showing it lets it follow (omits it) rather than contradict.
+    pub fn first_byte_follows_timeout(&self) -> bool {
+        self.first_byte_timeout_s() == defaults::first_byte_timeout_s(self.timeout_s)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -144,8 +159,9 @@ pub(crate) mod defaults {
     pub fn timeout_s() -> u32 {
         60
     }
-    pub fn first_byte_timeout_s() -> u32 {
-        20
+    /// 20 s, but never more than the whole call may take (and at least 1 s).
+    pub fn first_byte_timeout_s(timeout_s: u32) -> u32 {
+        timeout_s.clamp(1, 20)
     }
     pub fn idle_timeout_s() -> u32 {
         15

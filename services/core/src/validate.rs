@@ -11,7 +11,7 @@ use crate::guardrails::GUARDRAIL_NAMES;
 use crate::names;
 use crate::profile::{PROFILE_KEYS, Requirement};
 use crate::route::{AtLimit, Route, Strategy};
-use crate::target::{AuthMode, Flavor, SECRET_REF_SCHEME, Target};
+use crate::target::{AuthMode, Flavor, SECRET_REF_SCHEME, Target, defaults};
 use crate::url_safety;
 
 /// The vault as validation sees it: secret name → the hosts it is bound to.
@@ -76,16 +76,21 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
 
     check_auth(&mut p, target, host.as_deref(), secrets);
 
+    // A default bounded by another field follows it; only values the user wrote are compared
+    // (issue 14). `idle_timeout_s` bounds the gaps of a stream after its first event, which
+    // `timeout_s` does not cover, so neither bounds the other.
+    let first_byte_written = target.first_byte_timeout_s.is_some();
+    let first_byte = *target.first_byte_timeout_s.get_or_insert(defaults::first_byte_timeout_s(target.timeout_s));
     for (field, value) in [
         ("timeout_s", target.timeout_s),
-        ("first_byte_timeout_s", target.first_byte_timeout_s),
+        ("first_byte_timeout_s", first_byte),
         ("idle_timeout_s", target.idle_timeout_s),
     ] {
         if !(1..=MAX_TIMEOUT_S).contains(&value) {
             p.push(field, format!("must be between 1 and {MAX_TIMEOUT_S} seconds"));
         }
     }
-    if target.first_byte_timeout_s > target.timeout_s {
+    if first_byte_written && first_byte > target.timeout_s {
         p.push("first_byte_timeout_s", "must not exceed timeout_s");
     }
 

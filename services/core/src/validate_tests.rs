@@ -45,9 +45,43 @@ fn a_good_target_passes_and_gets_defaults() {
     let mut t: Target = from_json(base_target().to_string().as_bytes()).unwrap();
     validate_target("openai-4o", &mut t, &secrets()).unwrap();
     assert_eq!(t.id, "openai-4o");
-    assert_eq!((t.timeout_s, t.first_byte_timeout_s, t.idle_timeout_s), (60, 20, 15));
+    assert_eq!((t.timeout_s, t.first_byte_timeout_s, t.idle_timeout_s), (60, Some(20), 15));
     assert_eq!(t.auth.header, "Authorization");
     assert!(t.enabled);
+}
+
+/// Issue 14: a default bounded by another field follows what the user set there, and only
+/// what the user wrote is reported.
+#[test]
+fn defaults_never_contradict_what_the_user_set() {
+    let stored = |patch: Value| -> Result<Target, Vec<String>> {
+        let mut t: Target = from_json(with(base_target(), patch).to_string().as_bytes()).unwrap();
+        match validate_target("openai-4o", &mut t, &secrets()) {
+            Ok(()) => Ok(t),
+            Err(errors) => Err(errors.into_iter().map(|e| format!("{}: {}", e.field, e.message)).collect()),
+        }
+    };
+    // first_byte_timeout_s: min(20, timeout_s) when omitted, stored so reads show it.
+    let t = stored(json!({"timeout_s": 5})).unwrap();
+    assert_eq!((t.timeout_s, t.first_byte_timeout_s, t.first_byte_timeout_s()), (5, Some(5), 5));
+    assert_eq!(serde_json::to_value(&t).unwrap()["first_byte_timeout_s"], 5, "the effective value is stored");
+    assert_eq!(stored(json!({"timeout_s": 300})).unwrap().first_byte_timeout_s, Some(20));
+    assert_eq!(stored(json!({"timeout_s": 1})).unwrap().first_byte_timeout_s, Some(1));
+    // Written by the user and contradictory: reported, naming the field.
+    assert_eq!(
+        stored(json!({"timeout_s": 5, "first_byte_timeout_s": 6})).unwrap_err(),
+        vec!["first_byte_timeout_s: must not exceed timeout_s"]
+    );
+    // A bad timeout_s is reported once, on itself, not on the default derived from it.
+    assert_eq!(stored(json!({"timeout_s": 0})).unwrap_err(), vec!["timeout_s: must be between 1 and 600 seconds"]);
+    assert_eq!(stored(json!({"timeout_s": 601})).unwrap_err(), vec!["timeout_s: must be between 1 and 600 seconds"]);
+    // idle_timeout_s bounds a stream's gaps after its first event, which timeout_s does not
+    // cover: its default stands beside any timeout_s, and so does a value the user wrote.
+    assert_eq!(stored(json!({"timeout_s": 5})).unwrap().idle_timeout_s, 15);
+    assert_eq!(stored(json!({"timeout_s": 5, "idle_timeout_s": 60})).unwrap().idle_timeout_s, 60);
+    // A target read back (first_byte present) stores unchanged.
+    let again = stored(serde_json::to_value(stored(json!({"timeout_s": 5})).unwrap()).unwrap()).unwrap();
+    assert_eq!(again.first_byte_timeout_s, Some(5));
 }
 
 #[test]
@@ -194,6 +228,33 @@ fn route_fields(body: &Value) -> Vec<String> {
             Err(errors) => errors.into_iter().map(|e| e.field).collect(),
         },
     }
+}
+
+/// Issue 14, routes: the defaults bounded by other fields stand beside any value the user set
+/// there. `deadline_s` caps each attempt at what remains (a target's longer `timeout_s` is cut
+/// short, not refused); `max_attempts` caps tries over the eligible set, which may be smaller.
+#[test]
+fn route_defaults_never_contradict_the_targets() {
+    let mut slow = targets();
+    for t in slow.values_mut() {
+        t.timeout_s = 600;
+    }
+    let check = |body: Value, targets: &BTreeMap<String, Target>| -> Result<Route, Vec<String>> {
+        let mut r: Route = from_json(body.to_string().as_bytes()).unwrap();
+        validate_route("smart", &mut r, targets).map(|()| r).map_err(|e| e.into_iter().map(|e| e.field).collect())
+    };
+    let r = check(json!({"targets": ["openai-4o", "azure-4o"]}), &slow).unwrap();
+    assert_eq!(r.failover.deadline_s, 120, "the default deadline stands beside 600 s target timeouts");
+    let r = check(json!({"targets": ["openai-4o"]}), &targets()).unwrap();
+    assert_eq!(r.failover.max_attempts, 3, "three attempts over one target: the run stops when none is left");
+    let r = check(json!({"targets": ["openai-4o"], "failover": {"max_attempts": 10, "deadline_s": 1}}), &slow);
+    assert!(r.is_ok(), "values the user wrote are not compared with other objects' fields: {r:?}");
+    let r = check(json!({"targets": ["openai-4o"], "failover": {"deadline_s": 30}}), &targets()).unwrap();
+    assert_eq!(
+        (r.failover.max_attempts, r.failover.deadline_s),
+        (3, 30),
+        "a written deadline keeps the default attempts"
+    );
 }
 
 #[test]

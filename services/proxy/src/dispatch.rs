@@ -245,7 +245,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
     let mut rng = rand::rng();
     let outcome = attempts(&call, health, &mut rng, |target, remaining| {
         let request = prepare(&call, target, true);
-        let first_byte = remaining.min(Duration::from_secs(u64::from(target.first_byte_timeout_s)));
+        let first_byte = remaining.min(Duration::from_secs(u64::from(target.first_byte_timeout_s())));
         async move {
             let (url, headers, body) = request?;
             egress

@@ -271,6 +271,11 @@ fn target_json(v: &TargetValues, stored: Option<&Target>) -> (Value, Problems) {
     };
     body.remove("updated_at");
     body.remove("updated_by");
+    // The form shows timeout_s but not first_byte_timeout_s: a default stays a default, so a
+    // shorter timeout_s takes it along instead of tripping over it (issue 14).
+    if stored.is_some_and(Target::first_byte_follows_timeout) {
+        body.remove("first_byte_timeout_s");
+    }
     body.insert("id".into(), json!(v.id));
     body.insert("name".into(), json!(v.name));
     body.insert("base_url".into(), json!(v.base_url));
@@ -351,6 +356,21 @@ mod tests {
         assert_eq!(body["extra_body"]["provider"]["order"][0], "x");
         assert_eq!(body["model"], "m");
         assert!(body.get("price").is_none(), "both prices emptied → unpriced");
+    }
+
+    #[test]
+    fn a_default_first_byte_timeout_follows_a_shorter_timeout() {
+        let stored = |first_byte: u32| -> Target {
+            serde_json::from_value(json!({"id": "a", "base_url": "https://x.example.com", "model": "m",
+                "timeout_s": 60, "first_byte_timeout_s": first_byte}))
+            .unwrap()
+        };
+        let mut v = values();
+        v.timeout_s = "5".into();
+        let (body, _) = target_json(&v, Some(&stored(20)));
+        assert!(body.get("first_byte_timeout_s").is_none(), "the default (20 for 60 s) follows: {body}");
+        let (body, _) = target_json(&v, Some(&stored(7)));
+        assert_eq!(body["first_byte_timeout_s"], 7, "a value someone chose is kept (and checked by the API)");
     }
 
     #[test]
