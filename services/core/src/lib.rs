@@ -18,6 +18,7 @@ pub mod output_guard;
 pub mod parse;
 pub mod plan;
 pub mod profile;
+pub mod records;
 pub mod route;
 pub mod run;
 pub mod snapshot;

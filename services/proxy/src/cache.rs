@@ -152,9 +152,10 @@ impl Caches {
             let mut conn = self.redis.get().await.ok()?;
             redis::cmd("HGETALL")
                 .arg(self.redis_keys.spend(tenant, &month))
-                .query_async::<HashMap<String, i64>>(&mut *conn)
+                .query_async::<Vec<(String, String)>>(&mut *conn)
                 .await
                 .ok()
+                .map(shield_core::records::spend::decode)
         };
         if let Ok(Some(routes)) = tokio::time::timeout(STORE_TIMEOUT, read).await {
             self.spend.write().insert(tenant.to_string(), (month, routes));

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use shield_core::keys::RedisKeys;
+use shield_core::records;
 
 use crate::health::{Health, TargetDown};
 
@@ -80,7 +81,7 @@ pub async fn flush_health(health: &Health, redis: &deadpool_redis::Pool, keys: &
     for (tenant, targets) in rows {
         let key = keys.health(&tenant);
         for (target, row) in targets {
-            pipe.hset(&key, format!("{target}|{process}"), serde_json::to_string(&row).unwrap_or_default()).ignore();
+            pipe.hset(&key, records::health::field(&target, &process), row.encode()).ignore();
         }
         pipe.expire(&key, HEALTH_TTL_S).ignore();
     }
@@ -126,41 +127,6 @@ pub async fn write_event_of(
         .map_err(|e| e.to_string())
 }
 
-/// Merges one tenant's usage rows into `gw_usage` (JSON counters per `route|target`), adds the
-/// cost to `gw_spend`, and for every route whose month total reached its budget claims the
-/// month's alert with HSETNX, in one script: atomic per tenant, so processes flushing at the
-/// same time never lose an increment and exactly one of them wins an alert. All keys carry
-/// the tenant's hash tag, so the script stays in one Redis Cluster slot.
-const MERGE_USAGE: &str = r#"
-local args = cjson.decode(ARGV[1])
-local names = {"calls","ok","errors","failovers_from","input_tokens","output_tokens","cost_micros","latency_ms_sum","estimated","stream_broken"}
-for _, u in ipairs(args.usage) do
-  local key = KEYS[u[1]]
-  local current = redis.call('HGET', key, u[2])
-  local decoded = {}
-  if current then decoded = cjson.decode(current) end
-  local parts = {}
-  for i, name in ipairs(names) do
-    parts[#parts + 1] = string.format('"%s":%.0f', name, (tonumber(decoded[name]) or 0) + u[3][i])
-  end
-  redis.call('HSET', key, u[2], '{' .. table.concat(parts, ',') .. '}')
-  redis.call('EXPIRE', key, args.usage_ttl)
-end
-local winners = {}
-for _, s in ipairs(args.spend) do
-  local key = KEYS[s[1]]
-  local total = redis.call('HINCRBY', key, s[2], string.format('%.0f', s[3]))
-  redis.call('EXPIRE', key, args.spend_ttl)
-  if s[4] > 0 and total >= s[4] then
-    if redis.call('HSETNX', KEYS[s[5]], s[2], args.now) == 1 then
-      redis.call('EXPIRE', KEYS[s[5]], args.spend_ttl)
-      winners[#winners + 1] = {s[2], tostring(total), s[6]}
-    end
-  end
-end
-return winners
-"#;
-
 const USAGE_TTL_S: i64 = 95 * 24 * 3600;
 const SPEND_TTL_S: i64 = 400 * 24 * 3600;
 
@@ -182,7 +148,7 @@ pub async fn flush_usage(
     for (key, row) in rows {
         by_tenant.entry(key.0.clone()).or_default().insert(key, row);
     }
-    let script = redis::Script::new(MERGE_USAGE);
+    let script = redis::Script::new(&records::usage::merge_script());
     let mut conn = match redis.get().await {
         Ok(conn) => conn,
         Err(err) => {
@@ -204,10 +170,8 @@ pub async fn flush_usage(
         let mut usage = Vec::new();
         let mut spend: BTreeMap<(String, String), i64> = BTreeMap::new();
         for ((_, day, route, target), row) in &rows {
-            let counters = [row.calls, row.ok, row.errors, row.failovers_from, row.input_tokens, row.output_tokens];
-            let mut values: Vec<i64> = counters.iter().map(|v| *v as i64).collect();
-            values.extend([row.cost_micros, row.latency_ms_sum as i64, row.estimated as i64, row.stream_broken as i64]);
-            usage.push(json!([index(keys.usage(&tenant, day)), format!("{route}|{target}"), values]));
+            let counters = records::usage::counters(row);
+            usage.push(json!([index(keys.usage(&tenant, day)), records::usage::field(route, target), counters]));
             *spend.entry((day[..6].to_string(), route.clone())).or_default() += row.cost_micros;
         }
         let spend: Vec<serde_json::Value> = spend

@@ -8,10 +8,10 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
-use serde::Serialize;
 use shield_core::breaker::{Breaker, Cooldown, Permit};
 use shield_core::outcome::Class;
 use shield_core::plan::Ewma;
+use shield_core::records::health::HealthRecord;
 
 #[derive(Default)]
 struct TargetHealth {
@@ -30,17 +30,6 @@ pub struct View {
     pub circuit_open: BTreeSet<String>,
     pub exhausted: BTreeSet<String>,
     pub latency_ms: BTreeMap<String, f64>,
-}
-
-/// One row of `gw_health:{tenant}`.
-#[derive(Debug, Clone, Serialize)]
-pub struct HealthRow {
-    pub state: &'static str,
-    pub failures: usize,
-    pub last_error: Option<&'static str>,
-    pub last_ok_at: Option<i64>,
-    pub at: i64,
-    pub process: String,
 }
 
 /// `gateway_target_down`, to be written to `gw_events`.
@@ -163,21 +152,22 @@ impl Health {
     }
 
     /// Every target this process knows, by tenant, as `gw_health` rows.
-    pub fn rows(&self, process: &str) -> BTreeMap<String, Vec<(String, HealthRow)>> {
+    pub fn rows(&self, process: &str) -> BTreeMap<String, Vec<(String, HealthRecord)>> {
         let now = self.now();
         let at = unix_now();
         let targets = self.targets.lock();
-        let mut out: BTreeMap<String, Vec<(String, HealthRow)>> = BTreeMap::new();
+        let mut out: BTreeMap<String, Vec<(String, HealthRecord)>> = BTreeMap::new();
         for ((tenant, target), health) in targets.iter() {
             let state = health.breaker.state(now);
             let parked = health.cooldown.is_parked(now) && state == shield_core::breaker::State::Closed;
-            let row = HealthRow {
-                state: if parked { "exhausted" } else { state.as_str() },
-                failures: match state {
-                    shield_core::breaker::State::Closed => health.breaker.recent_failures(),
-                    _ => health.failures_at_open,
-                },
-                last_error: health.last_error,
+            let failures = match state {
+                shield_core::breaker::State::Closed => health.breaker.recent_failures(),
+                _ => health.failures_at_open,
+            };
+            let row = HealthRecord {
+                state: if parked { "exhausted" } else { state.as_str() }.to_string(),
+                failures: failures as u64,
+                last_error: health.last_error.map(str::to_string),
                 last_ok_at: health.last_ok_at,
                 at,
                 process: process.to_string(),

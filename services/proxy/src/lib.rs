@@ -125,7 +125,7 @@ async fn readyz(state: web::Data<ProxyState>) -> HttpResponse {
 async fn metrics_text(state: web::Data<ProxyState>) -> HttpResponse {
     for (tenant, rows) in state.health.rows("") {
         for (target, row) in rows {
-            state.metrics.circuit(&tenant, &target, row.state);
+            state.metrics.circuit(&tenant, &target, &row.state);
         }
     }
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);

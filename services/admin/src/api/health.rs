@@ -6,15 +6,16 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
 
+use shield_core::records::health::{self, HealthRecord};
+
 use super::State;
 use crate::AdminState;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
 
-/// One process's view of one target.
+/// One process's view of one target (the API's view of a `gw_health` record).
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TargetHealth {
-    #[serde(default)]
     pub target: String,
     pub process: String,
     /// `closed`, `open` or `half_open`.
@@ -45,11 +46,18 @@ pub async fn get(state: State, principal: Principal) -> ApiResult<HttpResponse> 
         .map_err(|_| ApiError::RedisUnavailable)?;
     let mut targets: Vec<TargetHealth> = fields
         .into_iter()
-        .filter_map(|(field, json)| {
-            let (target, _process) = field.split_once('|')?;
-            let mut row: TargetHealth = serde_json::from_str(&json).ok()?;
-            row.target = target.to_string();
-            Some(row)
+        .filter_map(|(field, value)| {
+            let (target, _process) = health::parse_field(&field)?;
+            let record = HealthRecord::decode(&value)?;
+            Some(TargetHealth {
+                target: target.to_string(),
+                process: record.process,
+                state: record.state,
+                failures: record.failures,
+                last_error: record.last_error,
+                last_ok_at: record.last_ok_at,
+                at: record.at,
+            })
         })
         .collect();
     targets.sort_by(|a, b| (&a.target, &a.process).cmp(&(&b.target, &b.process)));
@@ -62,24 +70,18 @@ pub async fn worst_states(state: &AdminState, tenant: &str) -> BTreeMap<String, 
     let Ok(mut conn) = state.redis.get().await else { return BTreeMap::new() };
     let fields: Vec<(String, String)> =
         redis::cmd("HGETALL").arg(state.redis_keys.health(tenant)).query_async(&mut *conn).await.unwrap_or_default();
-    let rank = |s: &str| match s {
-        "open" | "exhausted" => 2,
-        "half_open" => 1,
-        _ => 0,
-    };
-    let mut worst: BTreeMap<String, String> = BTreeMap::new();
-    for (field, json) in fields {
-        let Some((target, _)) = field.split_once('|') else { continue };
-        let Some(s) = serde_json::from_str::<serde_json::Value>(&json)
-            .ok()
-            .and_then(|v| v.get("state")?.as_str().map(str::to_string))
-        else {
+    let mut worst: BTreeMap<String, HealthRecord> = BTreeMap::new();
+    for (field, value) in fields {
+        let (Some((target, _)), Some(record)) = (health::parse_field(&field), HealthRecord::decode(&value)) else {
             continue;
         };
-        let entry = worst.entry(target.to_string()).or_insert_with(|| s.clone());
-        if rank(&s) > rank(entry) {
-            *entry = s;
+        match worst.get_mut(target) {
+            Some(seen) if seen.severity() >= record.severity() => {}
+            Some(seen) => *seen = record,
+            None => {
+                worst.insert(target.to_string(), record);
+            }
         }
     }
-    worst
+    worst.into_iter().map(|(target, record)| (target, record.state)).collect()
 }

@@ -96,15 +96,8 @@ pub async fn with_budget_states(
     routes: &mut [Route],
 ) -> Result<(), ApiError> {
     let targets = config::targets(&state.db, tenant_id).await?;
-    let month = chrono::Utc::now().format("%Y%m").to_string();
-    let spend: std::collections::HashMap<String, i64> = match state.redis.get().await {
-        Ok(mut conn) => redis::cmd("HGETALL")
-            .arg(state.redis_keys.spend(tenant, &month))
-            .query_async(&mut *conn)
-            .await
-            .unwrap_or_default(),
-        Err(_) => Default::default(),
-    };
+    let month = this_month();
+    let spend = month_spend(state, tenant, &month).await;
     let usd = |micros: i64| Usd(micros).to_decimal().parse::<f64>().unwrap_or(0.0);
     for route in routes.iter_mut() {
         let spent = spend.get(&route.name).copied().unwrap_or(0);
@@ -127,4 +120,21 @@ pub async fn read(state: &AdminState, principal: &Principal, name: &str) -> ApiR
 
 fn not_found(name: &str) -> ApiError {
     ApiError::NotFound(format!("route {name:?} does not exist"))
+}
+
+/// The current UTC month, `yyyymm` (the `gw_spend` key's suffix).
+pub fn this_month() -> String {
+    chrono::Utc::now().format("%Y%m").to_string()
+}
+
+/// A month's flushed spend by route in micro-USD (`gw_spend`; empty when Redis is
+/// unavailable). The one place the admin reads it: route reads, simulate and the portal.
+pub async fn month_spend(state: &AdminState, tenant: &str, month: &str) -> std::collections::HashMap<String, i64> {
+    let Ok(mut conn) = state.redis.get().await else { return Default::default() };
+    redis::cmd("HGETALL")
+        .arg(state.redis_keys.spend(tenant, month))
+        .query_async::<Vec<(String, String)>>(&mut *conn)
+        .await
+        .map(shield_core::records::spend::decode)
+        .unwrap_or_default()
 }

@@ -202,18 +202,11 @@ pub async fn run(
 
 /// ROUTING.md step 3 from the month's flushed spend (shield-core decides the state).
 async fn budget_view(state: &AdminState, tenant: &str, route: &shield_core::route::Route) -> (BudgetView, BudgetState) {
-    let month = chrono::Utc::now().format("%Y%m").to_string();
-    let spend_micros: i64 = match state.redis.get().await {
-        Ok(mut conn) => redis::cmd("HGET")
-            .arg(state.redis_keys.spend(tenant, &month))
-            .arg(&route.name)
-            .query_async::<Option<i64>>(&mut *conn)
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or(0),
-        Err(_) => 0,
-    };
+    let spend_micros = super::routes::month_spend(state, tenant, &super::routes::this_month())
+        .await
+        .get(&route.name)
+        .copied()
+        .unwrap_or(0);
     let as_number = |u: Usd| u.to_decimal().parse::<f64>().unwrap_or(0.0);
     let budget_state = budget_state(route.budget.as_ref(), Usd(spend_micros));
     let view = BudgetView {

@@ -5,7 +5,7 @@ use actix_web::{HttpResponse, get, web};
 use chrono::NaiveDate;
 use serde::{Deserialize, Serialize};
 use shield_core::money::Usd;
-use shield_core::usage::UsageRow;
+use shield_core::records;
 
 use super::State;
 use crate::AdminState;
@@ -77,12 +77,12 @@ pub async fn report(state: &AdminState, principal: &Principal, query: &UsageQuer
         let key = state.redis_keys.usage(&tenant.slug, &date.format("%Y%m%d").to_string());
         let fields: Vec<(String, String)> =
             redis::cmd("HGETALL").arg(key).query_async(&mut *conn).await.map_err(|_| ApiError::RedisUnavailable)?;
-        for (field, json) in fields {
-            let Some((route, target)) = field.split_once('|') else { continue };
+        for (field, value) in fields {
+            let Some((route, target)) = records::usage::parse_field(&field) else { continue };
             if query.route.as_deref().is_some_and(|wanted| wanted != route) {
                 continue;
             }
-            let Ok(row) = serde_json::from_str::<UsageRow>(&json) else { continue };
+            let Some(row) = records::usage::decode(&value) else { continue };
             rows.push(UsageDay {
                 date: date.format("%Y-%m-%d").to_string(),
                 route: route.to_string(),

@@ -1,0 +1,261 @@
+//! The Redis records both services touch, each with its one encode/decode beside the key names
+//! ([`crate::keys`]): the proxy writes `gw_health`, `gw_usage` and `gw_spend`; the admin (API
+//! and portal) reads them. Neither side formats a field name or parses a value on its own, so a
+//! new field cannot be written by one and dropped by the other: the round-trip tests below fail
+//! first. Decoding is lenient where the stores are shared with older processes (a row that
+//! does not parse is skipped by the reader, never an error for the caller).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::usage::UsageRow;
+
+/// Separates the two names in a hash field (`target|process`, `route|target`). Neither names
+/// may contain it: target ids and route names are checked by [`crate::names`].
+const SEPARATOR: char = '|';
+
+fn pair(a: &str, b: &str) -> String {
+    let mut field = String::with_capacity(a.len() + b.len() + 1);
+    field.push_str(a);
+    field.push(SEPARATOR);
+    field.push_str(b);
+    field
+}
+
+/// `gw_health:{tenant}`: one field per (target, proxy process), a JSON [`HealthRecord`].
+pub mod health {
+    use super::*;
+
+    pub fn field(target: &str, process: &str) -> String {
+        pair(target, process)
+    }
+
+    /// `target|process` → (target, process): target ids cannot hold the separator, so the
+    /// first one splits.
+    pub fn parse_field(field: &str) -> Option<(&str, &str)> {
+        field.split_once(SEPARATOR)
+    }
+
+    /// One process's view of one target's health.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct HealthRecord {
+        /// `closed`, `open`, `half_open` or `exhausted`.
+        pub state: String,
+        pub failures: u64,
+        pub last_error: Option<String>,
+        /// Unix seconds of the last success.
+        pub last_ok_at: Option<i64>,
+        /// Unix seconds of this view.
+        pub at: i64,
+        pub process: String,
+    }
+
+    impl HealthRecord {
+        pub fn encode(&self) -> String {
+            serde_json::to_string(self).unwrap_or_default()
+        }
+
+        pub fn decode(value: &str) -> Option<HealthRecord> {
+            serde_json::from_str(value).ok()
+        }
+
+        /// How bad the state is, for "the worst view across processes": open or out of
+        /// quota, then half-open, then closed.
+        pub fn severity(&self) -> u8 {
+            match self.state.as_str() {
+                "open" | "exhausted" => 2,
+                "half_open" => 1,
+                _ => 0,
+            }
+        }
+    }
+}
+
+/// `gw_usage:{tenant}:{yyyymmdd}`: one field per (route, target), a JSON [`UsageRow`] that the
+/// merge script adds to.
+pub mod usage {
+    use super::*;
+
+    pub fn field(route: &str, target: &str) -> String {
+        pair(route, target)
+    }
+
+    /// `route|target` → (route, target): route names cannot hold the separator.
+    pub fn parse_field(field: &str) -> Option<(&str, &str)> {
+        field.split_once(SEPARATOR)
+    }
+
+    /// The counters of a [`UsageRow`], in the order [`counters`] gives them and the merge
+    /// script adds them: the script's own list of names is made from this one.
+    pub const COUNTERS: [&str; 10] = [
+        "calls",
+        "ok",
+        "errors",
+        "failovers_from",
+        "input_tokens",
+        "output_tokens",
+        "cost_micros",
+        "latency_ms_sum",
+        "estimated",
+        "stream_broken",
+    ];
+
+    /// The row's counters in [`COUNTERS`] order, as the merge script's argument. An exhaustive
+    /// destructuring: a field added to `UsageRow` does not compile here until it is listed.
+    pub fn counters(row: &UsageRow) -> [i64; 10] {
+        let UsageRow {
+            calls,
+            ok,
+            errors,
+            failovers_from,
+            input_tokens,
+            output_tokens,
+            cost_micros,
+            latency_ms_sum,
+            estimated,
+            stream_broken,
+        } = *row;
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        [
+            n(calls),
+            n(ok),
+            n(errors),
+            n(failovers_from),
+            n(input_tokens),
+            n(output_tokens),
+            cost_micros,
+            n(latency_ms_sum),
+            n(estimated),
+            n(stream_broken),
+        ]
+    }
+
+    /// A stored row (what the merge script wrote). `None` when it is not a row.
+    pub fn decode(value: &str) -> Option<UsageRow> {
+        serde_json::from_str(value).ok()
+    }
+
+    /// Merges a tenant's usage rows into `gw_usage` (JSON counters per `route|target`), adds
+    /// each route's cost to `gw_spend`, and for every route whose month total reached its
+    /// budget claims the month's alert with HSETNX — in one script, so processes flushing at
+    /// once never lose an increment and exactly one of them wins an alert. Every key carries
+    /// the tenant's hash tag: the script stays in one Redis Cluster slot.
+    ///
+    /// ARGV[1] is JSON `{usage: [[key index, field, counters]], spend: [[spend key index,
+    /// route, micros, budget micros (0: none), alert key index, month]], usage_ttl, spend_ttl,
+    /// now}`; it returns `[[route, month total, month]]` for the alerts it won.
+    pub fn merge_script() -> String {
+        let names: Vec<String> = COUNTERS.iter().map(|n| format!("\"{n}\"")).collect();
+        MERGE_USAGE.replace("{{COUNTERS}}", &names.join(","))
+    }
+
+    const MERGE_USAGE: &str = r#"
+local args = cjson.decode(ARGV[1])
+local names = {{{COUNTERS}}}
+for _, u in ipairs(args.usage) do
+  local key = KEYS[u[1]]
+  local current = redis.call('HGET', key, u[2])
+  local decoded = {}
+  if current then decoded = cjson.decode(current) end
+  local parts = {}
+  for i, name in ipairs(names) do
+    parts[#parts + 1] = string.format('"%s":%.0f', name, (tonumber(decoded[name]) or 0) + u[3][i])
+  end
+  redis.call('HSET', key, u[2], '{' .. table.concat(parts, ',') .. '}')
+  redis.call('EXPIRE', key, args.usage_ttl)
+end
+local winners = {}
+for _, s in ipairs(args.spend) do
+  local key = KEYS[s[1]]
+  local total = redis.call('HINCRBY', key, s[2], string.format('%.0f', s[3]))
+  redis.call('EXPIRE', key, args.spend_ttl)
+  if s[4] > 0 and total >= s[4] then
+    if redis.call('HSETNX', KEYS[s[5]], s[2], args.now) == 1 then
+      redis.call('EXPIRE', KEYS[s[5]], args.spend_ttl)
+      winners[#winners + 1] = {s[2], tostring(total), s[6]}
+    end
+  end
+end
+return winners
+"#;
+}
+
+/// `gw_spend:{tenant}:{yyyymm}`: one integer field per route, the month's spend in micro-USD
+/// (HINCRBY by the merge script).
+pub mod spend {
+    use super::*;
+
+    /// The month's spend by route from the hash's fields; a field that is not an integer
+    /// counts as nothing.
+    pub fn decode(fields: Vec<(String, String)>) -> HashMap<String, i64> {
+        fields.into_iter().filter_map(|(route, micros)| Some((route, micros.trim().parse().ok()?))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_round_trips() {
+        let record = health::HealthRecord {
+            state: "half_open".into(),
+            failures: 5,
+            last_error: Some("server_error".into()),
+            last_ok_at: Some(1_764_000_000),
+            at: 1_764_000_100,
+            process: "host-42-abc123".into(),
+        };
+        assert_eq!(health::HealthRecord::decode(&record.encode()), Some(record.clone()));
+        let field = health::field("openai-4o", &record.process);
+        assert_eq!(health::parse_field(&field), Some(("openai-4o", "host-42-abc123")));
+        assert_eq!(record.severity(), 1);
+        assert_eq!(health::HealthRecord::decode("not json"), None);
+    }
+
+    /// A row whose every counter differs survives counters → the script's JSON → decode.
+    #[test]
+    fn usage_round_trips_through_the_merge_scripts_format() {
+        let row = UsageRow {
+            calls: 1,
+            ok: 2,
+            errors: 3,
+            failovers_from: 4,
+            input_tokens: 5,
+            output_tokens: 6,
+            cost_micros: 7,
+            latency_ms_sum: 8,
+            estimated: 9,
+            stream_broken: 10,
+        };
+        // What the script writes: `{"name":value,...}` over the names it was given.
+        let values = usage::counters(&row);
+        let written: Vec<String> =
+            usage::COUNTERS.iter().zip(values).map(|(name, value)| format!("\"{name}\":{value}")).collect();
+        let written = format!("{{{}}}", written.join(","));
+        assert_eq!(usage::decode(&written), Some(row), "{written}");
+        assert_eq!(usage::parse_field(&usage::field("smart", "openai-4o")), Some(("smart", "openai-4o")));
+    }
+
+    /// Every field serde knows is a counter the script carries, and no other.
+    #[test]
+    fn the_scripts_names_are_the_rows_fields() {
+        let value = serde_json::to_value(UsageRow::default()).unwrap();
+        let mut fields: Vec<&str> = value.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut counters = usage::COUNTERS.to_vec();
+        fields.sort_unstable();
+        counters.sort_unstable();
+        assert_eq!(fields, counters);
+        let script = usage::merge_script();
+        assert!(script.contains(r#"local names = {"calls","ok","#), "{script}");
+        assert!(!script.contains("{{COUNTERS}}"));
+    }
+
+    #[test]
+    fn spend_decodes_leniently() {
+        let fields = vec![("smart".to_string(), "1500".to_string()), ("junk".to_string(), "x".to_string())];
+        let spend = spend::decode(fields);
+        assert_eq!((spend.get("smart"), spend.get("junk")), (Some(&1500), None));
+    }
+}
