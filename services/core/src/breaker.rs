@@ -268,6 +268,14 @@ pub fn reset_hint_ms(headers: &[(String, String)], now_unix: u64) -> Option<u64>
                     hints.push(ms);
                 }
             }
+            // Anthropic: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-reset`,
+            // RFC 3339 times.
+            name if name.starts_with("anthropic-ratelimit-") && name.ends_with("-reset") => {
+                if let Ok(at) = humantime::parse_rfc3339_weak(value) {
+                    let at = at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                    hints.push(at.saturating_sub(now_unix) * 1000);
+                }
+            }
             _ => {}
         }
     }
@@ -332,5 +340,10 @@ mod cooldown_tests {
         assert_eq!(reset_hint_ms(&h(&[("x-ratelimit-reset-tokens", "1.5s")]), 0), Some(1_500));
         assert_eq!(reset_hint_ms(&h(&[("retry-after", "soon")]), 0), None);
         assert_eq!(reset_hint_ms(&[], 0), None);
+        // 2025-12-01T00:00:30Z is 30 s after 1_764_547_200.
+        let anthropic = h(&[("anthropic-ratelimit-requests-reset", "2025-12-01T00:00:30Z")]);
+        assert_eq!(reset_hint_ms(&anthropic, 1_764_547_200), Some(30_000));
+        let fractional = h(&[("anthropic-ratelimit-tokens-reset", "2025-12-01T00:00:05.250Z")]);
+        assert_eq!(reset_hint_ms(&fractional, 1_764_547_200), Some(5_000));
     }
 }

@@ -20,6 +20,9 @@ pub struct Target {
     pub model: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub azure: Option<Azure>,
+    /// Flavor `anthropic` only; omitted: the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anthropic: Option<Anthropic>,
     #[serde(default)]
     pub auth: Auth,
     #[serde(default)]
@@ -73,6 +76,35 @@ pub enum Flavor {
     #[default]
     Openai,
     Azure,
+    /// Anthropic's Messages API (`POST {base_url}/messages`).
+    Anthropic,
+}
+
+impl Flavor {
+    /// The credential header when the target's `auth` names none: Anthropic takes the key
+    /// bare in `x-api-key` (and no `Authorization` header then); the others `Authorization:
+    /// Bearer`.
+    pub fn default_auth(self) -> (&'static str, &'static str) {
+        match self {
+            Flavor::Anthropic => ("x-api-key", ""),
+            Flavor::Openai | Flavor::Azure => ("Authorization", "Bearer"),
+        }
+    }
+}
+
+/// Options of an Anthropic-flavoured target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Anthropic {
+    /// Sent as `anthropic-version`.
+    #[serde(default = "defaults::anthropic_version")]
+    pub version: String,
+}
+
+impl Default for Anthropic {
+    fn default() -> Self {
+        Anthropic { version: defaults::anthropic_version() }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -88,10 +120,12 @@ pub struct Azure {
 #[serde(deny_unknown_fields)]
 pub struct Auth {
     pub mode: AuthMode,
-    #[serde(default = "defaults::auth_header")]
-    pub header: String,
-    #[serde(default = "defaults::auth_scheme")]
-    pub scheme: String,
+    /// Omitted: the flavor's ([`Flavor::default_auth`]), filled in when the target is stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// Omitted: the flavor's; empty sends the key bare.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
     /// `shield://<secret name>`; vault mode only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<String>,
@@ -99,16 +133,17 @@ pub struct Auth {
 
 impl Default for Auth {
     fn default() -> Self {
-        Auth {
-            mode: AuthMode::None,
-            header: defaults::auth_header(),
-            scheme: defaults::auth_scheme(),
-            secret_ref: None,
-        }
+        Auth { mode: AuthMode::None, header: None, scheme: None, secret_ref: None }
     }
 }
 
 impl Auth {
+    /// The header and scheme a credential goes in for a target of `flavor`.
+    pub fn header_and_scheme(&self, flavor: Flavor) -> (&str, &str) {
+        let (header, scheme) = flavor.default_auth();
+        (self.header.as_deref().unwrap_or(header), self.scheme.as_deref().unwrap_or(scheme))
+    }
+
     /// The secret name a vault reference points at (`shield://openai_prod` → `openai_prod`).
     pub fn secret_name(&self) -> Option<&str> {
         self.secret_ref.as_deref().and_then(|r| r.strip_prefix(SECRET_REF_SCHEME))
@@ -139,6 +174,14 @@ pub enum Location {
 pub struct Price {
     pub input_per_mtok: Usd,
     pub output_per_mtok: Usd,
+    /// Prompt tokens read from the provider's cache; omitted: `input_per_mtok`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<f64>)]
+    pub cache_read_per_mtok: Option<Usd>,
+    /// Prompt tokens written to the provider's cache; omitted: `input_per_mtok`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<f64>)]
+    pub cache_write_per_mtok: Option<Usd>,
     #[serde(default = "defaults::currency")]
     pub currency: String,
 }
@@ -169,11 +212,8 @@ pub(crate) mod defaults {
     pub fn yes() -> bool {
         true
     }
-    pub fn auth_header() -> String {
-        "Authorization".into()
-    }
-    pub fn auth_scheme() -> String {
-        "Bearer".into()
+    pub fn anthropic_version() -> String {
+        "2023-06-01".into()
     }
     pub fn currency() -> String {
         "USD".into()

@@ -10,10 +10,34 @@ use crate::target::Price;
 
 /// Cost of one call in micro-USD: tokens × USD-per-million-tokens, rounded half up once.
 pub fn cost_micros(price: Option<&Price>, input_tokens: u64, output_tokens: u64) -> i64 {
+    cost_of(price, &TokenUsage { input: input_tokens, output: output_tokens, ..TokenUsage::default() })
+}
+
+/// The tokens of one answer, normalised across providers. `input` counts every prompt token,
+/// cached ones included (OpenAI's `prompt_tokens`; Anthropic's `input_tokens` +
+/// `cache_read_input_tokens` + `cache_creation_input_tokens`); `cache_read` and `cache_write`
+/// say how many of them the provider read from or wrote to its prompt cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+/// Cost of one call in micro-USD, cache reads and writes at their own prices where the target
+/// sets them (the input price otherwise), rounded half up once.
+pub fn cost_of(price: Option<&Price>, usage: &TokenUsage) -> i64 {
     let Some(price) = price else { return 0 };
+    let cached = usage.cache_read.saturating_add(usage.cache_write).min(usage.input);
+    let cache_read = usage.cache_read.min(cached);
+    let cache_write = cached - cache_read;
+    let per = |usd: Option<Usd>| i128::from(usd.unwrap_or(price.input_per_mtok).micros());
     // price (micro-USD per million tokens) × tokens / 1e6, in 128 bits: no overflow, no floats.
-    let total = i128::from(price.input_per_mtok.micros()) * i128::from(input_tokens)
-        + i128::from(price.output_per_mtok.micros()) * i128::from(output_tokens);
+    let total = i128::from(price.input_per_mtok.micros()) * i128::from(usage.input - cached)
+        + per(price.cache_read_per_mtok) * i128::from(cache_read)
+        + per(price.cache_write_per_mtok) * i128::from(cache_write)
+        + i128::from(price.output_per_mtok.micros()) * i128::from(usage.output);
     i64::try_from((total + 500_000) / 1_000_000).unwrap_or(i64::MAX)
 }
 
@@ -108,6 +132,19 @@ mod tests {
         assert_eq!(cost_micros(Some(&price("0.15", "0.6")), 1, 0), 0, "0.15 rounds to 0");
         assert_eq!(cost_micros(None, 1_000, 1_000), 0, "unpriced costs 0");
         assert_eq!(cost_micros(Some(&price("1000000", "1000000")), u64::MAX, u64::MAX), i64::MAX, "saturates");
+    }
+
+    #[test]
+    fn cache_reads_and_writes_have_their_own_prices() {
+        let mut p = price("3", "15");
+        let usage = TokenUsage { input: 1_000, output: 100, cache_read: 600, cache_write: 200 };
+        assert_eq!(cost_of(Some(&p), &usage), 4_500, "without cache prices: 1000 × 3 + 100 × 15");
+        p.cache_read_per_mtok = Some(Usd(300_000));
+        p.cache_write_per_mtok = Some(Usd(3_750_000));
+        // 200 uncached × 3 + 600 × 0.3 + 200 × 3.75 + 100 × 15 = 600 + 180 + 750 + 1500
+        assert_eq!(cost_of(Some(&p), &usage), 3_030);
+        let odd = TokenUsage { input: 10, output: 0, cache_read: 50, cache_write: 50 };
+        assert_eq!(cost_of(Some(&p), &odd), 3, "cached never exceeds input: 10 read at 0.3");
     }
 
     #[test]

@@ -68,11 +68,28 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
             }
         }
         (Flavor::Azure, None) => p.push("azure", "is required for flavor azure ({deployment, api_version})"),
-        (Flavor::Openai, Some(azure)) if !azure.deployment.is_empty() || !azure.api_version.is_empty() => {
+        (Flavor::Openai | Flavor::Anthropic, Some(azure))
+            if !azure.deployment.is_empty() || !azure.api_version.is_empty() =>
+        {
             p.push("azure", "is only for flavor azure");
         }
         _ => {}
     }
+    match (target.flavor, &target.anthropic) {
+        (Flavor::Anthropic, Some(options)) => {
+            if options.version.is_empty() || !names::is_header_token(&options.version) {
+                p.push("anthropic.version", "must be an API version such as 2023-06-01");
+            }
+        }
+        (Flavor::Anthropic, None) => target.anthropic = Some(Default::default()),
+        (_, Some(_)) => p.push("anthropic", "is only for flavor anthropic"),
+        (_, None) => {}
+    }
+    // The credential's header follows the flavor unless the user named one; stored, so a read
+    // shows where the key goes.
+    let (header, scheme) = target.flavor.default_auth();
+    target.auth.header.get_or_insert_with(|| header.to_string());
+    target.auth.scheme.get_or_insert_with(|| scheme.to_string());
 
     check_auth(&mut p, target, host.as_deref(), secrets);
 
@@ -98,10 +115,13 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
         if price.currency != "USD" {
             p.push("price.currency", "only USD is supported");
         }
-        for (field, amount) in
-            [("price.input_per_mtok", price.input_per_mtok), ("price.output_per_mtok", price.output_per_mtok)]
-        {
-            if amount.micros() < 0 {
+        for (field, amount) in [
+            ("price.input_per_mtok", Some(price.input_per_mtok)),
+            ("price.output_per_mtok", Some(price.output_per_mtok)),
+            ("price.cache_read_per_mtok", price.cache_read_per_mtok),
+            ("price.cache_write_per_mtok", price.cache_write_per_mtok),
+        ] {
+            if amount.is_some_and(|a| a.micros() < 0) {
                 p.push(field, "must not be negative");
             }
         }
@@ -146,15 +166,16 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
 
 fn check_auth(p: &mut Problems, target: &Target, host: Option<&str>, secrets: &SecretBindings) {
     let auth = &target.auth;
-    if !names::is_header_token(&auth.header) {
-        p.push("auth.header", format!("{:?} is not a valid header name", auth.header));
-    } else if RESERVED_HEADERS.contains(&auth.header.to_ascii_lowercase().as_str()) {
-        p.push("auth.header", format!("{:?} cannot carry a credential", auth.header));
+    let (header, scheme) = auth.header_and_scheme(target.flavor);
+    if !names::is_header_token(header) {
+        p.push("auth.header", format!("{header:?} is not a valid header name"));
+    } else if RESERVED_HEADERS.contains(&header.to_ascii_lowercase().as_str()) {
+        p.push("auth.header", format!("{header:?} cannot carry a credential"));
     }
-    if !auth.scheme.is_empty() && !names::is_header_token(&auth.scheme) {
+    if !scheme.is_empty() && !names::is_header_token(scheme) {
         p.push(
             "auth.scheme",
-            format!("{:?} is not a valid auth scheme (a single token such as Bearer, or empty)", auth.scheme),
+            format!("{scheme:?} is not a valid auth scheme (a single token such as Bearer, or empty)"),
         );
     }
     match auth.mode {

@@ -46,7 +46,8 @@ fn a_good_target_passes_and_gets_defaults() {
     validate_target("openai-4o", &mut t, &secrets()).unwrap();
     assert_eq!(t.id, "openai-4o");
     assert_eq!((t.timeout_s, t.first_byte_timeout_s, t.idle_timeout_s), (60, Some(20), 15));
-    assert_eq!(t.auth.header, "Authorization");
+    assert_eq!(t.auth.header_and_scheme(t.flavor), ("Authorization", "Bearer"));
+    assert_eq!((t.auth.header.as_deref(), t.auth.scheme.as_deref()), (Some("Authorization"), Some("Bearer")));
     assert!(t.enabled);
 }
 

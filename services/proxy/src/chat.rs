@@ -15,7 +15,7 @@ use shield_core::money::Usd;
 use shield_core::plan::Excluded;
 use shield_core::plan::Facts;
 use shield_core::run::{Attempt, Halt};
-use shield_core::usage::budget_state;
+use shield_core::usage::{TokenUsage, budget_state};
 
 use crate::auth::authenticate;
 use crate::body::{self, ChatRequest};
@@ -192,23 +192,28 @@ fn account(
     request: &ChatRequest,
     routed: &Routed,
 ) -> Option<i64> {
-    let RoutedResult::Answer { target, body, .. } = &routed.result else {
+    let RoutedResult::Answer { target, body, usage, .. } = &routed.result else {
         state.usage.record(tenant, &routed.route, &routed.attempts, None);
         return None;
     };
-    let reported = body
-        .get("usage")
-        .and_then(|u| Some((u.get("prompt_tokens")?.as_u64()?, u.get("completion_tokens")?.as_u64()?)));
-    let (input_tokens, output_tokens, estimated) = match reported {
-        Some((input, output)) => (input, output, false),
+    let (usage, estimated) = match usage {
+        Some(usage) => (*usage, false),
         None => {
-            ((request.prompt_chars() as u64).div_ceil(4), (guard::answer_text(body).len() as u64).div_ceil(4), true)
+            let input = (request.prompt_chars() as u64).div_ceil(4);
+            let output = (guard::answer_text(body).len() as u64).div_ceil(4);
+            (TokenUsage { input, output, ..TokenUsage::default() }, true)
         }
     };
     let price = config.target(target).and_then(|t| t.price.as_ref());
-    let cost_micros = shield_core::usage::cost_micros(price, input_tokens, output_tokens);
-    let answered =
-        crate::usage::Answered { target, input_tokens, output_tokens, cost_micros, estimated, stream_broken: false };
+    let cost_micros = shield_core::usage::cost_of(price, &usage);
+    let answered = crate::usage::Answered {
+        target,
+        input_tokens: usage.input,
+        output_tokens: usage.output,
+        cost_micros,
+        estimated,
+        stream_broken: false,
+    };
     state.usage.record(tenant, &routed.route, &routed.attempts, Some(answered));
     Some(cost_micros)
 }
@@ -318,7 +323,7 @@ pub fn with_routing_headers(
 fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Value>) -> HttpResponse {
     let x_shield = |routed: &Routed, target: Option<&str>| json!({"routing": routing_record(routed, target), "guardrail_results": guardrails});
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
-        RoutedResult::Answer { target, model, mut body } => {
+        RoutedResult::Answer { target, model, mut body, .. } => {
             // Written into the upstream's own map: the answer is not copied. An upstream's own
             // `x_shield` is dropped: the one the caller reads is Shield's.
             body.insert("model".into(), Value::String(model));
@@ -478,7 +483,7 @@ mod tests {
             excluded: Vec::new(),
             halt: Halt::Succeeded,
             failovers: 0,
-            result: RoutedResult::Answer { target: "a".into(), model: "gpt-x".into(), body },
+            result: RoutedResult::Answer { target: "a".into(), model: "gpt-x".into(), body, usage: None },
             cost_micros: Some(1350),
             budget: shield_core::usage::BudgetState::Ok,
         };

@@ -17,13 +17,14 @@ use shield_core::outcome::Class;
 use shield_core::plan::{Excluded, Exclusion, Facts, plan};
 use shield_core::route::Route;
 use shield_core::run::{Attempt, Halt, Run, Step};
-use shield_core::target::{AuthMode, Flavor, Target};
-use shield_core::usage::BudgetState;
+use shield_core::target::{AuthMode, Target};
+use shield_core::usage::{BudgetState, TokenUsage};
 
 use crate::body::ChatRequest;
 use crate::egress::{Egress, Failure, Opened};
 use crate::health::Health;
-use crate::tenant::{TenantConfig, auth_header};
+use crate::provider::{self, Credential, Provider};
+use crate::tenant::TenantConfig;
 
 pub const HOP_HEADER: &str = "x-shield-hop";
 
@@ -44,8 +45,9 @@ pub struct Routed {
 }
 
 pub enum RoutedResult {
-    /// A completion from `target`.
-    Answer { target: String, model: String, body: Map<String, Value> },
+    /// A completion from `target`, normalised by its provider adapter, with the usage the
+    /// provider reported.
+    Answer { target: String, model: String, body: Map<String, Value>, usage: Option<TokenUsage> },
     /// A class that does not fail over, with the upstream's status and error body.
     Refused { target: String, status: u16, body: Option<Vec<u8>> },
     /// Nothing usable: every attempt failed, none was possible, or the deadline passed.
@@ -156,8 +158,8 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
         let request = prepare(&call, target, false);
         let timeout = remaining.min(Duration::from_secs(u64::from(target.timeout_s)));
         async move {
-            let (url, headers, body) = request?;
-            egress.call(&url, target.allow_private, headers, body, timeout).await
+            let (provider, url, headers, body) = request?;
+            egress.call(provider, &url, target.allow_private, headers, body, timeout).await
         }
     })
     .await;
@@ -171,7 +173,13 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
                 Ok(()),
                 success.started.elapsed().as_millis() as u64,
             );
-            RoutedResult::Answer { target: success.target, model: success.model, body: success.value }
+            let answer = success.value;
+            RoutedResult::Answer {
+                target: success.target,
+                model: success.model,
+                body: answer.body,
+                usage: answer.usage,
+            }
         }
         None => return unsuccessful(&call, outcome),
     };
@@ -247,9 +255,9 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
         let request = prepare(&call, target, true);
         let first_byte = remaining.min(Duration::from_secs(u64::from(target.first_byte_timeout_s())));
         async move {
-            let (url, headers, body) = request?;
+            let (provider, url, headers, body) = request?;
             egress
-                .open_stream(&url, target.allow_private, headers, body, first_byte)
+                .open_stream(provider, &url, target.allow_private, headers, body, first_byte)
                 .await
                 .map(|opened| (opened.status, opened))
         }
@@ -303,29 +311,35 @@ fn refused_or_unavailable(run: &Run, last_failure: Option<(String, Failure)>) ->
     }
 }
 
-/// The URL, headers and body for one attempt at `target`.
-fn prepare(call: &Call<'_>, target: &Target, stream: bool) -> Result<(url::Url, HeaderMap, Vec<u8>), Failure> {
+/// The target's provider adapter and the URL, headers and body of one attempt at it. Headers
+/// are built from scratch: the hop count, the adapter's own, and this target's credential,
+/// applied last by the adapter (it sees the final body).
+fn prepare(
+    call: &Call<'_>,
+    target: &Target,
+    stream: bool,
+) -> Result<(&'static dyn Provider, url::Url, HeaderMap, Vec<u8>), Failure> {
+    let provider = provider::for_flavor(target.flavor);
     let url = call.tenant.endpoint(&target.id).map_err(|_| Failure::of(Class::UnsafeUrl))?.clone();
-    let headers = upstream_headers(call, target, stream).ok_or(Failure::of(Class::CredentialUnavailable))?;
-    // OpenAI-flavour upstreams are asked for the final usage chunk (ROUTING.md streaming).
-    let ask_usage = stream && target.flavor == Flavor::Openai;
-    let body = call.request.upstream_body(&target.model, target.extra_body.as_ref(), ask_usage);
-    Ok((url, headers, body))
-}
-
-/// Headers for one target, built from scratch: the hop count and this target's credential.
-fn upstream_headers(call: &Call<'_>, target: &Target, stream: bool) -> Option<HeaderMap> {
-    let mut headers = HeaderMap::with_capacity(3);
+    let body = provider.body(call.request, target, stream);
+    let mut headers = HeaderMap::with_capacity(4);
     let accept = if stream { "text/event-stream" } else { "application/json" };
     headers.insert(ACCEPT, HeaderValue::from_static(accept));
     headers.insert(HeaderName::from_static(HOP_HEADER), HeaderValue::from(call.next_hop));
+    provider.headers(target, &mut headers);
+    let passthrough;
     let credential = match target.auth.mode {
         AuthMode::None => None,
-        AuthMode::Vault => Some(call.tenant.vault_credential(&target.id)?.clone()),
-        AuthMode::Passthrough => Some(auth_header(&target.auth.header, &target.auth.scheme, call.upstream_key?)?),
+        AuthMode::Vault => call.tenant.vault_credential(&target.id),
+        AuthMode::Passthrough => {
+            passthrough = call.upstream_key.and_then(|key| Credential::for_target(target, key));
+            passthrough.as_ref()
+        }
     };
-    if let Some((name, value)) = credential {
-        headers.insert(name, value);
+    match (target.auth.mode, credential) {
+        (AuthMode::None, _) => {}
+        (_, Some(credential)) => provider.authenticate(credential, &body, &mut headers),
+        (_, None) => return Err(Failure::of(Class::CredentialUnavailable)),
     }
-    Some(headers)
+    Ok((provider, url, headers, body))
 }

@@ -25,9 +25,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::{GaiResolver, Name};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use shield_core::outcome::{Class, classify_status, is_completion};
+use shield_core::outcome::Class;
 use shield_core::url_safety::{private_reason, url_private_reason};
 use url::Url;
+
+use crate::provider::{Answer, Decoded, Provider, StreamDecoder};
 
 /// Upstream answers larger than this are not completions we will relay.
 const MAX_UPSTREAM_BODY: usize = 32 * 1024 * 1024;
@@ -130,24 +132,11 @@ impl Failure {
     pub fn of(class: Class) -> Failure {
         Failure { class, status: None, body: None, reset_hint_ms: None }
     }
-
-    /// An error answer from the upstream: classified from its status and body, with its reset
-    /// hint when it is a rate limit or an exhaustion answer.
-    fn answered(status: u16, headers: &HeaderMap, body: Vec<u8>) -> Failure {
-        let reset_hint_ms = matches!(status, 402 | 429).then(|| reset_hint(headers)).flatten();
-        Failure { class: classify_status(status, &body), status: Some(status), body: Some(body), reset_hint_ms }
-    }
 }
 
-fn reset_hint(headers: &HeaderMap) -> Option<u64> {
-    let pairs: Vec<(String, String)> =
-        headers.iter().filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string()))).collect();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    shield_core::breaker::reset_hint_ms(&pairs, now)
-}
-
-/// What one non-streaming attempt produced: a 2xx chat completion, or a failure.
-pub type Answer = Result<(u16, serde_json::Map<String, serde_json::Value>), Failure>;
+/// What one non-streaming attempt produced: a 2xx answer (normalised by the target's
+/// provider adapter), or a failure.
+pub type Attempted = Result<(u16, Answer), Failure>;
 
 /// The upstream's SSE events after the first one.
 pub type Events = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<eventsource_stream::Event, String>> + Send>>;
@@ -155,9 +144,11 @@ pub type Events = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<event
 /// A stream that reached its first usable event: everything up to the commit point.
 pub struct Opened {
     pub status: u16,
-    /// The first chunk (valid JSON, not an error).
-    pub first: serde_json::Value,
+    /// The normalised chunks of the first event that yielded any (the commit point's).
+    pub first: Vec<serde_json::Value>,
     pub rest: Events,
+    /// The provider's decoder, which goes on with `rest`.
+    pub decoder: Box<dyn StreamDecoder>,
     /// Malformed events dropped before the first chunk.
     pub malformed: u32,
 }
@@ -185,15 +176,17 @@ impl Egress {
         })
     }
 
-    /// One upstream call, bounded by `timeout` from send to the last body byte.
+    /// One upstream call, bounded by `timeout` from send to the last body byte; `provider`
+    /// reads the answer.
     pub async fn call(
         &self,
+        provider: &dyn Provider,
         url: &Url,
         allow_private: bool,
         headers: HeaderMap,
         body: Vec<u8>,
         timeout: Duration,
-    ) -> Answer {
+    ) -> Attempted {
         let sent = self.post(url, allow_private, headers, body)?;
         let exchange = async {
             let response = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
@@ -208,18 +201,13 @@ impl Egress {
             Ok(Ok((status, _, None))) => {
                 Err(Failure { class: Class::BadResponse, status: Some(status), body: None, reset_hint_ms: None })
             }
-            Ok(Ok((status, _, Some(bytes)))) if (200..300).contains(&status) => {
-                match serde_json::from_slice::<serde_json::Value>(&bytes) {
-                    Ok(serde_json::Value::Object(map)) if is_completion(&map) => Ok((status, map)),
-                    _ => Err(Failure {
-                        class: Class::BadResponse,
-                        status: Some(status),
-                        body: None,
-                        reset_hint_ms: None,
-                    }),
+            Ok(Ok((status, _, Some(bytes)))) if (200..300).contains(&status) => match provider.answer(&bytes) {
+                Some(answer) => Ok((status, answer)),
+                None => {
+                    Err(Failure { class: Class::BadResponse, status: Some(status), body: None, reset_hint_ms: None })
                 }
-            }
-            Ok(Ok((status, headers, Some(bytes)))) => Err(Failure::answered(status, &headers, bytes)),
+            },
+            Ok(Ok((status, headers, Some(bytes)))) => Err(provider.failure(status, &headers, bytes)),
         }
     }
 
@@ -229,6 +217,7 @@ impl Egress {
     /// before any chunk, or silence past `first_byte`, is a failure.
     pub async fn open_stream(
         &self,
+        provider: &dyn Provider,
         url: &Url,
         allow_private: bool,
         headers: HeaderMap,
@@ -244,30 +233,29 @@ impl Egress {
             if !(200..300).contains(&status) {
                 // The error body, for the class and the caller's message; 1 MiB is plenty.
                 let bytes = read_body(body, 1 << 20).await.ok().flatten().unwrap_or_default();
-                return Err(Failure::answered(status, &head.headers, bytes));
+                return Err(provider.failure(status, &head.headers, bytes));
             }
             let mut events: Events =
                 Box::pin(BodyDataStream::new(body).eventsource().map(|e| e.map_err(|err| err.to_string())));
+            let mut decoder = provider.decoder();
+            let mut first = Vec::new();
             let mut malformed = 0;
             loop {
                 let failed = |class| Err(Failure { class, status: Some(status), body: None, reset_hint_ms: None });
-                match events.next().await {
+                let event = match events.next().await {
                     None => return failed(Class::BadResponse),
                     Some(Err(_)) => return failed(Class::Connect),
-                    Some(Ok(event)) if event.data.trim() == "[DONE]" => return failed(Class::BadResponse),
-                    Some(Ok(event)) => match serde_json::from_str::<serde_json::Value>(&event.data) {
-                        Err(_) => malformed += 1,
-                        Ok(value) if value.get("error").is_some() => {
-                            let class = shield_core::outcome::classify_error_event(event.data.as_bytes());
-                            return Err(Failure {
-                                class,
-                                status: Some(status),
-                                body: Some(event.data.into_bytes()),
-                                reset_hint_ms: None,
-                            });
-                        }
-                        Ok(first) => return Ok(Opened { status, first, rest: events, malformed }),
-                    },
+                    Some(Ok(event)) => event,
+                };
+                match decoder.decode(&event.event, &event.data, &mut first) {
+                    // Finished before any content: not an answer.
+                    Decoded::Done => return failed(Class::BadResponse),
+                    Decoded::Malformed => malformed += 1,
+                    Decoded::Error(class, body) => {
+                        return Err(Failure { class, status: Some(status), body: Some(body), reset_hint_ms: None });
+                    }
+                    Decoded::Continue if first.is_empty() => {}
+                    Decoded::Continue => return Ok(Opened { status, first, rest: events, decoder, malformed }),
                 }
             }
         };
@@ -354,6 +342,7 @@ fn describe(err: &CallError) -> String {
 mod tests {
     use super::*;
     use std::str::FromStr;
+    const OPENAI: &dyn Provider = crate::provider::for_flavor(shield_core::target::Flavor::Openai);
 
     #[tokio::test]
     async fn the_guarded_resolver_refuses_private_answers() {
@@ -371,7 +360,9 @@ mod tests {
         let call = |url: &str, allow_private| {
             let url = Url::parse(url).unwrap();
             let egress = &egress;
-            async move { egress.call(&url, allow_private, HeaderMap::new(), b"{}".to_vec(), Duration::from_secs(5)).await }
+            async move {
+                egress.call(OPENAI, &url, allow_private, HeaderMap::new(), b"{}".to_vec(), Duration::from_secs(5)).await
+            }
         };
         let failure = call("http://localhost:9/v1", false).await.expect_err("refused");
         assert_eq!(failure.class, Class::UnsafeUrl);
@@ -382,7 +373,7 @@ mod tests {
     #[tokio::test]
     async fn ip_literals_are_checked_before_any_connection() {
         let url = Url::parse("http://10.255.255.1/v1/chat/completions").unwrap();
-        match Egress::default().call(&url, false, HeaderMap::new(), Vec::new(), Duration::from_secs(5)).await {
+        match Egress::default().call(OPENAI, &url, false, HeaderMap::new(), Vec::new(), Duration::from_secs(5)).await {
             Err(failure) => assert_eq!(failure.class, Class::UnsafeUrl),
             Ok(_) => panic!("a private literal was called"),
         }

@@ -16,19 +16,20 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 use shield_core::outcome::Class;
 use shield_core::run::Halt;
+use shield_core::usage::TokenUsage;
 
 use crate::dispatch::Committed;
 use crate::guard::StreamGuard;
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::provider::Decoded;
 use crate::usage::{Answered, UsageBuffer};
 
 /// How a relayed stream ended, for the logs (and, with the budgets work, for usage).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamEnd {
     pub halt: Halt,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
+    pub usage: TokenUsage,
     /// Usage was not reported by the upstream and was estimated.
     pub estimated: bool,
     pub malformed_events: u32,
@@ -47,7 +48,8 @@ struct Relay {
     client_wants_usage: bool,
     pending: Option<Bytes>,
     first_flushed: bool,
-    usage: Option<(u64, u64)>,
+    /// Normalised chunks of the event being relayed (reused across events).
+    chunks: Vec<Value>,
     prompt_chars: usize,
     output_chars: usize,
     malformed: u32,
@@ -74,14 +76,14 @@ pub fn relay(
         client_wants_usage,
         pending: None,
         first_flushed: false,
-        usage: None,
+        chunks: Vec::new(),
         prompt_chars,
         output_chars: 0,
         malformed,
         ended: None,
     };
-    let first = std::mem::take(&mut relay.committed.opened.first);
-    relay.pending = relay.forward(first);
+    relay.chunks = std::mem::take(&mut relay.committed.opened.first);
+    relay.pending = relay.forward_all();
     futures_util::stream::unfold(relay, |mut relay| async move {
         if relay.pending.is_none() && !std::mem::replace(&mut relay.first_flushed, true) {
             // The server writes when the body stream pends: pending once right after the first
@@ -108,17 +110,22 @@ pub fn relay(
                 Err(_) => relay.break_off(Class::Timeout, "the upstream went silent"),
                 Ok(None) => relay.finish(),
                 Ok(Some(Err(_))) => relay.break_off(Class::Connect, "the upstream connection broke"),
-                Ok(Some(Ok(event))) if event.data.trim() == "[DONE]" => relay.finish(),
-                Ok(Some(Ok(event))) => match serde_json::from_str::<Value>(&event.data) {
-                    Err(_) => {
-                        relay.malformed += 1;
-                        None
+                Ok(Some(Ok(event))) => {
+                    let decoded = relay.committed.opened.decoder.decode(&event.event, &event.data, &mut relay.chunks);
+                    match decoded {
+                        Decoded::Continue => relay.forward_all(),
+                        // What the last event carried still goes out, then `[DONE]`.
+                        Decoded::Done => match (relay.forward_all(), relay.finish()) {
+                            (Some(chunks), Some(done)) => Some(Bytes::from([&chunks[..], &done[..]].concat())),
+                            (chunks, done) => chunks.or(done),
+                        },
+                        Decoded::Malformed => {
+                            relay.malformed += 1;
+                            None
+                        }
+                        Decoded::Error(..) => relay.break_off(Class::ServerError, "the upstream sent an error"),
                     }
-                    Ok(chunk) if chunk.get("error").is_some() => {
-                        relay.break_off(Class::ServerError, "the upstream sent an error")
-                    }
-                    Ok(chunk) => relay.forward(chunk),
-                },
+                }
             };
         }
     })
@@ -131,15 +138,34 @@ fn event(value: &Value) -> Bytes {
 const DONE: &[u8] = b"data: [DONE]\n\n";
 
 impl Relay {
-    /// One upstream chunk to the client: the model set to the target's, usage noted, and the
-    /// usage-only chunk Shield asked for kept back unless the client asked too.
+    /// The decoded chunks of one event to the client, in one write.
+    fn forward_all(&mut self) -> Option<Bytes> {
+        let mut chunks = std::mem::take(&mut self.chunks);
+        let out = match chunks.len() {
+            0 => None,
+            1 => chunks.pop().and_then(|chunk| self.forward(chunk)),
+            _ => {
+                let mut bytes = Vec::new();
+                for chunk in chunks.drain(..) {
+                    if self.ended.is_some() {
+                        break;
+                    }
+                    if let Some(event) = self.forward(chunk) {
+                        bytes.extend_from_slice(&event);
+                    }
+                }
+                (!bytes.is_empty()).then(|| Bytes::from(bytes))
+            }
+        };
+        self.chunks = chunks;
+        out
+    }
+
+    /// One normalised chunk to the client: the model set to the target's, and the usage-only
+    /// chunk Shield asked for kept back unless the client asked too.
     fn forward(&mut self, mut chunk: Value) -> Option<Bytes> {
         if let Err(reason) = self.output.check(&chunk) {
             return self.block(&reason);
-        }
-        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
-            let tokens = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
-            self.usage = Some((tokens("prompt_tokens"), tokens("completion_tokens")));
         }
         let choices = chunk.get("choices").and_then(Value::as_array);
         for choice in choices.into_iter().flatten() {
@@ -147,7 +173,8 @@ impl Relay {
                 self.output_chars += text.len();
             }
         }
-        let usage_only = choices.is_some_and(|c| c.is_empty()) && self.usage.is_some();
+        let has_usage = chunk.get("usage").is_some_and(|u| !u.is_null());
+        let usage_only = choices.is_some_and(|c| c.is_empty()) && has_usage;
         if usage_only && !self.client_wants_usage {
             return None;
         }
@@ -190,20 +217,14 @@ impl Relay {
         let c = &mut self.committed;
         c.run.record_committed(result, ms);
         self.health.record(&c.tenant, &c.target, c.permit, result, ms);
-        let (input, output, estimated) = match self.usage {
-            Some((input, output)) => (input, output, false),
-            None => ((self.prompt_chars as u64).div_ceil(4), (self.output_chars as u64).div_ceil(4), true),
+        let reported = c.opened.decoder.usage();
+        let (usage, estimated) = match reported {
+            Some(usage) => (usage, false),
+            None => (self.estimate(), true),
         };
         let halt = if result.is_ok() { Halt::Succeeded } else { Halt::VisibleOutput };
-        let end = StreamEnd {
-            halt,
-            input_tokens: input,
-            output_tokens: output,
-            estimated,
-            malformed_events: self.malformed,
-            broken: result.is_err(),
-        };
-        log_end(c, &end);
+        let end = StreamEnd { halt, usage, estimated, malformed_events: self.malformed, broken: result.is_err() };
+        log_end(&self.committed, &end);
         self.account(&end);
         let c = &self.committed;
         self.metrics.stream_ended(&c.tenant, &c.route, &c.target, end.broken, end.malformed_events);
@@ -213,20 +234,29 @@ impl Relay {
 
 fn log_end(c: &Committed, end: &StreamEnd) {
     tracing::debug!(
-        tenant = %c.tenant, route = %c.route, target = %c.target, halt = end.halt.as_str(), input_tokens = end.input_tokens,
-        output_tokens = end.output_tokens, estimated = end.estimated, malformed = end.malformed_events, "stream ended"
+        tenant = %c.tenant, route = %c.route, target = %c.target, halt = end.halt.as_str(), input_tokens = end.usage.input,
+        output_tokens = end.usage.output, estimated = end.estimated, malformed = end.malformed_events, "stream ended"
     );
 }
 
 impl Relay {
+    /// Usage estimated at 4 characters a token from the prompt and what was relayed.
+    fn estimate(&self) -> TokenUsage {
+        TokenUsage {
+            input: (self.prompt_chars as u64).div_ceil(4),
+            output: (self.output_chars as u64).div_ceil(4),
+            ..TokenUsage::default()
+        }
+    }
+
     /// The stream's usage and cost: reported tokens, or estimated from what was relayed.
     fn account(&self, end: &StreamEnd) {
         let c = &self.committed;
-        let cost_micros = shield_core::usage::cost_micros(c.price.as_ref(), end.input_tokens, end.output_tokens);
+        let cost_micros = shield_core::usage::cost_of(c.price.as_ref(), &end.usage);
         let answered = Answered {
             target: &c.target,
-            input_tokens: end.input_tokens,
-            output_tokens: end.output_tokens,
+            input_tokens: end.usage.input,
+            output_tokens: end.usage.output,
             cost_micros,
             estimated: end.estimated,
             stream_broken: end.broken,
@@ -244,15 +274,13 @@ impl Drop for Relay {
             self.health.release(&c.tenant, &c.target, c.permit);
             let end = StreamEnd {
                 halt: Halt::Cancelled,
-                input_tokens: 0,
-                output_tokens: 0,
+                usage: TokenUsage::default(),
                 estimated: true,
                 malformed_events: self.malformed,
                 broken: false,
             };
             log_end(c, &end);
-            let output = (self.output_chars as u64).div_ceil(4);
-            let end = StreamEnd { input_tokens: (self.prompt_chars as u64).div_ceil(4), output_tokens: output, ..end };
+            let end = StreamEnd { usage: self.estimate(), ..end };
             self.account(&end);
         }
     }

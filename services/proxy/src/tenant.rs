@@ -1,24 +1,25 @@
 //! A tenant's configuration as the data plane uses it: the published snapshot plus what is
-//! derived from it once per version (decrypted credentials as ready-made header values, parsed
-//! upstream URLs). Built off the request path; shared by `Arc`.
+//! derived from it once per version (decrypted credentials, prepared for their provider
+//! adapter; parsed upstream URLs). Built off the request path; shared by `Arc`.
 //!
 //! Never logs or formats a credential: `Debug` leaves them out and header values are marked
 //! sensitive.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use http::header::{HeaderName, HeaderValue};
 use shield_core::snapshot::Snapshot;
-use shield_core::target::{AuthMode, Flavor, Target};
+use shield_core::target::{AuthMode, Target};
 use shield_core::url_safety;
 use shield_core::vault::{Keyring, secret_aad};
 use url::Url;
 
+use crate::provider::{self, Credential};
+
 pub struct TenantConfig {
     pub snapshot: Snapshot,
-    /// Per vault-mode target: the header to send, only when its secret decrypted and is bound
-    /// to the target's host (ROUTING.md: a key goes only to a host it is bound to).
-    credentials: BTreeMap<String, (HeaderName, HeaderValue)>,
+    /// Per vault-mode target: its credential, only when its secret decrypted and is bound to
+    /// the target's host (ROUTING.md: a key goes only to a host it is bound to).
+    credentials: BTreeMap<String, Credential>,
     /// Per target: the chat completions URL, or why it cannot be called.
     endpoints: BTreeMap<String, Result<Url, &'static str>>,
     pub vault_ready: BTreeSet<String>,
@@ -39,11 +40,11 @@ impl TenantConfig {
         let mut credentials = BTreeMap::new();
         let mut endpoints = BTreeMap::new();
         for (id, target) in &snapshot.targets {
-            let endpoint = chat_url(target);
+            let endpoint = provider::for_flavor(target.flavor).endpoint(target);
             if let (Ok(url), AuthMode::Vault) = (&endpoint, target.auth.mode) {
-                match vault_header(&snapshot, target, url, keyring) {
-                    Ok(header) => {
-                        credentials.insert(id.clone(), header);
+                match vault_credential(&snapshot, target, url, keyring) {
+                    Ok(credential) => {
+                        credentials.insert(id.clone(), credential);
                     }
                     Err(why) => {
                         tracing::warn!(tenant = %snapshot.tenant, target = %id, why, "vault credential unavailable")
@@ -68,36 +69,19 @@ impl TenantConfig {
         }
     }
 
-    pub fn vault_credential(&self, id: &str) -> Option<&(HeaderName, HeaderValue)> {
+    pub fn vault_credential(&self, id: &str) -> Option<&Credential> {
         self.credentials.get(id)
     }
 }
 
-/// `{base}/chat/completions`, or Azure's deployment URL with its `api-version`.
-fn chat_url(target: &Target) -> Result<Url, &'static str> {
-    let base = url_safety::parse_outbound_url(&target.base_url).map_err(|_| "invalid base_url")?;
-    let base = base.as_str().trim_end_matches('/');
-    let url = match (target.flavor, &target.azure) {
-        (Flavor::Azure, Some(azure)) => {
-            let mut url = Url::parse(&format!("{base}/openai/deployments/{}/chat/completions", azure.deployment))
-                .map_err(|_| "invalid azure deployment")?;
-            url.query_pairs_mut().append_pair("api-version", &azure.api_version);
-            url
-        }
-        (Flavor::Azure, None) => return Err("azure target without deployment"),
-        (Flavor::Openai, _) => Url::parse(&format!("{base}/chat/completions")).map_err(|_| "invalid base_url")?,
-    };
-    Ok(url)
-}
-
-/// The auth header for a vault target: the secret must be in the snapshot, decrypt for this
+/// The credential of a vault target: the secret must be in the snapshot, decrypt for this
 /// tenant and name, and be bound to the endpoint's host.
-fn vault_header(
+fn vault_credential(
     snapshot: &Snapshot,
     target: &Target,
     url: &Url,
     keyring: &Keyring,
-) -> Result<(HeaderName, HeaderValue), &'static str> {
+) -> Result<Credential, &'static str> {
     let reference = target.auth.secret_ref.as_deref().ok_or("no secret_ref")?;
     let name = target.auth.secret_name().ok_or("malformed secret_ref")?;
     let published = snapshot.secrets.get(reference).ok_or("secret missing from the snapshot")?;
@@ -109,16 +93,7 @@ fn vault_header(
     let plaintext =
         keyring.open(&secret_aad(&snapshot.tenant, name), &sealed).map_err(|_| "secret does not decrypt")?;
     let value = String::from_utf8(plaintext).map_err(|_| "secret is not text")?;
-    auth_header(&target.auth.header, &target.auth.scheme, &value).ok_or("secret is not a valid header value")
-}
-
-/// `{header}: {scheme} {key}` (or the bare key when the scheme is empty), marked sensitive.
-pub fn auth_header(header: &str, scheme: &str, key: &str) -> Option<(HeaderName, HeaderValue)> {
-    let name = HeaderName::from_bytes(header.as_bytes()).ok()?;
-    let text = if scheme.is_empty() { key.to_string() } else { format!("{scheme} {key}") };
-    let mut value = HeaderValue::from_str(&text).ok()?;
-    value.set_sensitive(true);
-    Some((name, value))
+    Credential::for_target(target, &value).ok_or("secret is not a valid header value")
 }
 
 #[cfg(test)]
@@ -156,9 +131,12 @@ mod tests {
     #[test]
     fn a_vault_key_is_ready_only_for_a_bound_host_and_the_right_tenant() {
         let config = TenantConfig::build(snapshot(&["api.openai.com"], "acme"), &keyring());
-        let (name, value) = config.vault_credential("t").expect("bound and decryptable");
-        assert_eq!((name.as_str(), value.to_str().unwrap()), ("authorization", "Bearer sk-live"));
-        assert!(value.is_sensitive());
+        let credential = config.vault_credential("t").expect("bound and decryptable");
+        let mut headers = http::HeaderMap::new();
+        provider::for_flavor(shield_core::target::Flavor::Openai).authenticate(credential, b"{}", &mut headers);
+        assert_eq!(headers["authorization"], "Bearer sk-live");
+        assert!(headers["authorization"].is_sensitive());
+        assert!(!format!("{credential:?}").contains("sk-live"), "Debug never shows a credential");
         assert!(!format!("{config:?}").contains("sk-live"), "Debug never shows a credential");
         assert!(
             TenantConfig::build(snapshot(&["evil.example.com"], "acme"), &keyring()).vault_ready.is_empty(),
@@ -167,19 +145,6 @@ mod tests {
         assert!(
             TenantConfig::build(snapshot(&["api.openai.com"], "other"), &keyring()).vault_ready.is_empty(),
             "sealed for another tenant"
-        );
-    }
-
-    #[test]
-    fn azure_urls() {
-        let target: Target = shield_core::parse::from_json_field(
-            br#"{"id": "az", "base_url": "https://x.openai.azure.com/", "flavor": "azure", "model": "m",
-                "azure": {"deployment": "gpt4o", "api_version": "2024-06-01"}, "auth": {"mode": "none"}}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            chat_url(&target).unwrap().as_str(),
-            "https://x.openai.azure.com/openai/deployments/gpt4o/chat/completions?api-version=2024-06-01"
         );
     }
 }

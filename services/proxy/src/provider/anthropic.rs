@@ -1,0 +1,436 @@
+//! Anthropic's Messages API (flavor `anthropic`; wire facts in design/ANTHROPIC.md).
+//!
+//! Out: the normalised (OpenAI-shaped) request becomes a Messages request — system messages to
+//! `system`, consecutive same-role messages merged, tool calls and results to `tool_use` /
+//! `tool_result` blocks, image data URLs to base64 image blocks, `stop` to `stop_sequences`,
+//! `max_tokens` always set. In: a `message` becomes a `chat.completion`; stream events become
+//! `chat.completion.chunk`s, and nothing is yielded before the first content, so an `error`
+//! event before it still fails over (the commit point is the first byte the client gets).
+//! Errors: 429 `rate_limit_error` (its reset headers are hints), 529 and 5xx fail over, a 400
+//! saying the prompt is too long is `context_length`, spend limits and an empty credit balance
+//! are exhaustion.
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Map, Value, json};
+use shield_core::outcome::{Class, classify_status};
+use shield_core::target::Target;
+use shield_core::usage::TokenUsage;
+use url::Url;
+
+use super::{Answer, Decoded, Provider, StreamDecoder, join, reset_hint};
+use crate::body::ChatRequest;
+use crate::egress::Failure;
+
+pub struct Anthropic;
+
+pub static ANTHROPIC: Anthropic = Anthropic;
+
+/// `max_tokens` when neither the request nor the target's capabilities set one.
+const DEFAULT_MAX_TOKENS: u64 = 4096;
+const VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
+
+impl Provider for Anthropic {
+    fn endpoint(&self, target: &Target) -> Result<Url, &'static str> {
+        join(target, "/messages")
+    }
+
+    fn headers(&self, target: &Target, headers: &mut HeaderMap) {
+        let version = target.anthropic.as_ref().map_or("2023-06-01", |a| a.version.as_str());
+        if let Ok(value) = HeaderValue::from_str(version) {
+            headers.insert(VERSION_HEADER, value);
+        }
+    }
+
+    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
+        let mut body = messages_request(&request.fields, target);
+        if stream {
+            body.insert("stream".into(), Value::Bool(true));
+        }
+        for (key, value) in target.extra_body.iter().flatten() {
+            body.insert(key.clone(), value.clone());
+        }
+        serde_json::to_vec(&body).unwrap_or_default()
+    }
+
+    fn answer(&self, body: &[u8]) -> Option<Answer> {
+        let message: Value = serde_json::from_slice(body).ok()?;
+        if message.get("type").and_then(Value::as_str) != Some("message") {
+            return None;
+        }
+        let blocks = message.get("content")?.as_array()?;
+        let mut text = String::new();
+        let mut tool_calls = Vec::new();
+        for block in blocks {
+            match block.get("type").and_then(Value::as_str) {
+                Some("text") => text.push_str(block.get("text").and_then(Value::as_str).unwrap_or("")),
+                Some("tool_use") => tool_calls.push(tool_call(block, None)),
+                _ => {}
+            }
+        }
+        let mut reply = Map::new();
+        reply.insert("role".into(), json!("assistant"));
+        let has_text = !text.is_empty() || tool_calls.is_empty();
+        reply.insert("content".into(), if has_text { Value::String(text) } else { Value::Null });
+        if !tool_calls.is_empty() {
+            reply.insert("tool_calls".into(), Value::Array(tool_calls));
+        }
+        let finish = finish_reason(message.get("stop_reason").and_then(Value::as_str));
+        let usage = message.get("usage").map(usage_of);
+        let mut completion = Map::new();
+        completion.insert("id".into(), message.get("id").cloned().unwrap_or(json!("msg")));
+        completion.insert("object".into(), json!("chat.completion"));
+        completion.insert("created".into(), json!(unix_now()));
+        completion.insert("model".into(), message.get("model").cloned().unwrap_or(Value::Null));
+        completion.insert("choices".into(), json!([{"index": 0, "message": reply, "finish_reason": finish}]));
+        if let Some(usage) = usage {
+            completion.insert("usage".into(), openai_usage(&usage));
+        }
+        Some(Answer { body: completion, usage })
+    }
+
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(Decoder::default())
+    }
+
+    fn failure(&self, status: u16, headers: &HeaderMap, body: Vec<u8>) -> Failure {
+        let class = classify(status, &body);
+        let reset_hint_ms = matches!(class, Class::RateLimited | Class::QuotaExhausted | Class::CreditExhausted)
+            .then(|| reset_hint(headers))
+            .flatten();
+        Failure { class, status: Some(status), body: Some(body), reset_hint_ms }
+    }
+}
+
+/// The Messages request for `target` from an OpenAI-shaped chat request.
+fn messages_request(fields: &Map<String, Value>, target: &Target) -> Map<String, Value> {
+    let mut system = Vec::new();
+    let mut messages: Vec<(String, Vec<Value>)> = Vec::new();
+    for message in fields.get("messages").and_then(Value::as_array).into_iter().flatten() {
+        let role = message.get("role").and_then(Value::as_str).unwrap_or("user");
+        let (role, blocks) = match role {
+            "system" | "developer" => {
+                system.extend(text_blocks(message.get("content")));
+                continue;
+            }
+            "assistant" => {
+                let mut blocks = text_blocks(message.get("content"));
+                for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                    blocks.push(tool_use(call));
+                }
+                ("assistant", blocks)
+            }
+            "tool" => {
+                let result = json!({"type": "tool_result",
+                    "tool_use_id": message.get("tool_call_id").cloned().unwrap_or(json!("")),
+                    "content": text_blocks(message.get("content"))});
+                ("user", vec![result])
+            }
+            _ => ("user", content_blocks(message.get("content"))),
+        };
+        // Anthropic wants user and assistant turns to alternate: consecutive ones merge.
+        match messages.last_mut() {
+            Some((last, merged)) if last == role => merged.extend(blocks),
+            _ => messages.push((role.to_string(), blocks)),
+        }
+    }
+    let mut body = Map::new();
+    body.insert("model".into(), Value::String(target.model.clone()));
+    if !system.is_empty() {
+        body.insert("system".into(), Value::Array(system));
+    }
+    let messages: Vec<Value> =
+        messages.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect();
+    body.insert("messages".into(), Value::Array(messages));
+    let max_tokens = ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| fields.get(*k).and_then(Value::as_u64))
+        .or_else(|| target.capabilities.as_ref().and_then(|c| c.max_output_tokens).map(u64::from))
+        .unwrap_or(DEFAULT_MAX_TOKENS);
+    body.insert("max_tokens".into(), json!(max_tokens));
+    match fields.get("stop") {
+        Some(Value::String(stop)) => {
+            body.insert("stop_sequences".into(), json!([stop]));
+        }
+        Some(Value::Array(stops)) if !stops.is_empty() => {
+            body.insert("stop_sequences".into(), Value::Array(stops.clone()));
+        }
+        _ => {}
+    }
+    for key in ["temperature", "top_p", "top_k"] {
+        if let Some(value) = fields.get(key).filter(|v| v.is_number()) {
+            body.insert(key.into(), value.clone());
+        }
+    }
+    if let Some(tools) = fields.get("tools").and_then(Value::as_array).filter(|t| !t.is_empty()) {
+        let tools: Vec<Value> = tools.iter().filter_map(tool_definition).collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    let parallel = fields.get("parallel_tool_calls").and_then(Value::as_bool);
+    if let Some(mut choice) = fields.get("tool_choice").and_then(tool_choice) {
+        if parallel == Some(false)
+            && let Some(choice) = choice.as_object_mut()
+        {
+            choice.insert("disable_parallel_tool_use".into(), Value::Bool(true));
+        }
+        body.insert("tool_choice".into(), choice);
+    }
+    if let Some(user) = fields.get("user").and_then(Value::as_str) {
+        body.insert("metadata".into(), json!({"user_id": user}));
+    }
+    body
+}
+
+/// Text content as text blocks (empty text dropped: Anthropic refuses empty blocks).
+fn text_blocks(content: Option<&Value>) -> Vec<Value> {
+    content_blocks(content).into_iter().filter(|b| b.get("type").and_then(Value::as_str) == Some("text")).collect()
+}
+
+/// OpenAI content (a string, or parts) as Messages content blocks.
+fn content_blocks(content: Option<&Value>) -> Vec<Value> {
+    let text = |t: &str| (!t.is_empty()).then(|| json!({"type": "text", "text": t}));
+    match content {
+        Some(Value::String(s)) => text(s).into_iter().collect(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|part| match part.get("type").and_then(Value::as_str) {
+                Some("text") => text(part.get("text").and_then(Value::as_str).unwrap_or("")),
+                Some("image_url") => image(part.pointer("/image_url/url").and_then(Value::as_str)?),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `data:image/png;base64,…` → a base64 image block; an http(s) URL → a URL image block.
+fn image(url: &str) -> Option<Value> {
+    if let Some(rest) = url.strip_prefix("data:") {
+        let (media_type, data) = rest.split_once(";base64,")?;
+        return Some(json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}));
+    }
+    (url.starts_with("https://") || url.starts_with("http://"))
+        .then(|| json!({"type": "image", "source": {"type": "url", "url": url}}))
+}
+
+/// An OpenAI tool call as a `tool_use` block; arguments that are not a JSON object become `{}`.
+fn tool_use(call: &Value) -> Value {
+    let arguments = call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("{}");
+    let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
+    json!({"type": "tool_use", "id": call.get("id").cloned().unwrap_or(json!("")),
+        "name": call.pointer("/function/name").cloned().unwrap_or(json!("")), "input": input})
+}
+
+/// An OpenAI function tool as an Anthropic tool.
+fn tool_definition(tool: &Value) -> Option<Value> {
+    let function = tool.get("function")?;
+    let mut out = Map::new();
+    out.insert("name".into(), function.get("name")?.clone());
+    if let Some(description) = function.get("description") {
+        out.insert("description".into(), description.clone());
+    }
+    let schema = function.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+    out.insert("input_schema".into(), schema);
+    Some(Value::Object(out))
+}
+
+/// OpenAI `tool_choice` → Anthropic's: auto, none, required → any, a function → tool.
+fn tool_choice(choice: &Value) -> Option<Value> {
+    match choice {
+        Value::String(s) if s == "auto" => Some(json!({"type": "auto"})),
+        Value::String(s) if s == "none" => Some(json!({"type": "none"})),
+        Value::String(s) if s == "required" => Some(json!({"type": "any"})),
+        Value::Object(_) => Some(json!({"type": "tool", "name": choice.pointer("/function/name")?})),
+        _ => None,
+    }
+}
+
+/// A `tool_use` block as an OpenAI tool call (`index` for stream deltas).
+fn tool_call(block: &Value, index: Option<usize>) -> Value {
+    let arguments = match block.get("input") {
+        Some(input) if index.is_none() => input.to_string(),
+        _ => String::new(),
+    };
+    let mut call = json!({"id": block.get("id").cloned().unwrap_or(Value::Null), "type": "function",
+        "function": {"name": block.get("name").cloned().unwrap_or(Value::Null), "arguments": arguments}});
+    if let (Some(index), Some(object)) = (index, call.as_object_mut()) {
+        object.insert("index".into(), json!(index));
+    }
+    call
+}
+
+/// `stop_reason` → `finish_reason` (ANTHROPIC.md).
+fn finish_reason(stop_reason: Option<&str>) -> Value {
+    match stop_reason {
+        Some("max_tokens") => json!("length"),
+        Some("tool_use") => json!("tool_calls"),
+        Some("refusal") => json!("content_filter"),
+        Some(_) => json!("stop"),
+        None => Value::Null,
+    }
+}
+
+/// Anthropic's usage: `input_tokens` excludes the cache reads and writes, which are counted
+/// in their own fields; the normalised `input` counts all three.
+fn usage_of(usage: &Value) -> TokenUsage {
+    let n = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let (cache_read, cache_write) = (n("cache_read_input_tokens"), n("cache_creation_input_tokens"));
+    TokenUsage {
+        input: n("input_tokens") + cache_read + cache_write,
+        output: n("output_tokens"),
+        cache_read,
+        cache_write,
+    }
+}
+
+fn openai_usage(usage: &TokenUsage) -> Value {
+    json!({"prompt_tokens": usage.input, "completion_tokens": usage.output, "total_tokens": usage.input + usage.output,
+        "prompt_tokens_details": {"cached_tokens": usage.cache_read}})
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// ANTHROPIC.md "Errors" as failure classes.
+fn classify(status: u16, body: &[u8]) -> Class {
+    let error: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let error = error.get("error").unwrap_or(&Value::Null);
+    let kind = error.get("type").and_then(Value::as_str).unwrap_or("");
+    let message = error.get("message").and_then(Value::as_str).unwrap_or("").to_ascii_lowercase();
+    let code = error.pointer("/details/error_code").and_then(Value::as_str).unwrap_or("");
+    let spend_limit = code == "enforced_spend_limit_reached" || message.contains("spend limit");
+    match status {
+        // The organisation's or workspace's spend limit: no retry helps until it resets.
+        429 | 400 if spend_limit => Class::QuotaExhausted,
+        429 => Class::RateLimited,
+        402 => Class::CreditExhausted,
+        400 if message.contains("credit balance") => Class::CreditExhausted,
+        400 | 413 if message.contains("prompt is too long") || message.contains("too many tokens") => {
+            Class::ContextLength
+        }
+        // Overloaded (Anthropic-wide, not this account): fail over.
+        529 => Class::ServerError,
+        _ if kind == "overloaded_error" => Class::ServerError,
+        _ => classify_status(status, body),
+    }
+}
+
+/// An `error` event's class.
+fn classify_event(data: &Value) -> Class {
+    match data.pointer("/error/type").and_then(Value::as_str) {
+        Some("rate_limit_error") => Class::RateLimited,
+        Some("invalid_request_error") => Class::ClientError,
+        _ => Class::ServerError,
+    }
+}
+
+/// Per-stream state: the message's id and model from `message_start`, which content block is
+/// which tool call, and the usage (input from `message_start`, output from `message_delta`).
+#[derive(Default)]
+struct Decoder {
+    id: Value,
+    model: Value,
+    usage: Option<TokenUsage>,
+    /// Whether a chunk was emitted yet (the first carries `role`).
+    started: bool,
+    /// Content block index → tool call index, for tool-use blocks.
+    tools: Vec<(u64, usize)>,
+}
+
+impl Decoder {
+    fn chunk(&mut self, delta: Value, finish: Value) -> Value {
+        let mut delta = delta;
+        if !self.started {
+            self.started = true;
+            if let Some(object) = delta.as_object_mut() {
+                object.insert("role".into(), json!("assistant"));
+            }
+        }
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": unix_now(), "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    }
+
+    fn tool_index(&self, block: u64) -> Option<usize> {
+        self.tools.iter().find(|(b, _)| *b == block).map(|(_, i)| *i)
+    }
+}
+
+impl StreamDecoder for Decoder {
+    fn decode(&mut self, event: &str, data: &str, out: &mut Vec<Value>) -> Decoded {
+        let Ok(value) = serde_json::from_str::<Value>(data) else { return Decoded::Malformed };
+        let kind = value.get("type").and_then(Value::as_str).unwrap_or(event);
+        match kind {
+            "message_start" => {
+                let message = value.get("message").unwrap_or(&Value::Null);
+                self.id = message.get("id").cloned().unwrap_or(Value::Null);
+                self.model = message.get("model").cloned().unwrap_or(Value::Null);
+                self.usage = message.get("usage").map(usage_of);
+            }
+            "content_block_start" => {
+                let block = value.get("content_block").unwrap_or(&Value::Null);
+                let index = value.get("index").and_then(Value::as_u64).unwrap_or(0);
+                match block.get("type").and_then(Value::as_str) {
+                    Some("text") => {
+                        if let Some(text) = block.get("text").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                            let chunk = self.chunk(json!({"content": text}), Value::Null);
+                            out.push(chunk);
+                        }
+                    }
+                    Some("tool_use") => {
+                        let tool = self.tools.len();
+                        self.tools.push((index, tool));
+                        let call = tool_call(block, Some(tool));
+                        let chunk = self.chunk(json!({"tool_calls": [call]}), Value::Null);
+                        out.push(chunk);
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_delta" => {
+                let delta = value.get("delta").unwrap_or(&Value::Null);
+                let index = value.get("index").and_then(Value::as_u64).unwrap_or(0);
+                match delta.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => {
+                        let text = delta.get("text").cloned().unwrap_or(json!(""));
+                        let chunk = self.chunk(json!({"content": text}), Value::Null);
+                        out.push(chunk);
+                    }
+                    Some("input_json_delta") => {
+                        let Some(tool) = self.tool_index(index) else { return Decoded::Malformed };
+                        let partial = delta.get("partial_json").cloned().unwrap_or(json!(""));
+                        let call = json!({"index": tool, "function": {"arguments": partial}});
+                        let chunk = self.chunk(json!({"tool_calls": [call]}), Value::Null);
+                        out.push(chunk);
+                    }
+                    // Thinking and signatures have no place in a chat completion chunk.
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(output) = value.pointer("/usage/output_tokens").and_then(Value::as_u64) {
+                    let usage = self.usage.get_or_insert_with(TokenUsage::default);
+                    usage.output = output;
+                }
+                let finish = finish_reason(value.pointer("/delta/stop_reason").and_then(Value::as_str));
+                let chunk = self.chunk(json!({}), finish);
+                out.push(chunk);
+                if let Some(usage) = self.usage {
+                    out.push(json!({"id": self.id, "object": "chat.completion.chunk", "created": unix_now(),
+                        "model": self.model, "choices": [], "usage": openai_usage(&usage)}));
+                }
+            }
+            "message_stop" => return Decoded::Done,
+            "error" => return Decoded::Error(classify_event(&value), data.as_bytes().to_vec()),
+            // `ping`, `content_block_stop`, and event types added later: nothing to relay.
+            _ => {}
+        }
+        Decoded::Continue
+    }
+
+    fn usage(&self) -> Option<TokenUsage> {
+        self.usage
+    }
+}
+
+#[cfg(test)]
+mod tests;

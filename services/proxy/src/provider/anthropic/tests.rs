@@ -1,0 +1,215 @@
+use super::*;
+
+fn target(extra: Value) -> Target {
+    let mut body =
+        json!({"base_url": "https://api.anthropic.com/v1", "model": "claude-sonnet-4-5", "flavor": "anthropic"});
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        body[k] = v.clone();
+    }
+    serde_json::from_value(body).unwrap()
+}
+
+fn request(body: Value) -> Value {
+    let request = ChatRequest::parse(body.to_string().as_bytes()).unwrap();
+    serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false)).unwrap()
+}
+
+#[test]
+fn requests_map_system_roles_tools_images_and_stops() {
+    let body = request(json!({
+        "model": "smart", "temperature": 0.2, "top_p": 0.9, "stop": "END", "user": "u1",
+        "presence_penalty": 1, "x_shield": {"x": 1},
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "user", "content": [{"type": "text", "text": "see"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBOR"}}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "search", "arguments": "{\"q\":\"x\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "found"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "search", "description": "d",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}],
+        "tool_choice": "required", "parallel_tool_calls": false,
+    }));
+    assert_eq!(body["model"], "claude-sonnet-4-5");
+    assert_eq!(body["system"], json!([{"type": "text", "text": "Be brief."}]));
+    assert_eq!(body["max_tokens"], 4096, "always sent");
+    assert_eq!(body["stop_sequences"], json!(["END"]));
+    assert_eq!((body["temperature"].clone(), body["top_p"].clone()), (json!(0.2), json!(0.9)));
+    assert_eq!(body["metadata"], json!({"user_id": "u1"}));
+    let messages = body["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "two user turns merged, then assistant, then the tool result: {messages:?}");
+    assert_eq!(messages[0]["content"][0], json!({"type": "text", "text": "hi"}));
+    assert_eq!(
+        messages[0]["content"][2]["source"],
+        json!({"type": "base64", "media_type": "image/png", "data": "iVBOR"})
+    );
+    assert_eq!(
+        messages[1]["content"][0],
+        json!({"type": "tool_use", "id": "call_1", "name": "search", "input": {"q": "x"}})
+    );
+    assert_eq!(messages[2]["role"], "user");
+    assert_eq!(messages[2]["content"][0]["type"], "tool_result");
+    assert_eq!(messages[2]["content"][0]["tool_use_id"], "call_1");
+    assert_eq!(body["tools"][0]["input_schema"]["properties"]["q"]["type"], "string");
+    assert_eq!(body["tool_choice"], json!({"type": "any", "disable_parallel_tool_use": true}));
+    for foreign in ["presence_penalty", "x_shield", "user", "stop", "tool_calls"] {
+        assert!(body.get(foreign).is_none(), "{foreign} is not sent");
+    }
+}
+
+#[test]
+fn max_tokens_comes_from_the_request_then_the_target() {
+    let request = ChatRequest::parse(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#).unwrap();
+    let capped = target(json!({"capabilities": {"max_output_tokens": 1000}}));
+    let body: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &capped, true)).unwrap();
+    assert_eq!((body["max_tokens"].clone(), body["stream"].clone()), (json!(1000), json!(true)));
+    let body = request_with_max(77);
+    assert_eq!(body["max_tokens"], 77);
+}
+
+fn request_with_max(max: u64) -> Value {
+    request(json!({"model": "m", "max_completion_tokens": max, "messages": [{"role": "user", "content": "x"}]}))
+}
+
+#[test]
+fn answers_become_completions_with_usage_and_tool_calls() {
+    let message = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+        "content": [{"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"q": "x"}}],
+        "stop_reason": "tool_use", "stop_sequence": null,
+        "usage": {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20}});
+    let answer = ANTHROPIC.answer(message.to_string().as_bytes()).unwrap();
+    let choice = &answer.body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["content"], "Let me look.");
+    assert_eq!(choice["message"]["tool_calls"][0]["id"], "toolu_1");
+    assert_eq!(choice["message"]["tool_calls"][0]["function"]["arguments"], r#"{"q":"x"}"#);
+    assert_eq!(answer.usage, Some(TokenUsage { input: 130, output: 5, cache_read: 100, cache_write: 20 }));
+    assert_eq!(answer.body["usage"]["prompt_tokens"], 130);
+    assert_eq!(answer.body["object"], "chat.completion");
+    for (reason, finish) in [("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length")] {
+        let message = json!({"type": "message", "content": [], "stop_reason": reason});
+        let answer = ANTHROPIC.answer(message.to_string().as_bytes()).unwrap();
+        assert_eq!(answer.body["choices"][0]["finish_reason"], finish);
+    }
+    assert!(ANTHROPIC.answer(br#"{"type":"error","error":{"type":"api_error"}}"#).is_none());
+    assert!(ANTHROPIC.answer(b"nope").is_none());
+}
+
+/// A whole text + tool stream, event by event: nothing before the first content, then chunks.
+#[test]
+fn streams_become_chunks_after_the_first_content() {
+    let events = [
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_1", "model": "claude-x", "usage": {"input_tokens": 12, "output_tokens": 1}}}),
+        ),
+        ("ping", json!({"type": "ping"})),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo"}}),
+        ),
+        ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {}}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"q\":"}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "\"x\"}"}}),
+        ),
+        (
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 15}}),
+        ),
+    ];
+    let mut decoder = ANTHROPIC.decoder();
+    let mut out = Vec::new();
+    for (i, (name, data)) in events.iter().enumerate() {
+        assert_eq!(decoder.decode(name, &data.to_string(), &mut out), Decoded::Continue, "{name}");
+        if i < 3 {
+            assert!(out.is_empty(), "nothing before the first content ({name})");
+        }
+    }
+    assert_eq!(decoder.decode("message_stop", r#"{"type":"message_stop"}"#, &mut out), Decoded::Done);
+    assert_eq!(out[0]["choices"][0]["delta"], json!({"role": "assistant", "content": "Hel"}));
+    assert_eq!(out[1]["choices"][0]["delta"], json!({"content": "lo"}));
+    assert_eq!(out[2]["choices"][0]["delta"]["tool_calls"][0]["id"], "toolu_1");
+    let arguments: String = out
+        .iter()
+        .filter_map(|c| c.pointer("/choices/0/delta/tool_calls/0/function/arguments").and_then(Value::as_str))
+        .collect();
+    assert_eq!(arguments, r#"{"q":"x"}"#);
+    let finish = &out[out.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(out.last().unwrap()["usage"]["completion_tokens"], 15);
+    assert_eq!(decoder.usage(), Some(TokenUsage { input: 12, output: 15, cache_read: 0, cache_write: 0 }));
+    assert!(out.iter().all(|c| c["id"] == "msg_1" && c["object"] == "chat.completion.chunk"));
+}
+
+#[test]
+fn stream_errors_and_malformed_events() {
+    let mut decoder = ANTHROPIC.decoder();
+    let mut out = Vec::new();
+    let overloaded = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+    assert!(matches!(decoder.decode("error", overloaded, &mut out), Decoded::Error(Class::ServerError, _)));
+    assert_eq!(decoder.decode("content_block_delta", "{not json", &mut out), Decoded::Malformed);
+    assert!(out.is_empty());
+}
+
+#[test]
+fn errors_become_classes() {
+    let error = |kind: &str, message: &str| {
+        json!({"type": "error", "error": {"type": kind, "message": message}}).to_string().into_bytes()
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert("retry-after", HeaderValue::from_static("7"));
+    let cases: Vec<(u16, Vec<u8>, Class)> = vec![
+        (429, error("rate_limit_error", "Number of request tokens has exceeded your per-minute rate limit"), Class::RateLimited),
+        (529, error("overloaded_error", "Overloaded"), Class::ServerError),
+        (500, error("api_error", "Internal server error"), Class::ServerError),
+        (400, error("invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum"), Class::ContextLength),
+        (400, error("invalid_request_error", "messages: field required"), Class::ClientError),
+        (400, error("invalid_request_error", "Your credit balance is too low to access the Anthropic API."), Class::CreditExhausted),
+        (401, error("authentication_error", "invalid x-api-key"), Class::ClientError),
+        (403, error("permission_error", "no"), Class::ClientError),
+        (
+            429,
+            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "limit", "details": {"error_code": "enforced_spend_limit_reached"}}})
+                .to_string()
+                .into_bytes(),
+            Class::QuotaExhausted,
+        ),
+    ];
+    for (status, body, class) in cases {
+        let failure = ANTHROPIC.failure(status, &headers, body.clone());
+        assert_eq!(failure.class, class, "{status} {}", String::from_utf8_lossy(&body));
+        let hinted = matches!(class, Class::RateLimited | Class::QuotaExhausted | Class::CreditExhausted);
+        assert_eq!(failure.reset_hint_ms.is_some(), hinted, "{status}: reset hints only where they park");
+    }
+}
+
+#[test]
+fn the_version_header_and_the_key_header() {
+    let mut headers = HeaderMap::new();
+    ANTHROPIC.headers(&target(json!({"anthropic": {"version": "2024-01-01"}})), &mut headers);
+    assert_eq!(headers["anthropic-version"], "2024-01-01");
+    let credential = super::super::Credential::for_target(&target(json!({})), "sk-ant-1").unwrap();
+    ANTHROPIC.authenticate(&credential, b"{}", &mut headers);
+    assert_eq!(headers["x-api-key"], "sk-ant-1");
+    assert!(headers.get("authorization").is_none());
+}

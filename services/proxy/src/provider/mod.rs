@@ -1,0 +1,151 @@
+//! The provider seam: one adapter per target `flavor` owns everything about a provider's wire
+//! format, and nothing else in the request path knows it.
+//!
+//! An adapter builds the request (URL, headers, body) from the caller's normalised chat
+//! request, authenticates it (a hook that sees the final body, so a signing provider fits),
+//! turns a 2xx answer into a normalised [`Answer`], turns the upstream's SSE events into
+//! normalised chunks ([`StreamDecoder`]), and turns an error answer (status, headers, body)
+//! into a failure class with its reset hint. Planning, the attempt loop, breakers, guardrails,
+//! the relay and accounting see only the normalised types.
+//!
+//! The normalised shapes are OpenAI's Chat Completions objects held as JSON (a
+//! `chat.completion` map, `chat.completion.chunk` values) with usage as [`TokenUsage`]: the
+//! OpenAI adapter passes the upstream's own parse through untouched (one parse of the answer,
+//! no copy), and every other adapter converts once.
+//!
+//! Adding a provider: one module implementing [`Provider`], one arm in [`for_flavor`], its
+//! tests. Adapters never log a header value or a body.
+
+mod anthropic;
+mod openai;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Map, Value};
+use shield_core::outcome::Class;
+use shield_core::target::{Flavor, Target};
+use shield_core::usage::TokenUsage;
+use url::Url;
+
+use crate::body::ChatRequest;
+use crate::egress::Failure;
+
+/// A normalised completion: an OpenAI `chat.completion` object.
+pub type Completion = Map<String, Value>;
+
+/// A 2xx answer, normalised.
+#[derive(Debug)]
+pub struct Answer {
+    pub body: Completion,
+    /// What the provider reported; `None` when it reported nothing usable (then estimated).
+    pub usage: Option<TokenUsage>,
+}
+
+/// A target's credential, prepared once per snapshot version and applied per request by its
+/// adapter's [`Provider::authenticate`]. Never formatted: `Debug` hides the value.
+#[derive(Clone)]
+pub struct Credential {
+    header: HeaderName,
+    value: HeaderValue,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential").field("header", &self.header).finish_non_exhaustive()
+    }
+}
+
+impl Credential {
+    /// `{header}: {scheme} {key}` (the bare key when the scheme is empty), marked sensitive so
+    /// no HTTP layer logs it. `None` when the key cannot be a header value.
+    pub fn new(header: &str, scheme: &str, key: &str) -> Option<Credential> {
+        let header = HeaderName::from_bytes(header.as_bytes()).ok()?;
+        let text = if scheme.is_empty() { key.to_string() } else { format!("{scheme} {key}") };
+        let mut value = HeaderValue::from_str(&text).ok()?;
+        value.set_sensitive(true);
+        Some(Credential { header, value })
+    }
+
+    /// The credential of a target of this flavor, in the header its `auth` names (or the
+    /// flavor's default).
+    pub fn for_target(target: &Target, key: &str) -> Option<Credential> {
+        let (header, scheme) = target.auth.header_and_scheme(target.flavor);
+        Credential::new(header, scheme, key)
+    }
+}
+
+/// What one upstream SSE event came to.
+#[derive(Debug, PartialEq)]
+pub enum Decoded {
+    /// Go on; any normalised chunks were appended to the caller's buffer.
+    Continue,
+    /// The provider said the answer is complete (`[DONE]`, `message_stop`).
+    Done,
+    /// Not an event this provider sends (not JSON, or not its shape): dropped and counted.
+    Malformed,
+    /// The provider reported an error inside the stream.
+    Error(Class, Vec<u8>),
+}
+
+/// Turns one provider's stream events into normalised chunks, keeping what it needs across
+/// events (ids, the answering model, tool-call indices, usage).
+pub trait StreamDecoder: Send {
+    /// Decodes one event (`event` is the SSE `event:` name, empty when absent), appending the
+    /// normalised chunks it yields to `out`.
+    fn decode(&mut self, event: &str, data: &str, out: &mut Vec<Value>) -> Decoded;
+    /// The usage reported so far (complete once the stream is done).
+    fn usage(&self) -> Option<TokenUsage>;
+}
+
+/// One provider's wire format. Implementations are stateless; per-stream state lives in the
+/// [`StreamDecoder`] they make.
+pub trait Provider: Sync {
+    /// The chat endpoint of `target` (built once per snapshot version).
+    fn endpoint(&self, target: &Target) -> Result<Url, &'static str>;
+
+    /// The request body for `target`. `stream` asks for a stream (and the provider's usage in
+    /// it).
+    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8>;
+
+    /// Headers every request to `target` carries besides the credential and the hop (e.g.
+    /// Anthropic's `anthropic-version`).
+    fn headers(&self, _target: &Target, _headers: &mut HeaderMap) {}
+
+    /// Puts the credential on the request. Sees the final body, so a provider that signs
+    /// requests (Bedrock SigV4) signs it here.
+    fn authenticate(&self, credential: &Credential, _body: &[u8], headers: &mut HeaderMap) {
+        headers.insert(credential.header.clone(), credential.value.clone());
+    }
+
+    /// A 2xx body as a normalised answer; `None` when it is not a completion (bad response).
+    fn answer(&self, body: &[u8]) -> Option<Answer>;
+
+    /// A decoder for one streamed answer.
+    fn decoder(&self) -> Box<dyn StreamDecoder>;
+
+    /// An error answer as a failure class with its reset hint.
+    fn failure(&self, status: u16, headers: &HeaderMap, body: Vec<u8>) -> Failure;
+}
+
+/// The adapter of a flavor.
+pub const fn for_flavor(flavor: Flavor) -> &'static dyn Provider {
+    match flavor {
+        Flavor::Openai => &openai::OPENAI,
+        Flavor::Azure => &openai::AZURE,
+        Flavor::Anthropic => &anthropic::ANTHROPIC,
+    }
+}
+
+/// `{base_url}{path}`: the target's base URL (already validated) with the provider's path.
+fn join(target: &Target, path: &str) -> Result<Url, &'static str> {
+    let base = shield_core::url_safety::parse_outbound_url(&target.base_url).map_err(|_| "invalid base_url")?;
+    Url::parse(&format!("{}{path}", base.as_str().trim_end_matches('/'))).map_err(|_| "invalid base_url")
+}
+
+/// A reset hint (`Retry-After`, `x-ratelimit-reset-*`) from a rate-limit or exhaustion
+/// answer's headers, in milliseconds.
+fn reset_hint(headers: &HeaderMap) -> Option<u64> {
+    let pairs: Vec<(String, String)> =
+        headers.iter().filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string()))).collect();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    shield_core::breaker::reset_hint_ms(&pairs, now)
+}

@@ -1,0 +1,154 @@
+//! OpenAI's Chat Completions (flavors `openai` and `azure`): the normalised shapes are this
+//! provider's own, so requests go out as the caller sent them (Shield-only fields removed,
+//! `model` and `extra_body` written on the fly) and answers come back as parsed.
+
+use http::header::HeaderMap;
+use serde_json::Value;
+use shield_core::outcome::{classify_error_event, classify_status, is_completion};
+use shield_core::target::{Flavor, Target};
+use shield_core::usage::TokenUsage;
+use url::Url;
+
+use super::{Answer, Decoded, Provider, StreamDecoder, join, reset_hint};
+use crate::body::ChatRequest;
+use crate::egress::Failure;
+
+pub struct OpenAi {
+    flavor: Flavor,
+}
+
+pub static OPENAI: OpenAi = OpenAi { flavor: Flavor::Openai };
+pub static AZURE: OpenAi = OpenAi { flavor: Flavor::Azure };
+
+impl Provider for OpenAi {
+    /// `{base}/chat/completions`, or Azure's deployment URL with its `api-version`.
+    fn endpoint(&self, target: &Target) -> Result<Url, &'static str> {
+        match (self.flavor, &target.azure) {
+            (Flavor::Azure, Some(azure)) => {
+                let mut url = join(target, &format!("/openai/deployments/{}/chat/completions", azure.deployment))
+                    .map_err(|_| "invalid azure deployment")?;
+                url.query_pairs_mut().append_pair("api-version", &azure.api_version);
+                Ok(url)
+            }
+            (Flavor::Azure, None) => Err("azure target without deployment"),
+            _ => join(target, "/chat/completions"),
+        }
+    }
+
+    /// `openai`-flavour streams are asked for the final usage chunk (ROUTING.md streaming);
+    /// `azure` ones are not (unchanged from before the seam: older Azure API versions refuse
+    /// `stream_options`).
+    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
+        let ask_usage = stream && self.flavor == Flavor::Openai;
+        request.upstream_body(&target.model, target.extra_body.as_ref(), ask_usage)
+    }
+
+    fn answer(&self, body: &[u8]) -> Option<Answer> {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(map)) if is_completion(&map) => {
+                let usage = map.get("usage").and_then(usage_of);
+                Some(Answer { body: map, usage })
+            }
+            _ => None,
+        }
+    }
+
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(Decoder { usage: None })
+    }
+
+    fn failure(&self, status: u16, headers: &HeaderMap, body: Vec<u8>) -> Failure {
+        let reset_hint_ms = matches!(status, 402 | 429).then(|| reset_hint(headers)).flatten();
+        Failure { class: classify_status(status, &body), status: Some(status), body: Some(body), reset_hint_ms }
+    }
+}
+
+/// OpenAI's `usage` object: `prompt_tokens` (cached ones included, counted again in
+/// `prompt_tokens_details.cached_tokens`) and `completion_tokens`.
+pub(super) fn usage_of(usage: &Value) -> Option<TokenUsage> {
+    let input = usage.get("prompt_tokens")?.as_u64()?;
+    let output = usage.get("completion_tokens")?.as_u64()?;
+    let cache_read = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+    Some(TokenUsage { input, output, cache_read, cache_write: 0 })
+}
+
+/// Chunks pass through as parsed; `[DONE]` ends; an `error` object is the provider's error.
+struct Decoder {
+    usage: Option<TokenUsage>,
+}
+
+impl StreamDecoder for Decoder {
+    fn decode(&mut self, _event: &str, data: &str, out: &mut Vec<Value>) -> Decoded {
+        if data.trim() == "[DONE]" {
+            return Decoded::Done;
+        }
+        match serde_json::from_str::<Value>(data) {
+            Ok(chunk) if chunk.get("error").is_some() => {
+                Decoded::Error(classify_error_event(data.as_bytes()), data.as_bytes().to_vec())
+            }
+            Ok(chunk @ Value::Object(_)) => {
+                if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()).and_then(usage_of) {
+                    self.usage = Some(usage);
+                }
+                out.push(chunk);
+                Decoded::Continue
+            }
+            _ => Decoded::Malformed,
+        }
+    }
+
+    fn usage(&self) -> Option<TokenUsage> {
+        self.usage
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shield_core::outcome::Class;
+
+    /// A stream's error event, classified.
+    fn first_error(data: &str) -> Option<Class> {
+        match (Decoder { usage: None }).decode("", data, &mut Vec::new()) {
+            Decoded::Error(class, _) => Some(class),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn answers_keep_the_upstreams_parse_and_read_usage() {
+        let body = br#"{"id":"c","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        let answer = OPENAI.answer(body).unwrap();
+        assert_eq!(answer.body["id"], "c");
+        assert_eq!(answer.usage, Some(TokenUsage { input: 10, output: 3, cache_read: 4, cache_write: 0 }));
+        assert!(OPENAI.answer(br#"{"error":{"message":"x"}}"#).is_none(), "not a completion");
+        assert!(OPENAI.answer(b"garbage").is_none());
+    }
+
+    #[test]
+    fn stream_events() {
+        let mut decoder = OPENAI.decoder();
+        let mut out = Vec::new();
+        assert_eq!(decoder.decode("", r#"{"choices":[{"delta":{"content":"a"}}]}"#, &mut out), Decoded::Continue);
+        assert_eq!(out.len(), 1);
+        assert_eq!(decoder.decode("", "{nope", &mut out), Decoded::Malformed);
+        let usage = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
+        assert_eq!(decoder.decode("", usage, &mut out), Decoded::Continue);
+        assert_eq!(decoder.usage().map(|u| (u.input, u.output)), Some((5, 2)));
+        assert_eq!(decoder.decode("", "[DONE]", &mut out), Decoded::Done);
+        assert_eq!(first_error(r#"{"error":{"code":"rate_limit_exceeded"}}"#), Some(Class::RateLimited));
+    }
+
+    #[test]
+    fn endpoints() {
+        let target: Target =
+            serde_json::from_value(serde_json::json!({"base_url": "https://x.example.com/v1/", "model": "m",
+            "flavor": "azure", "azure": {"deployment": "d1", "api_version": "2024-06-01"}}))
+            .unwrap();
+        assert_eq!(
+            AZURE.endpoint(&target).unwrap().as_str(),
+            "https://x.example.com/v1/openai/deployments/d1/chat/completions?api-version=2024-06-01"
+        );
+        assert_eq!(OPENAI.endpoint(&target).unwrap().as_str(), "https://x.example.com/v1/chat/completions");
+    }
+}
