@@ -388,6 +388,17 @@ impl Stack {
         (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
+    /// A streamed POST /v1/chat/completions: status, headers and the SSE `data:` payloads.
+    pub async fn chat_stream(&self, key: &str, body: Value) -> (StatusCode, HeaderMap, Vec<String>) {
+        let url = format!("http://{}/v1/chat/completions", self.proxy);
+        let response = self.client.post(url).bearer_auth(key).json(&body).send().await.expect("proxy answers");
+        let (status, headers) = (response.status(), response.headers().clone());
+        let text = response.text().await.unwrap_or_default();
+        self.evidence.response("POST proxy /v1/chat/completions (stream)", status, &headers, &text);
+        let data = text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect();
+        (status, headers, data)
+    }
+
     /// What the mock received for targets tagged `id`.
     pub async fn received(&self, id: &str) -> Vec<Value> {
         let url = format!("http://{}/_mock/requests?id={id}", self.mock);

@@ -23,6 +23,8 @@
 //!   `say:card` answers (or streams) a canned sensitive text; `tool:NAME` answers a tool
 //!   call. A usage chunk is
 //!   sent when the request asks `stream_options.include_usage`.
+//! * `POST /v1/messages`, `POST /mock/{scenario}/v1/messages` — the same in Anthropic's
+//!   Messages shape (answers, errors and stream events; see `anthropic.rs` for `cache:R-W`).
 //! * `GET /v1/models`, `GET /mock/{scenario}/v1/models`.
 //! * `GET /_mock/requests[?id=TAG]` — the requests received (method, path, headers, body),
 //!   oldest first; `DELETE /_mock/requests` clears the log. The log keeps the last 10,000.
@@ -30,6 +32,8 @@
 //!   without the log's cap (load tests reconcile 100,000 calls against it).
 //! * `GET /_mock/streams?id=TAG` — `{started, completed, dropped}`: streams the client dropped
 //!   before the end are counted, so tests can prove nothing keeps generating for nobody.
+
+mod anthropic;
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -52,7 +56,7 @@ pub struct Received {
 }
 
 #[derive(Default)]
-struct MockState {
+pub(crate) struct MockState {
     log: Mutex<VecDeque<Received>>,
     calls: Mutex<HashMap<String, usize>>,
     streams: Mutex<HashMap<String, StreamCounts>>,
@@ -69,7 +73,7 @@ struct StreamCounts {
 
 /// One scenario, parsed from the path segment.
 #[derive(Debug, Default, Clone, PartialEq)]
-struct Scenario {
+pub(crate) struct Scenario {
     id: Option<String>,
     statuses: Vec<u16>,
     /// `cycle:`: the statuses repeat instead of the last one sticking.
@@ -96,6 +100,8 @@ struct Scenario {
     empty: bool,
     say: Option<String>,
     tool: Option<String>,
+    /// `cache:R-W`: cache-read and cache-write input tokens (Anthropic answers).
+    cache: Option<(u64, u64)>,
 }
 
 impl Scenario {
@@ -131,6 +137,7 @@ impl Scenario {
                 "empty" => s.empty = true,
                 "say" => s.say = Some(value.to_string()),
                 "tool" => s.tool = Some(value.to_string()),
+                "cache" => s.cache = value.split_once('-').and_then(|(r, w)| Some((r.parse().ok()?, w.parse().ok()?))),
                 _ => {}
             }
         }
@@ -140,7 +147,7 @@ impl Scenario {
 
 /// Canned sensitive answers (`say:secret`, `say:card`), so tests can exercise output
 /// guardrails with inputs that are clean.
-fn canned(say: Option<&str>) -> Option<&'static str> {
+pub(crate) fn canned(say: Option<&str>) -> Option<&'static str> {
     match say? {
         "secret" => Some("here is the key: sk-proj-abcdefghijklmnopqrstuvwxyz0123456789 keep it safe"),
         "card" => Some("the card on file is 4111 1111 1111 1111"),
@@ -224,7 +231,8 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     if req.path() == "/" {
         return HttpResponse::Ok().json(json!({
             "service": "shield mock LLM",
-            "endpoints": ["/v1/chat/completions", "/mock/{directives}/v1/chat/completions"],
+            "endpoints": ["/v1/chat/completions", "/v1/messages", "/mock/{directives}/v1/chat/completions",
+                "/mock/{directives}/v1/messages"],
             "inspect": ["/_mock/requests?id=TAG", "/_mock/calls?id=TAG", "/_mock/streams?id=TAG"],
         }));
     }
@@ -236,7 +244,7 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
         *n += 1;
         *n - 1
     };
-    if let (Some(id), true) = (&scenario.id, rest == "/v1/chat/completions") {
+    if let (Some(id), true) = (&scenario.id, rest == "/v1/chat/completions" || rest == "/v1/messages") {
         *state.calls_by_id.lock().entry(id.clone()).or_insert(0) += 1;
     }
     if let Some(delay) = scenario.delay {
@@ -265,6 +273,7 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
         response.insert_header(("retry-after", retry_after.as_str()));
     }
     match (req.method().as_str(), rest) {
+        ("POST", "/v1/messages") => anthropic::answer(response, status, scenario, &body, state),
         ("GET", "/v1/models") => response
             .json(json!({"object": "list", "data": [{"id": "mock-1", "object": "model", "owned_by": "shield-mock"}]})),
         ("POST", "/v1/chat/completions") if !status.is_success() => {
@@ -275,7 +284,11 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
             if serde_json::from_slice::<Value>(&body).ok().and_then(|b| b.get("stream")?.as_bool()) == Some(true) =>
         {
             let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            response.content_type("text/event-stream").streaming(stream(state.into_inner(), scenario, request))
+            let wire = OpenAiWire {
+                model: request.get("model").and_then(Value::as_str).unwrap_or("mock").to_string(),
+                include_usage: request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
+            };
+            response.content_type("text/event-stream").streaming(stream(state.into_inner(), scenario, wire))
         }
         ("POST", "/v1/chat/completions") => match scenario.body.as_deref() {
             Some("garbage") => response.content_type("application/json").body("this is not json"),
@@ -314,78 +327,130 @@ fn drip(text: String, every: Duration) -> impl futures_util::Stream<Item = Resul
     })
 }
 
-/// A streamed completion as SSE events, shaped by the scenario's streaming directives.
-fn stream(
+/// One step of a streamed answer, before a wire format renders it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Piece {
+    /// Content; `first` opens the answer.
+    Text { first: bool, text: String },
+    /// The end of the content (`finish_reason` / `stop_reason`).
+    Finish,
+    /// The usage report (`prompt`, `completion` tokens).
+    Usage(u64, u64),
+    /// The provider's end marker.
+    Done,
+    /// An error event instead of the first content.
+    Error,
+    /// An event that is not JSON.
+    Malformed,
+}
+
+/// A provider's stream format: renders a [`Piece`] as SSE bytes (`None`: it sends nothing
+/// for that piece).
+pub(crate) trait Wire: Send + 'static {
+    fn render(&self, piece: &Piece) -> Option<Bytes>;
+}
+
+/// OpenAI's Chat Completions stream.
+struct OpenAiWire {
+    model: String,
+    include_usage: bool,
+}
+
+impl Wire for OpenAiWire {
+    fn render(&self, piece: &Piece) -> Option<Bytes> {
+        let chunk = |delta: Value, finish: Value| {
+            json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        };
+        let event = |value: &Value| Some(Bytes::from(format!("data: {value}\n\n")));
+        match piece {
+            Piece::Text { first: true, text } => {
+                event(&chunk(json!({"role": "assistant", "content": text}), Value::Null))
+            }
+            Piece::Text { text, .. } => event(&chunk(json!({"content": text}), Value::Null)),
+            Piece::Finish => event(&chunk(json!({}), json!("stop"))),
+            Piece::Usage(p, c) if self.include_usage => event(&json!({"id": "chatcmpl-mock",
+                "object": "chat.completion.chunk", "created": 0, "model": self.model, "choices": [],
+                "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})),
+            Piece::Usage(..) => None,
+            Piece::Done => Some(Bytes::from_static(b"data: [DONE]\n\n")),
+            Piece::Error => {
+                event(&json!({"error": {"message": "mock overloaded", "type": "server_error", "code": null}}))
+            }
+            Piece::Malformed => Some(Bytes::from_static(b"data: {this is not json\n\n")),
+        }
+    }
+}
+
+/// A streamed answer as SSE events in `wire`'s format, shaped by the scenario's streaming
+/// directives.
+pub(crate) fn stream(
     state: std::sync::Arc<MockState>,
     scenario: Scenario,
-    request: Value,
+    wire: impl Wire,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     let id = scenario.id.clone().unwrap_or_default();
     state.streams.lock().entry(id.clone()).or_default().started += 1;
-    let model = request.get("model").and_then(Value::as_str).unwrap_or("mock").to_string();
-    let include_usage = request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
     let chunks = scenario.chunks.unwrap_or(3);
     let guard = StreamGuard { state, id, finished: false };
-    futures_util::stream::unfold((0usize, guard), move |(n, mut guard)| {
+    let wire = std::sync::Arc::new(wire);
+    futures_util::stream::unfold((0usize, guard), move |(mut n, mut guard)| {
         let scenario = scenario.clone();
-        let model = model.clone();
+        let wire = wire.clone();
         async move {
             let delay = if n == 0 { scenario.ttfb } else { scenario.chunk_delay };
             if let Some(delay) = delay {
                 tokio::time::sleep(delay).await;
             }
-            let chunk = |delta: Value, finish: Value| {
-                json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-            };
-            let event = |value: &Value| Bytes::from(format!("data: {value}\n\n"));
-            if n == 0 && scenario.error_first {
-                guard.finished = true;
-                let error = json!({"error": {"message": "mock overloaded", "type": "server_error", "code": null}});
-                return Some((Ok(event(&error)), (usize::MAX, guard)));
-            }
             if n == usize::MAX {
                 return None;
             }
-            if scenario.empty {
-                guard.complete();
-                return None;
-            }
-            if scenario.break_after == Some(n) {
-                // Let what was sent reach the client first: actix flushes when the body pends.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                guard.finished = true;
-                return Some((Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)), (usize::MAX, guard)));
-            }
-            if scenario.stall_after == Some(n) {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-            }
-            let out = if n < chunks {
-                if scenario.malformed_at == Some(n + 1) {
-                    Bytes::from_static(b"data: {this is not json\n\n")
-                } else if n == 0 {
-                    event(&chunk(json!({"role": "assistant", "content": "mock "}), Value::Null))
-                } else if let (1, Some(text)) = (n, canned(scenario.say.as_deref())) {
-                    event(&chunk(json!({"content": text}), Value::Null))
+            loop {
+                let piece = if n == 0 && scenario.error_first {
+                    guard.finished = true;
+                    return Some((Ok(wire.render(&Piece::Error).unwrap_or_default()), (usize::MAX, guard)));
+                } else if scenario.empty {
+                    guard.complete();
+                    return None;
+                } else if scenario.break_after == Some(n) {
+                    // Let what was sent reach the client first: actix flushes when the body pends.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    guard.finished = true;
+                    let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+                    return Some((Err(reset), (usize::MAX, guard)));
+                } else if n < chunks {
+                    if scenario.stall_after == Some(n) {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                    }
+                    if scenario.malformed_at == Some(n + 1) {
+                        Piece::Malformed
+                    } else if n == 0 {
+                        Piece::Text { first: true, text: "mock ".into() }
+                    } else if let (1, Some(text)) = (n, canned(scenario.say.as_deref())) {
+                        Piece::Text { first: false, text: text.into() }
+                    } else {
+                        Piece::Text { first: false, text: format!("part{n} ") }
+                    }
+                } else if n == chunks {
+                    if scenario.stall_after == Some(n) {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                    }
+                    Piece::Finish
+                } else if n == chunks + 1 {
+                    let (p, c) = scenario.usage.unwrap_or((10, chunks as u64));
+                    Piece::Usage(p, c)
+                } else if n == chunks + 2 && !scenario.no_done {
+                    guard.finished = true;
+                    return Some((Ok(wire.render(&Piece::Done).unwrap_or_default()), (usize::MAX, guard)));
                 } else {
-                    event(&chunk(json!({"content": format!("part{n} ")}), Value::Null))
+                    guard.complete();
+                    return None;
+                };
+                match wire.render(&piece) {
+                    Some(bytes) => return Some((Ok(bytes), (n + 1, guard))),
+                    None => n += 1,
                 }
-            } else if n == chunks {
-                event(&chunk(json!({}), json!("stop")))
-            } else if n == chunks + 1 && include_usage {
-                let (p, c) = scenario.usage.unwrap_or((10, chunks as u64));
-                event(
-                    &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [],
-                    "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}),
-                )
-            } else if !scenario.no_done && n <= chunks + 2 {
-                guard.finished = true;
-                return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), (usize::MAX, guard)));
-            } else {
-                guard.complete();
-                return None;
-            };
-            Some((Ok(out), (n + 1, guard)))
+            }
         }
     })
 }

@@ -1,0 +1,171 @@
+//! The mock in Anthropic's shape: `POST /v1/messages` (and `/mock/{scenario}/v1/messages`)
+//! with the same directives as the OpenAI endpoint, streaming included, so routing, failover
+//! and accounting tests run across formats. Besides those: `cache:R-W` reports R cache-read
+//! and W cache-write input tokens, and `err:CODE` becomes the error's
+//! `details.error_code` with CODE (underscores as spaces) as its message — e.g.
+//! `err:prompt_is_too_long`, `err:enforced_spend_limit_reached`.
+
+use actix_web::HttpResponseBuilder;
+use actix_web::http::StatusCode;
+use actix_web::web::Bytes;
+use actix_web::{HttpResponse, web};
+use serde_json::{Value, json};
+
+use crate::{MockState, Piece, Scenario, Wire, canned, stream};
+
+/// Anthropic's error `type` for a status (ANTHROPIC.md "Errors").
+fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "invalid_request_error",
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+pub(crate) fn error_body(status: StatusCode, code: Option<&str>) -> Value {
+    let message = match code {
+        Some(code) => code.replace('_', " "),
+        None => format!("mock failure {}", status.as_u16()),
+    };
+    let mut error = json!({"type": error_type(status), "message": message});
+    if let Some(code) = code {
+        error["details"] = json!({"error_code": code});
+    }
+    json!({"type": "error", "error": error, "request_id": "req_mock"})
+}
+
+/// The text of the last user turn (a string, or its text blocks).
+fn last_user_text(request: &Value) -> String {
+    let messages = request.get("messages").and_then(Value::as_array);
+    let last = messages.into_iter().flatten().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+    match last.and_then(|m| m.get("content")) {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(blocks)) => {
+            blocks.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("")
+        }
+        _ => String::new(),
+    }
+}
+
+fn usage(request: &Value, scenario: &Scenario, output_chars: usize) -> Value {
+    let prompt_chars = request.get("messages").map(|m| m.to_string().len()).unwrap_or(0) as u64;
+    let (input, output) = scenario.usage.unwrap_or((prompt_chars.div_ceil(4), (output_chars as u64).div_ceil(4)));
+    let (read, write) = scenario.cache.unwrap_or((0, 0));
+    json!({"input_tokens": input, "output_tokens": output, "cache_read_input_tokens": read,
+        "cache_creation_input_tokens": write})
+}
+
+fn message(request: &Value, scenario: &Scenario) -> Value {
+    let model = request.get("model").and_then(Value::as_str).unwrap_or("mock");
+    let text = canned(scenario.say.as_deref())
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("mock answer to: {}", last_user_text(request)));
+    let (content, stop_reason) = match &scenario.tool {
+        Some(tool) => {
+            (json!([{"type": "tool_use", "id": "toolu_mock1", "name": tool, "input": {"q": "mock"}}]), "tool_use")
+        }
+        None => (json!([{"type": "text", "text": text}]), "end_turn"),
+    };
+    json!({"id": "msg_mock", "type": "message", "role": "assistant", "model": model, "content": content,
+        "stop_reason": stop_reason, "stop_sequence": null, "usage": usage(request, scenario, text.len())})
+}
+
+/// `POST …/v1/messages`, after the shared directives (delay, hang, reset, status) ran.
+pub(crate) fn answer(
+    mut response: HttpResponseBuilder,
+    status: StatusCode,
+    scenario: Scenario,
+    body: &Bytes,
+    state: web::Data<MockState>,
+) -> HttpResponse {
+    if !status.is_success() {
+        return response.json(error_body(status, scenario.error_code.as_deref()));
+    }
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if request.get("stream").and_then(Value::as_bool) == Some(true) {
+        let (input, output) = scenario.usage.unwrap_or((10, scenario.chunks.unwrap_or(3) as u64));
+        let (read, write) = scenario.cache.unwrap_or((0, 0));
+        let wire = AnthropicWire {
+            model: request.get("model").and_then(Value::as_str).unwrap_or("mock").to_string(),
+            usage: json!({"input_tokens": input, "output_tokens": output, "cache_read_input_tokens": read,
+                "cache_creation_input_tokens": write}),
+        };
+        return response.content_type("text/event-stream").streaming(stream(state.into_inner(), scenario, wire));
+    }
+    match scenario.body.as_deref() {
+        Some("garbage") => response.content_type("application/json").body("this is not json"),
+        Some("nochoices") => response.json(json!({"id": "msg_x", "type": "message"})),
+        Some("error") => response.json(error_body(StatusCode::from_u16(529).unwrap_or_default(), None)),
+        _ => response.json(message(&request, &scenario)),
+    }
+}
+
+/// Anthropic's stream: `message_start` with the input usage, one text block, `message_delta`
+/// with the stop reason and output usage, `message_stop`.
+struct AnthropicWire {
+    model: String,
+    usage: Value,
+}
+
+fn event(name: &str, data: &Value) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+impl Wire for AnthropicWire {
+    fn render(&self, piece: &Piece) -> Option<Bytes> {
+        let delta = |text: &str| {
+            event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+            )
+        };
+        let text = match piece {
+            Piece::Text { first: true, text } => {
+                let mut start_usage = self.usage.clone();
+                start_usage["output_tokens"] = json!(1);
+                [
+                    event(
+                        "message_start",
+                        &json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message",
+                        "role": "assistant", "model": self.model, "content": [], "stop_reason": null,
+                        "stop_sequence": null, "usage": start_usage}}),
+                    ),
+                    event(
+                        "content_block_start",
+                        &json!({"type": "content_block_start", "index": 0,
+                        "content_block": {"type": "text", "text": ""}}),
+                    ),
+                    event("ping", &json!({"type": "ping"})),
+                    delta(text),
+                ]
+                .concat()
+            }
+            Piece::Text { text, .. } => delta(text),
+            Piece::Finish => [
+                event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})),
+                event(
+                    "message_delta",
+                    &json!({"type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                    "usage": {"output_tokens": self.usage["output_tokens"]}}),
+                ),
+            ]
+            .concat(),
+            // Anthropic reports usage in `message_start` and `message_delta`.
+            Piece::Usage(..) => return None,
+            Piece::Done => event("message_stop", &json!({"type": "message_stop"})),
+            Piece::Error => event(
+                "error",
+                &json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+            ),
+            Piece::Malformed => "event: content_block_delta\ndata: {this is not json\n\n".to_string(),
+        };
+        Some(Bytes::from(text))
+    }
+}
