@@ -19,11 +19,11 @@ use shield_core::usage::{TokenUsage, budget_state};
 
 use crate::auth::authenticate;
 use crate::body::{self, ChatRequest};
+use crate::context::{Ending, RequestContext};
 use crate::dispatch::{Call, Committed, HOP_HEADER, Routed, RoutedResult, dispatch, dispatch_stream};
 use crate::egress::Egress;
 use crate::error::{ProxyError, openai_error};
 use crate::guard::{self, StreamGuard};
-use crate::metrics::Observed;
 use crate::tenant::TenantConfig;
 use crate::{ProxyState, default_path};
 
@@ -126,36 +126,30 @@ pub async fn pipeline(
     };
     let upstream_key = req.headers().get(UPSTREAM_KEY_HEADER).and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
     let call = Call { tenant, route, request, upstream_key, next_hop: hop + 1, facts };
-    let observe =
-        |routed_route: &str, target: Option<&str>, halt: &str, attempts: &[shield_core::run::Attempt], stream| {
-            let total = started.elapsed();
-            state.metrics.routed(Observed {
-                tenant: &caller.tenant,
-                route: routed_route,
-                target,
-                halt,
-                attempts,
-                total,
-                stream,
-            });
-        };
+    let context = RequestContext::new(
+        &caller.tenant,
+        &route.name,
+        started,
+        request.stream(),
+        state.usage.clone(),
+        state.metrics.clone(),
+    );
 
     if request.stream() {
         return Ok(match dispatch_stream(egress, &state.health, call).await {
             Ok(committed) => {
-                observe(&committed.route, Some(&committed.target), "committed", &committed.run.attempts, true);
                 let output = StreamGuard::new(tenant.snapshot.guardrails.clone(), caller.role.clone());
-                Outcome::Relayed(stream_response(committed, state, request, output))
+                Outcome::Relayed(stream_response(committed, state.health.clone(), context, request, output))
             }
             Err(routed) => {
-                observe(&routed.route, None, routed.halt.as_str(), &routed.attempts, true);
-                state.usage.record(&caller.tenant, &routed.route, &routed.attempts, None);
+                context.end(Ending::of(routed.halt, &routed.attempts, &routed.excluded));
                 Outcome::Routed { routed, guardrails }
             }
         });
     }
     let mut routed = dispatch(egress, &state.health, call).await;
-    routed.cost_micros = account(state, &caller.tenant, tenant, request, &routed);
+    let paid = paid(tenant, request, &routed);
+    routed.cost_micros = paid.as_ref().map(|p| p.cost_micros);
     // Seed §5: output guardrails and tool RBAC once, on the answer actually returned.
     if let RoutedResult::Answer { target, body, .. } = &routed.result {
         let (verdict, allowed) = guard::check_answer(&tenant.snapshot.guardrails, caller.role.as_deref(), body);
@@ -169,33 +163,40 @@ pub async fn pipeline(
         RoutedResult::Refusal { target, .. } => target.as_deref(),
         RoutedResult::Unavailable => None,
     };
-    observe(&routed.route, target, routed.halt.as_str(), &routed.attempts, false);
-    // The provenance record, one line per request: ids, classes and timings only — never a
-    // prompt, a header value or a credential. Debug level keeps the hot path free of it
-    // unless asked for (`RUST_LOG=shield_proxy::chat=debug`).
-    tracing::debug!(
-        tenant = %caller.tenant, route = %routed.route, halt = routed.halt.as_str(), failovers = routed.failovers,
-        attempts = %serde_json::to_string(&routed.attempts).unwrap_or_default(),
-        excluded = %serde_json::to_string(&routed.excluded).unwrap_or_default(), "routed"
-    );
+    context.end(Ending {
+        target,
+        answered: paid.as_ref().map(Paid::answered),
+        ..Ending::of(routed.halt, &routed.attempts, &routed.excluded)
+    });
     Ok(Outcome::Routed { routed, guardrails })
 }
 
-/// Records a non-streaming call in the usage buffer and returns the answer's cost: the
-/// tokens the upstream reported (estimated at 4 characters a token when it reported none)
-/// times the answering target's price. Done before output guardrails: a blocked answer was
-/// still produced, and paid for.
-fn account(
-    state: &ProxyState,
-    tenant: &str,
-    config: &TenantConfig,
-    request: &ChatRequest,
-    routed: &Routed,
-) -> Option<i64> {
-    let RoutedResult::Answer { target, body, usage, .. } = &routed.result else {
-        state.usage.record(tenant, &routed.route, &routed.attempts, None);
-        return None;
-    };
+/// What a non-streaming answer cost: the tokens the upstream reported (estimated at 4
+/// characters a token when it reported none) times the answering target's price. Counted
+/// whatever Shield then does with the answer: a blocked answer was still produced, and paid
+/// for.
+struct Paid {
+    target: String,
+    usage: TokenUsage,
+    cost_micros: i64,
+    estimated: bool,
+}
+
+impl Paid {
+    fn answered(&self) -> crate::usage::Answered<'_> {
+        crate::usage::Answered {
+            target: &self.target,
+            input_tokens: self.usage.input,
+            output_tokens: self.usage.output,
+            cost_micros: self.cost_micros,
+            estimated: self.estimated,
+            stream_broken: false,
+        }
+    }
+}
+
+fn paid(config: &TenantConfig, request: &ChatRequest, routed: &Routed) -> Option<Paid> {
+    let RoutedResult::Answer { target, body, usage, .. } = &routed.result else { return None };
     let (usage, estimated) = match usage {
         Some(usage) => (*usage, false),
         None => {
@@ -206,22 +207,14 @@ fn account(
     };
     let price = config.target(target).and_then(|t| t.price.as_ref());
     let cost_micros = shield_core::usage::cost_of(price, &usage);
-    let answered = crate::usage::Answered {
-        target,
-        input_tokens: usage.input,
-        output_tokens: usage.output,
-        cost_micros,
-        estimated,
-        stream_broken: false,
-    };
-    state.usage.record(tenant, &routed.route, &routed.attempts, Some(answered));
-    Some(cost_micros)
+    Some(Paid { target: target.clone(), usage, cost_micros, estimated })
 }
 
 /// The committed stream's response: routing headers on the head, then the relayed events.
 fn stream_response(
     committed: Committed,
-    state: &ProxyState,
+    health: std::sync::Arc<crate::health::Health>,
+    context: RequestContext,
     request: &ChatRequest,
     output: StreamGuard,
 ) -> HttpResponse {
@@ -235,9 +228,7 @@ fn stream_response(
         .insert_header(("x-shield-target", committed.target.as_str()))
         .insert_header(("x-shield-failovers", failovers.to_string()))
         .insert_header(("x-shield-budget", committed.budget.as_str()));
-    let (health, metrics, ledger) = (state.health.clone(), state.metrics.clone(), state.usage.clone());
-    let body =
-        crate::relay::relay(committed, health, metrics, ledger, output, request.wants_usage(), request.prompt_chars());
+    let body = crate::relay::relay(committed, health, context, output, request.wants_usage(), request.prompt_chars());
     response.streaming(body)
 }
 

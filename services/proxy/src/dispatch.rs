@@ -241,7 +241,10 @@ pub struct Committed {
     pub model: String,
     pub opened: Opened,
     pub permit: Permit,
+    /// When the committed attempt started, and when its first usable event arrived (the
+    /// commit point).
     pub started: Instant,
+    pub committed_at: Instant,
     pub run: Run,
     pub excluded: Vec<Excluded>,
     pub idle_timeout: Duration,
@@ -277,6 +280,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
                 opened: success.value,
                 permit: success.permit,
                 started: success.started,
+                committed_at: Instant::now(),
                 run: outcome.run,
                 excluded: outcome.excluded,
                 idle_timeout: Duration::from_secs(u64::from(idle_timeout)),

@@ -12,6 +12,7 @@ pub mod cache;
 pub mod calendar;
 pub mod chat;
 pub mod config;
+pub mod context;
 pub mod default_path;
 pub mod dispatch;
 pub mod egress;

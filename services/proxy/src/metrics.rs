@@ -15,8 +15,9 @@ pub struct Observed<'a> {
     pub target: Option<&'a str>,
     pub halt: &'a str,
     pub attempts: &'a [Attempt],
-    /// From the request's arrival to the answer (or the commit point of a stream).
-    pub total: std::time::Duration,
+    /// The time Shield added: from the request's arrival to the answer (or a stream's commit
+    /// point), less the time spent upstream.
+    pub added: std::time::Duration,
     pub stream: bool,
 }
 
@@ -117,12 +118,10 @@ impl Metrics {
 
     /// One routed call: its halt, its attempts and the time Shield added.
     pub fn routed(&self, call: Observed<'_>) {
-        let Observed { tenant, route, target, halt, attempts, total, stream } = call;
+        let Observed { tenant, route, target, halt, attempts, added, stream } = call;
         let (t, r) = (self.id(tenant), self.id(route));
         self.requests.with_label_values(&[t, r, self.id(target.unwrap_or("")), halt]).inc();
-        let mut upstream_ms = 0;
         for (i, attempt) in attempts.iter().enumerate() {
-            upstream_ms += attempt.ms;
             self.upstream_seconds
                 .with_label_values(&[t, self.id(&attempt.target), attempt.outcome])
                 .observe(attempt.ms as f64 / 1000.0);
@@ -130,8 +129,7 @@ impl Metrics {
                 self.failovers.with_label_values(&[t, r, class.as_str()]).inc();
             }
         }
-        let added = total.as_secs_f64() - upstream_ms as f64 / 1000.0;
-        self.added_seconds.with_label_values(&[if stream { "true" } else { "false" }]).observe(added.max(0.0));
+        self.added_seconds.with_label_values(&[if stream { "true" } else { "false" }]).observe(added.as_secs_f64());
     }
 
     pub fn stream_ended(&self, tenant: &str, route: &str, target: &str, broken: bool, malformed: u32) {

@@ -10,6 +10,7 @@
 //! (halt `cancelled`): nothing keeps generating for nobody.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::web::Bytes;
 use futures_util::StreamExt;
@@ -18,12 +19,12 @@ use shield_core::outcome::Class;
 use shield_core::run::Halt;
 use shield_core::usage::TokenUsage;
 
+use crate::context::{Ending, RequestContext};
 use crate::dispatch::Committed;
 use crate::guard::StreamGuard;
 use crate::health::Health;
-use crate::metrics::Metrics;
 use crate::provider::Decoded;
-use crate::usage::{Answered, UsageBuffer};
+use crate::usage::Answered;
 
 /// How a relayed stream ended, for the logs (and, with the budgets work, for usage).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,9 +40,11 @@ pub struct StreamEnd {
 struct Relay {
     committed: Committed,
     health: Arc<Health>,
-    metrics: Arc<Metrics>,
-    /// The usage buffer the stream's usage and cost go to when it ends.
-    ledger: Arc<UsageBuffer>,
+    /// The request's one end, taken when the stream ends (or is dropped).
+    context: Option<RequestContext>,
+    /// Time spent upstream before the commit point (failed attempts and the committed one's
+    /// wait for its first event): what Shield added to the first byte is the rest.
+    upstream_before_commit: Duration,
     /// Output guardrails and tool RBAC on the text as it flows.
     output: StreamGuard,
     /// The client asked for `stream_options.include_usage` itself.
@@ -60,18 +63,20 @@ struct Relay {
 pub fn relay(
     committed: Committed,
     health: Arc<Health>,
-    metrics: Arc<Metrics>,
-    ledger: Arc<UsageBuffer>,
+    context: RequestContext,
     output: StreamGuard,
     client_wants_usage: bool,
     prompt_chars: usize,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     let malformed = committed.opened.malformed;
+    let failed_ms: u64 = committed.run.attempts.iter().map(|a| a.ms).sum();
+    let upstream_before_commit =
+        Duration::from_millis(failed_ms) + committed.committed_at.saturating_duration_since(committed.started);
     let mut relay = Relay {
         committed,
         health,
-        metrics,
-        ledger,
+        context: Some(context),
+        upstream_before_commit,
         output,
         client_wants_usage,
         pending: None,
@@ -224,33 +229,13 @@ impl Relay {
         };
         let halt = if result.is_ok() { Halt::Succeeded } else { Halt::VisibleOutput };
         let end = StreamEnd { halt, usage, estimated, malformed_events: self.malformed, broken: result.is_err() };
-        log_end(&self.committed, &end);
-        self.account(&end);
-        let c = &self.committed;
-        self.metrics.stream_ended(&c.tenant, &c.route, &c.target, end.broken, end.malformed_events);
+        self.finish_request(&end);
         self.ended = Some(end);
     }
-}
 
-fn log_end(c: &Committed, end: &StreamEnd) {
-    tracing::debug!(
-        tenant = %c.tenant, route = %c.route, target = %c.target, halt = end.halt.as_str(), input_tokens = end.usage.input,
-        output_tokens = end.usage.output, estimated = end.estimated, malformed = end.malformed_events, "stream ended"
-    );
-}
-
-impl Relay {
-    /// Usage estimated at 4 characters a token from the prompt and what was relayed.
-    fn estimate(&self) -> TokenUsage {
-        TokenUsage {
-            input: (self.prompt_chars as u64).div_ceil(4),
-            output: (self.output_chars as u64).div_ceil(4),
-            ..TokenUsage::default()
-        }
-    }
-
-    /// The stream's usage and cost: reported tokens, or estimated from what was relayed.
-    fn account(&self, end: &StreamEnd) {
+    /// The request's one end ([`RequestContext::end`]): usage and cost, metrics, provenance.
+    fn finish_request(&mut self, end: &StreamEnd) {
+        let Some(context) = self.context.take() else { return };
         let c = &self.committed;
         let cost_micros = shield_core::usage::cost_of(c.price.as_ref(), &end.usage);
         let answered = Answered {
@@ -261,7 +246,24 @@ impl Relay {
             estimated: end.estimated,
             stream_broken: end.broken,
         };
-        self.ledger.record(&c.tenant, &c.route, &c.run.attempts, Some(answered));
+        context.end(Ending {
+            target: Some(&c.target),
+            answered: Some(answered),
+            answered_at: Some((c.committed_at, self.upstream_before_commit)),
+            malformed_events: end.malformed_events,
+            ..Ending::of(end.halt, &c.run.attempts, &c.excluded)
+        });
+    }
+}
+
+impl Relay {
+    /// Usage estimated at 4 characters a token from the prompt and what was relayed.
+    fn estimate(&self) -> TokenUsage {
+        TokenUsage {
+            input: (self.prompt_chars as u64).div_ceil(4),
+            output: (self.output_chars as u64).div_ceil(4),
+            ..TokenUsage::default()
+        }
     }
 }
 
@@ -274,14 +276,12 @@ impl Drop for Relay {
             self.health.release(&c.tenant, &c.target, c.permit);
             let end = StreamEnd {
                 halt: Halt::Cancelled,
-                usage: TokenUsage::default(),
+                usage: self.estimate(),
                 estimated: true,
                 malformed_events: self.malformed,
                 broken: false,
             };
-            log_end(c, &end);
-            let end = StreamEnd { usage: self.estimate(), ..end };
-            self.account(&end);
+            self.finish_request(&end);
         }
     }
 }
