@@ -537,3 +537,30 @@ async fn unknown_pages_and_assets() {
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert!(missing.body.contains("no such page"));
 }
+
+/// Issue 15: the form knows the flavor; an Anthropic target made in the portal sends its key
+/// in `x-api-key`, and switching a target's flavor takes the flavor's defaults along.
+#[actix_web::test]
+async fn the_target_form_knows_the_flavor() {
+    let admin = Admin::start().await;
+    let (tenant, ..) = admin.tenant().await;
+    let token = admin.owner(&tenant);
+    let mut browser = Browser::with_session(&admin, token.clone());
+    let form = browser.get("/portal/targets/new").await;
+    assert!(form.body.contains(r#"<option value="anthropic""#), "the flavor is offered");
+    let mut fields = target_fields("claude", "https://api.anthropic.com/v1", "claude-sonnet-4-5");
+    fields.push(("flavor", "anthropic"));
+    let page = browser.post("/portal/targets", &fields).await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    let (_, target) = admin.get("/v1/tenant/me/gateway/targets/claude", &token).await;
+    assert_eq!((target["flavor"].clone(), target["auth"]["header"].clone()), (json!("anthropic"), json!("x-api-key")));
+    let edit = browser.get("/portal/targets/claude/edit").await;
+    assert!(edit.body.contains(r#"<option value="anthropic" selected>"#), "the edit form shows it");
+    let mut fields = target_fields("claude", "https://api.openai.com/v1", "gpt-4o");
+    fields[1] = ("editing", "1");
+    fields.push(("flavor", "openai"));
+    assert_eq!(browser.post("/portal/targets", &fields).await.status, StatusCode::SEE_OTHER);
+    let (_, target) = admin.get("/v1/tenant/me/gateway/targets/claude", &token).await;
+    assert_eq!((target["flavor"].clone(), target["auth"]["header"].clone()), (json!("openai"), json!("Authorization")));
+    assert!(target.get("anthropic").is_none(), "Anthropic's options went with the flavor: {target}");
+}

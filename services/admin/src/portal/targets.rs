@@ -121,6 +121,8 @@ pub struct TargetValues {
     pub id: String,
     pub name: String,
     pub base_url: String,
+    /// `openai`, `azure` or `anthropic`.
+    pub flavor: String,
     pub model: String,
     pub location: String,
     pub auth_mode: String,
@@ -136,6 +138,7 @@ const FORM_FIELDS: &[&str] = &[
     "id",
     "name",
     "base_url",
+    "flavor",
     "model",
     "location",
     "auth.mode",
@@ -162,6 +165,7 @@ pub async fn new(
     session: Session,
 ) -> Result<HttpResponse, PortalError> {
     let v = TargetValues {
+        flavor: "openai".into(),
         location: "cloud".into(),
         auth_mode: "vault".into(),
         timeout_s: "60".into(),
@@ -182,6 +186,7 @@ pub async fn edit(
         id: target.id.clone(),
         name: target.name.clone(),
         base_url: target.base_url.clone(),
+        flavor: enum_text(&target.flavor),
         model: target.model.clone(),
         location: enum_text(&target.location),
         auth_mode: enum_text(&target.auth.mode),
@@ -228,6 +233,7 @@ pub async fn save(
         id: form.get("id").trim().into(),
         name: form.get("name").trim().into(),
         base_url: form.get("base_url").trim().into(),
+        flavor: form.get("flavor").into(),
         model: form.get("model").trim().into(),
         location: form.get("location").into(),
         auth_mode: form.get("auth.mode").into(),
@@ -276,9 +282,26 @@ fn target_json(v: &TargetValues, stored: Option<&Target>) -> (Value, Problems) {
     if stored.is_some_and(Target::first_byte_follows_timeout) {
         body.remove("first_byte_timeout_s");
     }
+    // Likewise the flavor's defaults: a credential header and Anthropic options nobody chose
+    // follow a change of flavor.
+    if let Some(stored) = stored {
+        let (header, scheme) = stored.flavor.default_auth();
+        if stored.auth.header_and_scheme(stored.flavor) == (header, scheme)
+            && let Some(Value::Object(auth)) = body.get_mut("auth")
+        {
+            auth.remove("header");
+            auth.remove("scheme");
+        }
+        if stored.anthropic.as_ref().is_some_and(|a| *a == Default::default()) {
+            body.remove("anthropic");
+        }
+    }
     body.insert("id".into(), json!(v.id));
     body.insert("name".into(), json!(v.name));
     body.insert("base_url".into(), json!(v.base_url));
+    if !v.flavor.is_empty() {
+        body.insert("flavor".into(), json!(v.flavor));
+    }
     body.insert("model".into(), json!(v.model));
     body.insert("location".into(), json!(v.location));
     body.insert("enabled".into(), json!(v.enabled));
@@ -333,6 +356,7 @@ mod tests {
         TargetValues {
             id: "a".into(),
             base_url: "https://api.example.com/v1".into(),
+            flavor: "openai".into(),
             model: "m".into(),
             location: "cloud".into(),
             auth_mode: "none".into(),
@@ -371,6 +395,25 @@ mod tests {
         assert!(body.get("first_byte_timeout_s").is_none(), "the default (20 for 60 s) follows: {body}");
         let (body, _) = target_json(&v, Some(&stored(7)));
         assert_eq!(body["first_byte_timeout_s"], 7, "a value someone chose is kept (and checked by the API)");
+    }
+
+    #[test]
+    fn a_change_of_flavor_takes_the_flavors_defaults_along() {
+        let stored: Target =
+            serde_json::from_value(json!({"id": "a", "base_url": "https://x.example.com", "model": "m",
+            "auth": {"mode": "vault", "secret_ref": "shield://k", "header": "Authorization", "scheme": "Bearer"}}))
+            .unwrap();
+        let mut v = values();
+        v.flavor = "anthropic".into();
+        let (body, _) = target_json(&v, Some(&stored));
+        assert_eq!(body["flavor"], "anthropic");
+        assert_eq!(body["auth"], json!({"mode": "none"}), "the old flavor's default header is not carried over");
+        let custom: Target =
+            serde_json::from_value(json!({"id": "a", "base_url": "https://x.example.com", "model": "m",
+            "auth": {"mode": "none", "header": "X-Key", "scheme": ""}}))
+            .unwrap();
+        let (body, _) = target_json(&v, Some(&custom));
+        assert_eq!(body["auth"]["header"], "X-Key", "a header someone chose is kept");
     }
 
     #[test]
