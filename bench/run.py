@@ -13,6 +13,14 @@ requests/s), and one request at a time (wrk -c1). At saturation (c20) latency is
 (Little's law), so there a slower path shows "added latency" that is only its lower throughput.
 Set SHIELD_BENCH_PEERS=0 to leave LiteLLM out.
 
+Two backends: the mock LLM, and a static nginx `return 200` of a fixed ~700-byte completion
+(the cheapest possible upstream: a backend that burns CPU on the same cores hides the gateway's
+own cost). For each gateway process the CPU it used per request over the c20 window is printed
+(utime + stime from /proc/<pid>/stat ÷ requests answered).
+
+SHIELD_BENCH_BASELINE=/path/to/an/older/shield adds that binary's proxy (same admin, Redis and
+routes) as the "base" paths, so a change is measured before and after in one run.
+
 Usage: bench/run.sh [seconds per run, default 10]
 """
 import json
@@ -32,7 +40,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIELD = os.path.join(ROOT, "target", "release", "shield")
 DURATION = int(sys.argv[1]) if len(sys.argv) > 1 else 10
 CONCURRENCY = 20
-BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
+MOCK_BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
+STATIC_BODY = json.dumps({"model": "bench-static", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
+BODY = MOCK_BODY
+# What the static backend answers to every request: a fixed chat completion of ~700 bytes.
+STATIC_COMPLETION = json.dumps({
+    "id": "chatcmpl-static0123456789", "object": "chat.completion", "created": 1764547200, "model": "static-1",
+    "system_fingerprint": "fp_static",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content":
+        "Hello! This is a fixed answer from a static backend, long enough to look like a short real completion "
+        "that a model would give to a greeting, so that the gateway parses and relays a realistic body.",
+        "refusal": None}, "logprobs": None, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 14, "completion_tokens": 48, "total_tokens": 62,
+              "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}},
+}, separators=(",", ":"))
 
 
 def free_port():
@@ -61,7 +82,14 @@ def request(method, url, token=None, body=None):
         return json.loads(response.read() or b"null")
 
 
-def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None):
+def cpu_ticks(pid):
+    """utime + stime of `pid`, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None, pid=None):
     script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)
     if pause_ms:
         script.write(f"function delay() return math.random({pause_ms[0]}, {pause_ms[1]}) end\n")
@@ -72,6 +100,7 @@ def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None):
     script.close()
     threads = "-t2" if connections > 1 else "-t1"
     subprocess.run(["wrk", threads, f"-c{connections}", "-d2s", "-s", script.name, url], capture_output=True)  # warm-up
+    before = cpu_ticks(pid) if pid else None
     out = subprocess.run(
         ["wrk", threads, f"-c{connections}", f"-d{duration or DURATION}s", "--latency", "-s", script.name, url],
         capture_output=True, text=True,
@@ -80,15 +109,20 @@ def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None):
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     pct = {p: to_ms(v) for p, v in re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M)}
-    return {"rps": rps, "p50": pct["50"], "p99": pct["99"], "non_2xx": int(errors.group(1)) if errors else 0}
+    answered = int(re.search(r"(\d+) requests in", out).group(1))
+    cpu_us = None
+    if pid:
+        cpu_us = (cpu_ticks(pid) - before) / os.sysconf("SC_CLK_TCK") * 1e6 / max(answered, 1)
+    return {"rps": rps, "p50": pct["50"], "p99": pct["99"], "non_2xx": int(errors.group(1)) if errors else 0,
+            "cpu_us": cpu_us}
 
 
-def paced(url, headers):
+def paced(url, headers, pid=None):
     """p50/p99 at a moderate, spread-out load: CONCURRENCY keep-alive connections, each waiting
     2-6 ms (random, so connections do not move in step) before its next request; about
     CONCURRENCY / 4 ms = 5,000 requests/s in all. wrk times each request from send to answer,
     without the pause."""
-    return wrk(url, headers, pause_ms=(2, 6))
+    return wrk(url, headers, pause_ms=(2, 6), pid=pid)
 
 
 def ttft(port, path, headers, n=300):
@@ -132,7 +166,8 @@ def main():
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing: apt-get install -y wrk nginx-light")
     work = tempfile.mkdtemp(prefix="shield-bench-")
-    ports = {name: free_port() for name in ("mock", "nginx", "admin", "proxy", "litellm")}
+    ports = {name: free_port() for name in ("mock", "nginx", "static", "nginx_static", "admin", "proxy", "base", "litellm")}
+    baseline = os.environ.get("SHIELD_BENCH_BASELINE")
     peers = os.environ.get("SHIELD_BENCH_PEERS", "1") != "0" and shutil.which("litellm") is not None
     db = f"shield_bench_{uuid.uuid4().hex[:12]}"
     env = dict(
@@ -147,9 +182,11 @@ def main():
     )
     children = []
 
-    def start(*args):
-        log = open(os.path.join(work, f"{args[0]}.log"), "w")
-        children.append(subprocess.Popen([SHIELD, *args], env=env, stdout=log, stderr=log))
+    def start(*args, binary=SHIELD, extra_env=None, name=None):
+        log = open(os.path.join(work, f"{name or args[0]}.log"), "w")
+        child = subprocess.Popen([binary, *args], env=dict(env, **(extra_env or {})), stdout=log, stderr=log)
+        children.append(child)
+        return child
 
     try:
         start("mock-llm", "--addr", f"127.0.0.1:{ports['mock']}")
@@ -159,7 +196,11 @@ def main():
         token = subprocess.run([SHIELD, "token", "issue", "--tenant", created["tenant"], "--scopes",
                                 "tenant:read,config:write,registry:write"], env=env, check=True, capture_output=True, text=True).stdout.strip()
         start("admin")
-        start("proxy")
+        pids = {"shield": start("proxy").pid}
+        if baseline:
+            pids["base"] = start("proxy", binary=baseline, name="base-proxy",
+                                 extra_env={"SHIELD_PROXY_ADDR": f"127.0.0.1:{ports['base']}"}).pid
+            wait_http(f"http://127.0.0.1:{ports['base']}/healthz")
         wait_http(f"http://127.0.0.1:{ports['mock']}/healthz")
         wait_http(f"http://127.0.0.1:{ports['admin']}/healthz")
         wait_http(f"http://127.0.0.1:{ports['proxy']}/healthz")
@@ -167,6 +208,9 @@ def main():
         request("PUT", f"{admin}/gateway/targets/mock", token, {
             "base_url": f"http://127.0.0.1:{ports['mock']}/v1", "model": "mock-1", "allow_private": True, "auth": {"mode": "none"}})
         request("PUT", f"{admin}/gateway/routes/bench", token, {"targets": ["mock"]})
+        request("PUT", f"{admin}/gateway/targets/static", token, {
+            "base_url": f"http://127.0.0.1:{ports['static']}/v1", "model": "static-1", "allow_private": True, "auth": {"mode": "none"}})
+        request("PUT", f"{admin}/gateway/routes/bench-static", token, {"targets": ["static"]})
         key = request("POST", f"{admin}/keys", token, {"name": "bench"})["key"]
 
         conf = os.path.join(work, "nginx.conf")
@@ -177,26 +221,59 @@ events {{ worker_connections 1024; }}
 http {{
   access_log off;
   upstream mock {{ server 127.0.0.1:{ports['mock']}; keepalive 64; }}
+  upstream static {{ server 127.0.0.1:{ports['static']}; keepalive 64; }}
   server {{
     listen 127.0.0.1:{ports['nginx']};
     location / {{ proxy_pass http://mock; proxy_http_version 1.1; proxy_set_header Connection ""; }}
+  }}
+  server {{
+    listen 127.0.0.1:{ports['static']};
+    location / {{ default_type application/json; return 200 '{STATIC_COMPLETION}'; }}
+  }}
+  server {{
+    listen 127.0.0.1:{ports['nginx_static']};
+    location / {{ proxy_pass http://static; proxy_http_version 1.1; proxy_set_header Connection ""; }}
   }}
 }}
 """)
         children.append(subprocess.Popen(["nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_http(f"http://127.0.0.1:{ports['nginx']}/healthz")
 
+        wait_http(f"http://127.0.0.1:{ports['nginx_static']}/healthz")
+        plain = {"Content-Type": "application/json"}
+        keyed = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        chat = "/v1/chat/completions"
         targets = {
-            "direct": (f"http://127.0.0.1:{ports['mock']}/v1/chat/completions", {"Content-Type": "application/json"}),
-            "nginx": (f"http://127.0.0.1:{ports['nginx']}/v1/chat/completions", {"Content-Type": "application/json"}),
-            "shield": (f"http://127.0.0.1:{ports['proxy']}/v1/chat/completions",
-                       {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}),
+            "direct": (f"http://127.0.0.1:{ports['mock']}{chat}", plain, None),
+            "nginx": (f"http://127.0.0.1:{ports['nginx']}{chat}", plain, None),
+            "shield": (f"http://127.0.0.1:{ports['proxy']}{chat}", keyed, pids["shield"]),
         }
-        results = {name: wrk(url, headers) for name, (url, headers) in targets.items()}
+        if baseline:
+            targets["base"] = (f"http://127.0.0.1:{ports['base']}{chat}", keyed, pids["base"])
+        targets.update({
+            "s-direct": (f"http://127.0.0.1:{ports['static']}{chat}", plain, None),
+            "s-nginx": (f"http://127.0.0.1:{ports['nginx_static']}{chat}", plain, None),
+            "s-shield": (f"http://127.0.0.1:{ports['proxy']}{chat}", keyed, pids["shield"]),
+        })
+        if baseline:
+            targets["s-base"] = (f"http://127.0.0.1:{ports['base']}{chat}", keyed, pids["base"])
+        global BODY
+        bodies = {name: STATIC_BODY if name.startswith("s-") else MOCK_BODY for name in targets}
+
+        def each(measure):
+            global BODY
+            out = {}
+            for name, (url, headers, pid) in targets.items():
+                BODY = bodies[name]
+                out[name] = measure(url, headers, pid)
+            return out
+
+        results = each(lambda url, headers, pid: wrk(url, headers, pid=pid))
         # Unloaded latency: one connection, so the cores are not saturated and the difference
         # is what one pass through the gateway costs.
-        serial = {name: wrk(url, headers, connections=1, duration=max(3, DURATION // 2)) for name, (url, headers) in targets.items()}
-        fixed = {name: paced(url, headers) for name, (url, headers) in targets.items()}
+        serial = each(lambda url, headers, pid: wrk(url, headers, connections=1, duration=max(3, DURATION // 2)))
+        fixed = each(lambda url, headers, pid: paced(url, headers, pid=pid))
+        BODY = MOCK_BODY
         if peers:
             # Measured after Shield's runs. LiteLLM's proxy with the mock as an OpenAI-compatible model named like Shield's route.
             # It refuses to start without a master key; callers authenticate with it, as with Shield.
@@ -225,22 +302,33 @@ http {{
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         print(f"\nShield benchmark, {time.strftime('%Y-%m-%d')}, commit {commit}, {os.cpu_count()} cores, "
               f"wrk -t2 -c{CONCURRENCY} -d{DURATION}s, keep-alive, POST /v1/chat/completions\n")
-        print(f"{'path':<8}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}")
+        print("paths: direct / nginx / shield / base (SHIELD_BENCH_BASELINE) to the mock LLM; s-* the same to a static nginx backend")
+        print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}{'CPU us/req':>12}")
         for name, r in results.items():
-            print(f"{name:<8}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}")
+            cpu = f"{r['cpu_us']:>12.1f}" if r.get("cpu_us") is not None else f"{'':>12}"
+            print(f"{name:<10}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}{cpu}")
+        for prefix in ("", "s-"):
+            s_, n_ = results[f"{prefix}shield"], results[f"{prefix}nginx"]
+            line = f"{prefix or 'mock '}backend: shield / nginx floor {s_['rps'] / n_['rps']:.0%}"
+            if baseline:
+                b_ = results[f"{prefix}base"]
+                line += (f"; shield / base {s_['rps'] / b_['rps']:.1%}; CPU us/req shield {s_['cpu_us']:.1f} "
+                         f"vs base {b_['cpu_us']:.1f}")
+            print(line)
         print(f"\nunloaded (wrk -t1 -c1): one request at a time")
-        print(f"{'path':<8}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}")
+        print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}")
         for name, r in serial.items():
-            print(f"{name:<8}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}")
+            print(f"{name:<10}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}")
         sd, ss = serial["direct"], serial["shield"]
         print(f"\nunloaded: shield added p50 {ss['p50'] - sd['p50']:+.3f} ms, added p99 {ss['p99'] - sd['p99']:+.3f} ms")
         print(f"\npaced (wrk -c{CONCURRENCY}, each connection pausing 2-6 ms between requests: ~5,000 requests/s)")
-        print(f"{'path':<8}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}")
+        print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}")
         for name, r in fixed.items():
-            print(f"{name:<8}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}")
-        fd, fs = fixed["direct"], fixed["shield"]
-        print(f"paced: shield added p50 {fs['p50'] - fd['p50']:+.3f} ms, "
-              f"added p99 {fs['p99'] - fd['p99']:+.3f} ms (target <= 0.5)")
+            print(f"{name:<10}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}")
+        for prefix in ("", "s-"):
+            fd, fs = fixed[f"{prefix}direct"], fixed[f"{prefix}shield"]
+            print(f"paced, {prefix or 'mock '}backend: shield added p50 {fs['p50'] - fd['p50']:+.3f} ms, "
+                  f"added p99 {fs['p99'] - fd['p99']:+.3f} ms (target <= 0.5)")
         direct_ttft = ttft(ports["mock"], "/v1/chat/completions", {"Content-Type": "application/json"})
         shield_ttft = ttft(ports["proxy"], "/v1/chat/completions", {"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
         print("\nstreaming, time to first token (300 sequential calls, one keep-alive connection)")

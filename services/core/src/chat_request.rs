@@ -8,8 +8,12 @@ use serde_json::{Map, Value};
 /// OpenAI's own limit on `messages`; a longer conversation is refused before any routing.
 pub const MAX_MESSAGES: usize = 2048;
 
+/// Where the Anthropic ingress keeps the caller's original Messages fields (for Anthropic
+/// targets) and what they require. Set only by Shield: a caller's own is removed on parse.
+pub const ANTHROPIC_KEY: &str = "x_anthropic";
+
 /// Fields only Shield reads; never sent upstream (ROUTING.md "body hygiene").
-const SHIELD_ONLY: [&str; 4] = ["x_shield", "prompt", "system", "run_id"];
+const SHIELD_ONLY: [&str; 5] = ["x_shield", "prompt", "system", "run_id", ANTHROPIC_KEY];
 
 /// Why a request body is refused (answered 400 with this text).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,9 +29,10 @@ pub struct ChatRequest {
 impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<ChatRequest, BadRequest> {
         let value: Value = serde_json::from_slice(body).map_err(|e| BadRequest(format!("malformed JSON body: {e}")))?;
-        let Value::Object(fields) = value else {
+        let Value::Object(mut fields) = value else {
             return Err(BadRequest("the body must be a JSON object".into()));
         };
+        fields.remove(ANTHROPIC_KEY);
         let model = match fields.get("model") {
             Some(Value::String(model)) if !model.is_empty() => model.clone(),
             Some(_) => {
@@ -38,6 +43,22 @@ impl ChatRequest {
             }
         };
         Ok(ChatRequest { fields, model })
+    }
+
+    /// The caller's original Anthropic Messages fields, when the request came in that shape.
+    pub fn anthropic_original(&self) -> Option<&Map<String, Value>> {
+        self.fields.get(ANTHROPIC_KEY)?.get("original")?.as_object()
+    }
+
+    /// The allowed `anthropic-beta` flags the caller sent (Anthropic ingress).
+    pub fn anthropic_beta(&self) -> Option<&str> {
+        self.fields.get(ANTHROPIC_KEY)?.get("beta")?.as_str()
+    }
+
+    /// Whether only an Anthropic target can honour the request (it carries `thinking`,
+    /// documents or server tools).
+    pub fn requires_anthropic(&self) -> bool {
+        self.fields.get(ANTHROPIC_KEY).and_then(|n| n.get("requires")).and_then(Value::as_bool).unwrap_or(false)
     }
 
     pub fn stream(&self) -> bool {

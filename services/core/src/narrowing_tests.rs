@@ -212,7 +212,14 @@ fn admission_excludes_with_a_reason_before_anything_is_sent() {
     );
     let parked = Facts { exhausted: BTreeSet::from(["azure-4o".to_string()]), ..Facts::default() };
     assert_eq!(reasons(&parked), vec![("azure-4o".to_string(), Exclusion::Exhausted)]);
-
+    // Fields only Anthropic's API honours (thinking, documents) exclude every other flavor.
+    let mut with_claude = targets.clone();
+    with_claude.get_mut("onprem-qwen").unwrap().flavor = crate::target::Flavor::Anthropic;
+    let thinking = Facts { requires_flavor: Some(crate::target::Flavor::Anthropic), ..Facts::default() };
+    let p = plan(&route, &with_claude, &thinking, &mut rng());
+    assert_eq!(p.order, vec!["onprem-qwen"]);
+    let excluded: Vec<_> = p.excluded.iter().map(|e| (e.target.as_str(), e.reason)).collect();
+    assert_eq!(excluded, vec![("openai-4o", Exclusion::UnsupportedField), ("azure-4o", Exclusion::UnsupportedField)]);
     // A route envelope the stored targets no longer meet (defence in depth at run time).
     let mut envelope: Route = from_json_field(
         br#"{"name": "eu", "targets": ["openai-4o", "onprem-qwen"], "required_profile": {"region": "eu"}}"#,

@@ -10,7 +10,7 @@ use rand::Rng;
 
 use crate::route::{Route, Rule, Strategy};
 use crate::run::Halt;
-use crate::target::{AuthMode, Target};
+use crate::target::{AuthMode, Flavor, Target};
 use crate::usage::{BudgetState, cost_micros};
 
 /// Why a candidate is not eligible for this request (a closed set; also a metric label).
@@ -32,6 +32,9 @@ pub enum Exclusion {
     ContextWindow,
     /// The request uses tools and the target declares it cannot.
     ToolsUnsupported,
+    /// The request carries fields that change the answer (Anthropic's `thinking`, documents,
+    /// server tools) and the target's API cannot honour them: never silently dropped.
+    UnsupportedField,
     /// The route lists a target the snapshot does not have (defence in depth; writes refuse it).
     Unknown,
     CredentialUnavailable,
@@ -48,6 +51,7 @@ impl Exclusion {
             Exclusion::EnvelopeMismatch => "envelope_mismatch",
             Exclusion::ContextWindow => "context_window",
             Exclusion::ToolsUnsupported => "tools_unsupported",
+            Exclusion::UnsupportedField => "unsupported_field",
             Exclusion::Unknown => "unknown_target",
             Exclusion::CredentialUnavailable => "credential_unavailable",
         }
@@ -82,6 +86,9 @@ pub struct Facts {
     pub uses_tools: bool,
     /// The request's `max_tokens` / `max_completion_tokens`.
     pub max_tokens: Option<u64>,
+    /// Only targets of this flavor can honour the request (it carries fields only that API
+    /// has, e.g. Anthropic's `thinking`).
+    pub requires_flavor: Option<Flavor>,
     /// This process's EWMA latency (ms) of successful attempts, per target.
     pub latency_ms: BTreeMap<String, f64>,
 }
@@ -202,6 +209,9 @@ fn admit(route: &Route, target: Option<&Target>, facts: &Facts) -> Result<(), Ex
     }
     if facts.exhausted.contains(&target.id) {
         return Err(Exclusion::Exhausted);
+    }
+    if facts.requires_flavor.is_some_and(|flavor| flavor != target.flavor) {
+        return Err(Exclusion::UnsupportedField);
     }
     // Capability admission (seed 001): undeclared capabilities admit.
     if let Some(caps) = &target.capabilities {

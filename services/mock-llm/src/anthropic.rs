@@ -125,38 +125,40 @@ impl Wire for AnthropicWire {
                 &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
             )
         };
+        let start = |block: Value| {
+            let mut start_usage = self.usage.clone();
+            start_usage["output_tokens"] = json!(1);
+            let message = json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message",
+                "role": "assistant", "model": self.model, "content": [], "stop_reason": null,
+                "stop_sequence": null, "usage": start_usage}});
+            let block = json!({"type": "content_block_start", "index": 0, "content_block": block});
+            [
+                event("message_start", &message),
+                event("content_block_start", &block),
+                event("ping", &json!({"type": "ping"})),
+            ]
+            .concat()
+        };
         let text = match piece {
-            Piece::Text { first: true, text } => {
-                let mut start_usage = self.usage.clone();
-                start_usage["output_tokens"] = json!(1);
+            Piece::Text { first: true, text } => start(json!({"type": "text", "text": ""})) + &delta(text),
+            Piece::Text { text, .. } => delta(text),
+            Piece::ToolCall { name } => {
+                start(json!({"type": "tool_use", "id": "toolu_mock1", "name": name, "input": {}}))
+            }
+            Piece::ToolArgs(args) => event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": args}}),
+            ),
+            Piece::Finish { tool } => {
+                let stop_reason = if *tool { "tool_use" } else { "end_turn" };
+                let delta = json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null},
+                    "usage": {"output_tokens": self.usage["output_tokens"]}});
                 [
-                    event(
-                        "message_start",
-                        &json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message",
-                        "role": "assistant", "model": self.model, "content": [], "stop_reason": null,
-                        "stop_sequence": null, "usage": start_usage}}),
-                    ),
-                    event(
-                        "content_block_start",
-                        &json!({"type": "content_block_start", "index": 0,
-                        "content_block": {"type": "text", "text": ""}}),
-                    ),
-                    event("ping", &json!({"type": "ping"})),
-                    delta(text),
+                    event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})),
+                    event("message_delta", &delta),
                 ]
                 .concat()
             }
-            Piece::Text { text, .. } => delta(text),
-            Piece::Finish => [
-                event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})),
-                event(
-                    "message_delta",
-                    &json!({"type": "message_delta",
-                    "delta": {"stop_reason": "end_turn", "stop_sequence": null},
-                    "usage": {"output_tokens": self.usage["output_tokens"]}}),
-                ),
-            ]
-            .concat(),
             // Anthropic reports usage in `message_start` and `message_delta`.
             Piece::Usage(..) => return None,
             Piece::Done => event("message_stop", &json!({"type": "message_stop"})),

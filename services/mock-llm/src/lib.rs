@@ -172,7 +172,7 @@ fn completion(body: &Value, usage: Option<(u64, u64)>, scenario: &Scenario) -> V
         "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model,
         "choices": [match &scenario.tool {
             Some(tool) => json!({"index": 0, "message": {"role": "assistant", "content": null,
-                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": tool, "arguments": "{}"}}]}, "finish_reason": "tool_calls"}),
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": tool, "arguments": "{\"q\":\"mock\"}"}}]}, "finish_reason": "tool_calls"}),
             None => json!({"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}),
         }],
         "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output},
@@ -331,9 +331,19 @@ fn drip(text: String, every: Duration) -> impl futures_util::Stream<Item = Resul
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Piece {
     /// Content; `first` opens the answer.
-    Text { first: bool, text: String },
-    /// The end of the content (`finish_reason` / `stop_reason`).
-    Finish,
+    Text {
+        first: bool,
+        text: String,
+    },
+    /// A tool call opens the answer (`tool:NAME`), its arguments follow as fragments.
+    ToolCall {
+        name: String,
+    },
+    ToolArgs(String),
+    /// The end of the content (`finish_reason` / `stop_reason`); `tool`: it ended in a call.
+    Finish {
+        tool: bool,
+    },
     /// The usage report (`prompt`, `completion` tokens).
     Usage(u64, u64),
     /// The provider's end marker.
@@ -368,7 +378,15 @@ impl Wire for OpenAiWire {
                 event(&chunk(json!({"role": "assistant", "content": text}), Value::Null))
             }
             Piece::Text { text, .. } => event(&chunk(json!({"content": text}), Value::Null)),
-            Piece::Finish => event(&chunk(json!({}), json!("stop"))),
+            Piece::ToolCall { name } => event(&chunk(
+                json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0,
+                "id": "call_mock1", "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                Value::Null,
+            )),
+            Piece::ToolArgs(args) => {
+                event(&chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": args}}]}), Value::Null))
+            }
+            Piece::Finish { tool } => event(&chunk(json!({}), json!(if *tool { "tool_calls" } else { "stop" }))),
             Piece::Usage(p, c) if self.include_usage => event(&json!({"id": "chatcmpl-mock",
                 "object": "chat.completion.chunk", "created": 0, "model": self.model, "choices": [],
                 "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})),
@@ -391,7 +409,7 @@ pub(crate) fn stream(
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     let id = scenario.id.clone().unwrap_or_default();
     state.streams.lock().entry(id.clone()).or_default().started += 1;
-    let chunks = scenario.chunks.unwrap_or(3);
+    let chunks = if scenario.tool.is_some() { 3 } else { scenario.chunks.unwrap_or(3) };
     let guard = StreamGuard { state, id, finished: false };
     let wire = std::sync::Arc::new(wire);
     futures_util::stream::unfold((0usize, guard), move |(mut n, mut guard)| {
@@ -424,6 +442,14 @@ pub(crate) fn stream(
                     }
                     if scenario.malformed_at == Some(n + 1) {
                         Piece::Malformed
+                    } else if let Some(name) = &scenario.tool {
+                        // A tool call in three pieces, whatever `chunks` says.
+                        match n {
+                            0 => Piece::ToolCall { name: name.clone() },
+                            1 => Piece::ToolArgs("{\"q\":".into()),
+                            2 => Piece::ToolArgs("\"mock\"}".into()),
+                            _ => Piece::Finish { tool: true },
+                        }
                     } else if n == 0 {
                         Piece::Text { first: true, text: "mock ".into() }
                     } else if let (1, Some(text)) = (n, canned(scenario.say.as_deref())) {
@@ -435,7 +461,7 @@ pub(crate) fn stream(
                     if scenario.stall_after == Some(n) {
                         tokio::time::sleep(Duration::from_secs(3600)).await;
                     }
-                    Piece::Finish
+                    Piece::Finish { tool: scenario.tool.is_some() }
                 } else if n == chunks + 1 {
                     let (p, c) = scenario.usage.unwrap_or((10, chunks as u64));
                     Piece::Usage(p, c)

@@ -19,6 +19,7 @@ use shield_core::usage::{TokenUsage, budget_state};
 
 use crate::auth::authenticate;
 use crate::body::{self, ChatRequest};
+use crate::client_wire::{ClientWire, OpenAiWire};
 use crate::context::{Ending, RequestContext};
 use crate::dispatch::{Call, Committed, HOP_HEADER, Routed, RoutedResult, dispatch, dispatch_stream};
 use crate::egress::Egress;
@@ -43,8 +44,10 @@ pub async fn chat_completions(
         let caller = admit(&req, &state).await?;
         let raw = body::read(payload).await?;
         let request = ChatRequest::parse(&raw)?;
-        Ok::<_, ProxyError>(match pipeline(&req, caller, raw, &request, &state, &egress, true).await? {
+        let ingress = Ingress { stream: true, default_path: true };
+        Ok::<_, ProxyError>(match pipeline(&req, caller, raw, &request, &state, &egress, ingress).await? {
             Outcome::Relayed(response) => response,
+            Outcome::Stream(start) => start.respond(Box::new(OpenAiWire { client_wants_usage: request.wants_usage() })),
             Outcome::InputBlocked { reason, guardrails } => refusal(&request, &reason, None, guardrails),
             Outcome::Routed { routed, guardrails } => respond(routed, &request, guardrails),
         })
@@ -52,10 +55,22 @@ pub async fn chat_completions(
     result.await.unwrap_or_else(|err| err.error_response())
 }
 
+/// What an endpoint lets the shared request path do.
+#[derive(Clone, Copy)]
+pub struct Ingress {
+    /// The endpoint can stream.
+    pub stream: bool,
+    /// A `model` that names no route goes down the default path (OpenAI-shaped endpoints
+    /// only: the default path relays the body as sent).
+    pub default_path: bool,
+}
+
 /// What the shared part of the request path came to.
 pub enum Outcome {
-    /// Already a response: the default path's relay, or a committed stream.
+    /// Already a response: the default path's relay.
     Relayed(HttpResponse),
+    /// A stream that reached its commit point, for the endpoint to relay in its own shape.
+    Stream(Box<StreamStart>),
     /// The input guardrails refused the request before routing.
     InputBlocked { reason: String, guardrails: Vec<Value> },
     /// A routed, non-streaming call (answered, refused or failed).
@@ -76,8 +91,7 @@ pub struct Caller {
     pub arrived: Instant,
 }
 
-/// Input guardrails → route → dispatch → output guardrails. `allow_stream` is false for
-/// endpoints that do not stream.
+/// Input guardrails → route → dispatch → output guardrails, on the normalised request.
 pub async fn pipeline(
     req: &HttpRequest,
     caller: Caller,
@@ -85,7 +99,7 @@ pub async fn pipeline(
     request: &ChatRequest,
     state: &ProxyState,
     egress: &Egress,
-    allow_stream: bool,
+    ingress: Ingress,
 ) -> Result<Outcome, ProxyError> {
     let (started, hop, caller) = (caller.arrived, caller.hop, caller.key);
     let tenant = state.tenant_config(&caller.tenant).await;
@@ -101,10 +115,13 @@ pub async fn pipeline(
     let Some((tenant, route)) =
         routing.and_then(|t| t.snapshot.routes.get(&request.model).filter(|r| r.enabled).map(|r| (t, r)))
     else {
+        if !ingress.default_path {
+            return Err(ProxyError::ModelNotFound(request.model.clone()));
+        }
         return default_path::forward(state, egress, &request.model, raw, hop + 1).await.map(Outcome::Relayed);
     };
     request.check_routable()?;
-    if request.stream() && !allow_stream {
+    if request.stream() && !ingress.stream {
         return Err(ProxyError::BadRequest("this endpoint does not stream; send stream: false".into()));
     }
     let facts = Facts {
@@ -116,6 +133,7 @@ pub async fn pipeline(
         expected_output_tokens: request.max_output_tokens().unwrap_or(DEFAULT_OUTPUT_TOKENS),
         max_tokens: request.max_output_tokens(),
         uses_tools: request.fields.get("tools").and_then(|t| t.as_array()).is_some_and(|t| !t.is_empty()),
+        requires_flavor: request.requires_anthropic().then_some(shield_core::target::Flavor::Anthropic),
         // Seed §3.3: the flushed month total plus this process's unflushed spend.
         budget: budget_state(
             route.budget.as_ref(),
@@ -139,7 +157,9 @@ pub async fn pipeline(
         return Ok(match dispatch_stream(egress, &state.health, call).await {
             Ok(committed) => {
                 let output = StreamGuard::new(tenant.snapshot.guardrails.clone(), caller.role.clone());
-                Outcome::Relayed(stream_response(committed, state.health.clone(), context, request, output))
+                let health = state.health.clone();
+                let prompt_chars = request.prompt_chars();
+                Outcome::Stream(Box::new(StreamStart { committed, health, context, output, prompt_chars }))
             }
             Err(routed) => {
                 context.end(Ending::of(routed.halt, &routed.attempts, &routed.excluded));
@@ -210,26 +230,32 @@ fn paid(config: &TenantConfig, request: &ChatRequest, routed: &Routed) -> Option
     Some(Paid { target: target.clone(), usage, cost_micros, estimated })
 }
 
-/// The committed stream's response: routing headers on the head, then the relayed events.
-fn stream_response(
+/// A stream past its commit point, before its response is written.
+pub struct StreamStart {
     committed: Committed,
     health: std::sync::Arc<crate::health::Health>,
     context: RequestContext,
-    request: &ChatRequest,
     output: StreamGuard,
-) -> HttpResponse {
-    let failovers = committed.run.attempts.iter().filter(|a| a.outcome == "failed").count();
-    let mut response = HttpResponse::Ok();
-    response
-        .insert_header(("content-type", "text/event-stream"))
-        .insert_header(("cache-control", "no-cache"))
-        .insert_header(("x-accel-buffering", "no"))
-        .insert_header(("x-shield-route", committed.route.as_str()))
-        .insert_header(("x-shield-target", committed.target.as_str()))
-        .insert_header(("x-shield-failovers", failovers.to_string()))
-        .insert_header(("x-shield-budget", committed.budget.as_str()));
-    let body = crate::relay::relay(committed, health, context, output, request.wants_usage(), request.prompt_chars());
-    response.streaming(body)
+    prompt_chars: usize,
+}
+
+impl StreamStart {
+    /// The committed stream's response: routing headers on the head, then the relayed events
+    /// in `wire`'s shape.
+    pub fn respond(self, wire: Box<dyn ClientWire>) -> HttpResponse {
+        let StreamStart { committed, health, context, output, prompt_chars } = self;
+        let failovers = committed.run.attempts.iter().filter(|a| a.outcome == "failed").count();
+        let mut response = HttpResponse::Ok();
+        response
+            .insert_header(("content-type", "text/event-stream"))
+            .insert_header(("cache-control", "no-cache"))
+            .insert_header(("x-accel-buffering", "no"))
+            .insert_header(("x-shield-route", committed.route.as_str()))
+            .insert_header(("x-shield-target", committed.target.as_str()))
+            .insert_header(("x-shield-failovers", failovers.to_string()))
+            .insert_header(("x-shield-budget", committed.budget.as_str()));
+        response.streaming(crate::relay::relay(committed, health, context, output, wire, prompt_chars))
+    }
 }
 
 /// `X-Shield-Hop` of the inbound request; at `SHIELD_MAX_HOPS` or more the call is refused.
@@ -384,7 +410,7 @@ fn refusal_response(
 
 /// An upstream 4xx in OpenAI error shape, naming the target. A 401/403 is the target's
 /// credential problem: its text is not relayed (providers echo parts of keys there).
-fn refused_error(target: &str, status: StatusCode, body: Option<&[u8]>) -> Value {
+pub(crate) fn refused_error(target: &str, status: StatusCode, body: Option<&[u8]>) -> Value {
     let upstream: Value = body.and_then(|b| serde_json::from_slice(b).ok()).unwrap_or(Value::Null);
     let upstream = upstream.get("error").cloned().unwrap_or(upstream);
     let field = |key: &str| upstream.get(key).filter(|v| !v.is_null()).cloned();
@@ -405,7 +431,7 @@ fn refused_error(target: &str, status: StatusCode, body: Option<&[u8]>) -> Value
     error
 }
 
-fn unavailable_message(routed: &Routed) -> (StatusCode, String) {
+pub(crate) fn unavailable_message(routed: &Routed) -> (StatusCode, String) {
     let route = &routed.route;
     let tried = routed
         .attempts

@@ -330,7 +330,7 @@ fn prepare(
     let accept = if stream { "text/event-stream" } else { "application/json" };
     headers.insert(ACCEPT, HeaderValue::from_static(accept));
     headers.insert(HeaderName::from_static(HOP_HEADER), HeaderValue::from(call.next_hop));
-    provider.headers(target, &mut headers);
+    provider.headers(target, call.request, &mut headers);
     let passthrough;
     let credential = match target.auth.mode {
         AuthMode::None => None,

@@ -11,6 +11,7 @@ pub mod body;
 pub mod cache;
 pub mod calendar;
 pub mod chat;
+pub mod client_wire;
 pub mod config;
 pub mod context;
 pub mod default_path;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod flush;
 pub mod guard;
 pub mod health;
+pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod native;
@@ -100,7 +102,7 @@ impl ProxyState {
 async fn index() -> HttpResponse {
     HttpResponse::Ok().json(json!({
         "service": "shield-proxy",
-        "endpoints": ["/v1/chat/completions", "/v1/shield/chat/completions", "/v1/models"],
+        "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/shield/chat/completions", "/v1/models"],
         "health": ["/healthz", "/readyz"],
         "metrics": "/metrics",
     }))
@@ -165,6 +167,8 @@ pub struct RequestId(pub HeaderValue);
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(chat::chat_completions)
+        .service(messages::count_tokens)
+        .service(messages::messages)
         .service(native::chat)
         .service(models::list)
         .service(index)

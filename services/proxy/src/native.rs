@@ -10,7 +10,8 @@ use serde_json::{Map, Value, json};
 
 use crate::ProxyState;
 use crate::body::{self, ChatRequest};
-use crate::chat::{Outcome, admit, pipeline, routing_record, with_routing_headers};
+use crate::chat::{Ingress, Outcome, admit, pipeline, routing_record, with_routing_headers};
+use crate::client_wire::OpenAiWire;
 use crate::dispatch::RoutedResult;
 use crate::egress::Egress;
 use crate::error::ProxyError;
@@ -28,7 +29,7 @@ pub async fn chat(
         let fields = native_to_messages(&raw)?;
         let raw = web::Bytes::from(serde_json::to_vec(&fields).unwrap_or_default());
         let request = ChatRequest::parse(&raw)?;
-        Ok::<_, ProxyError>(render(pipeline(&req, caller, raw.clone(), &request, &state, &egress, false).await?))
+        Ok::<_, ProxyError>(render(pipeline(&req, caller, raw.clone(), &request, &state, &egress, INGRESS).await?))
     };
     result.await.unwrap_or_else(|err| err.error_response())
 }
@@ -59,9 +60,14 @@ fn native_to_messages(raw: &[u8]) -> Result<Map<String, Value>, ProxyError> {
     Ok(fields)
 }
 
+/// The Shield-native endpoint does not stream; unrouted models take the default path.
+const INGRESS: Ingress = Ingress { stream: false, default_path: true };
+
 fn render(outcome: Outcome) -> HttpResponse {
     match outcome {
         Outcome::Relayed(response) => response,
+        // Not reached (the endpoint refuses `stream: true`), answered in OpenAI's shape if it were.
+        Outcome::Stream(start) => start.respond(Box::new(OpenAiWire { client_wants_usage: false })),
         Outcome::InputBlocked { reason, guardrails } => HttpResponse::Forbidden().json(
             json!({"error": reason, "guardrail_results": guardrails, "routing": {"reason": reason, "halt": "denied"}}),
         ),

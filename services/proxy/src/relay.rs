@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use actix_web::web::Bytes;
 use futures_util::StreamExt;
-use serde_json::{Value, json};
+use serde_json::Value;
 use shield_core::outcome::Class;
 use shield_core::run::Halt;
 use shield_core::usage::TokenUsage;
 
+use crate::client_wire::ClientWire;
 use crate::context::{Ending, RequestContext};
 use crate::dispatch::Committed;
 use crate::guard::StreamGuard;
@@ -47,8 +48,8 @@ struct Relay {
     upstream_before_commit: Duration,
     /// Output guardrails and tool RBAC on the text as it flows.
     output: StreamGuard,
-    /// The client asked for `stream_options.include_usage` itself.
-    client_wants_usage: bool,
+    /// The caller's stream format.
+    wire: Box<dyn ClientWire>,
     pending: Option<Bytes>,
     first_flushed: bool,
     /// Normalised chunks of the event being relayed (reused across events).
@@ -65,7 +66,7 @@ pub fn relay(
     health: Arc<Health>,
     context: RequestContext,
     output: StreamGuard,
-    client_wants_usage: bool,
+    wire: Box<dyn ClientWire>,
     prompt_chars: usize,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     let malformed = committed.opened.malformed;
@@ -78,7 +79,7 @@ pub fn relay(
         context: Some(context),
         upstream_before_commit,
         output,
-        client_wants_usage,
+        wire,
         pending: None,
         first_flushed: false,
         chunks: Vec::new(),
@@ -136,12 +137,6 @@ pub fn relay(
     })
 }
 
-fn event(value: &Value) -> Bytes {
-    Bytes::from(format!("data: {value}\n\n"))
-}
-
-const DONE: &[u8] = b"data: [DONE]\n\n";
-
 impl Relay {
     /// The decoded chunks of one event to the client, in one write.
     fn forward_all(&mut self) -> Option<Bytes> {
@@ -180,41 +175,42 @@ impl Relay {
         }
         let has_usage = chunk.get("usage").is_some_and(|u| !u.is_null());
         let usage_only = choices.is_some_and(|c| c.is_empty()) && has_usage;
-        if usage_only && !self.client_wants_usage {
+        if usage_only && !self.wire.wants_usage_chunk() {
             return None;
         }
         if let Some(object) = chunk.as_object_mut() {
             object.insert("model".into(), Value::String(self.committed.model.clone()));
         }
-        Some(event(&chunk))
+        let usage = self.usage_so_far();
+        self.wire.chunk(&chunk, usage)
     }
 
-    /// The upstream finished (with or without `[DONE]`): the client gets `[DONE]`.
+    /// The upstream finished (with or without its end marker): the client gets its own.
     fn finish(&mut self) -> Option<Bytes> {
         self.end(Ok(()));
-        Some(Bytes::from_static(DONE))
+        let usage = self.usage_so_far();
+        Some(self.wire.done(usage))
+    }
+
+    /// What the upstream reported so far, or the estimate.
+    fn usage_so_far(&self) -> TokenUsage {
+        self.committed.opened.decoder.usage().unwrap_or_else(|| self.estimate())
     }
 
     /// An output guardrail or tool RBAC refused this chunk: it is not sent; the stream ends with
     /// a content-filter chunk carrying the reason, then `[DONE]`. Not a failure of the target.
     fn block(&mut self, reason: &str) -> Option<Bytes> {
         self.end(Ok(()));
-        let chunk = json!({"id": "chatcmpl-shield", "object": "chat.completion.chunk", "model": self.committed.model,
-            "choices": [{"index": 0, "delta": {"content": reason}, "finish_reason": "content_filter"}],
-            "x_shield": {"guardrail_results": crate::guard::results_json("output", &self.output.results)}});
-        let mut bytes = event(&chunk).to_vec();
-        bytes.extend_from_slice(DONE);
-        Some(Bytes::from(bytes))
+        let guardrails = crate::guard::results_json("output", &self.output.results);
+        let usage = self.usage_so_far();
+        Some(self.wire.blocked(reason, &self.committed.model, serde_json::Value::Array(guardrails), usage))
     }
 
-    /// A failure after the commit point: an error chunk, then `[DONE]`.
+    /// A failure after the commit point: the caller's error event, then its end.
     fn break_off(&mut self, class: Class, why: &str) -> Option<Bytes> {
         self.end(Err(class));
-        let error = json!({"error": {"message": format!("the stream from target `{}` broke: {why}", self.committed.target),
-            "type": "upstream_error", "code": "stream_broken", "param": null}});
-        let mut bytes = event(&error).to_vec();
-        bytes.extend_from_slice(DONE);
-        Some(Bytes::from(bytes))
+        let message = format!("the stream from target `{}` broke: {why}", self.committed.target);
+        Some(self.wire.broken(&message))
     }
 
     fn end(&mut self, result: Result<(), Class>) {

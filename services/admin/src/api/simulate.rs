@@ -43,6 +43,11 @@ pub struct SimulateRequest {
     /// Guardrails that would flag the prompt (e.g. `pii_detection`).
     #[serde(default)]
     pub flagged: Vec<String>,
+    /// The request carries fields only this flavor's API honours (e.g. `anthropic` for a
+    /// `/v1/messages` call with `thinking`, documents or server tools): other targets are
+    /// excluded as `unsupported_field`.
+    #[serde(default)]
+    pub requires_flavor: Option<shield_core::target::Flavor>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -142,6 +147,7 @@ pub async fn run(
         exhausted,
         uses_tools: false,
         max_tokens: None,
+        requires_flavor: request.requires_flavor,
         latency_ms: BTreeMap::new(),
         expected_output_tokens: 256,
         budget: budget_state,

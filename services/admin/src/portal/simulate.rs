@@ -116,6 +116,8 @@ pub async fn run(
         agent: Some(inputs.agent.clone()).filter(|a| !a.is_empty()),
         role: Some(inputs.role.clone()).filter(|r| !r.is_empty()),
         flagged: inputs.flagged.clone(),
+        // The portal's simulator takes OpenAI-shaped samples; the API takes `requires_flavor`.
+        requires_flavor: None,
     };
     match simulate(&state, &session.principal, &inputs.route, request).await {
         Ok(simulation) => {

@@ -28,21 +28,35 @@ pub static ANTHROPIC: Anthropic = Anthropic;
 /// `max_tokens` when neither the request nor the target's capabilities set one.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
 const VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
+const BETA_HEADER: HeaderName = HeaderName::from_static("anthropic-beta");
 
 impl Provider for Anthropic {
     fn endpoint(&self, target: &Target) -> Result<Url, &'static str> {
         join(target, "/messages")
     }
 
-    fn headers(&self, target: &Target, headers: &mut HeaderMap) {
+    fn headers(&self, target: &Target, request: &ChatRequest, headers: &mut HeaderMap) {
         let version = target.anthropic.as_ref().map_or("2023-06-01", |a| a.version.as_str());
         if let Ok(value) = HeaderValue::from_str(version) {
             headers.insert(VERSION_HEADER, value);
         }
+        if let Some(beta) = request.anthropic_beta().and_then(|b| HeaderValue::from_str(b).ok()) {
+            headers.insert(BETA_HEADER, beta);
+        }
     }
 
+    /// A caller who spoke Anthropic's shape gets its own fields back as they were (model set to
+    /// the target's); others' requests are converted.
     fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
-        let mut body = messages_request(&request.fields, target);
+        let mut body = match request.anthropic_original() {
+            Some(original) => {
+                let mut body = original.clone();
+                body.insert("model".into(), Value::String(target.model.clone()));
+                body.remove("stream");
+                body
+            }
+            None => messages_request(&request.fields, target),
+        };
         if stream {
             body.insert("stream".into(), Value::Bool(true));
         }

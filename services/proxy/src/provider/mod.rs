@@ -106,9 +106,9 @@ pub trait Provider: Sync {
     /// it).
     fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8>;
 
-    /// Headers every request to `target` carries besides the credential and the hop (e.g.
-    /// Anthropic's `anthropic-version`).
-    fn headers(&self, _target: &Target, _headers: &mut HeaderMap) {}
+    /// Headers a request to `target` carries besides the credential and the hop (e.g.
+    /// Anthropic's `anthropic-version` and the caller's allowed `anthropic-beta` flags).
+    fn headers(&self, _target: &Target, _request: &ChatRequest, _headers: &mut HeaderMap) {}
 
     /// Puts the credential on the request. Sees the final body, so a provider that signs
     /// requests (Bedrock SigV4) signs it here.

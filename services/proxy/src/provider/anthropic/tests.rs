@@ -206,7 +206,8 @@ fn errors_become_classes() {
 #[test]
 fn the_version_header_and_the_key_header() {
     let mut headers = HeaderMap::new();
-    ANTHROPIC.headers(&target(json!({"anthropic": {"version": "2024-01-01"}})), &mut headers);
+    let request = ChatRequest::parse(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#).unwrap();
+    ANTHROPIC.headers(&target(json!({"anthropic": {"version": "2024-01-01"}})), &request, &mut headers);
     assert_eq!(headers["anthropic-version"], "2024-01-01");
     let credential = super::super::Credential::for_target(&target(json!({})), "sk-ant-1").unwrap();
     ANTHROPIC.authenticate(&credential, b"{}", &mut headers);

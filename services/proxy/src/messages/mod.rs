@@ -1,0 +1,60 @@
+//! `POST /v1/messages` and `POST /v1/messages/count_tokens`: callers in Anthropic's shape
+//! (Claude Code, the `anthropic` SDKs). The ingress adapter for that shape, in the order it
+//! runs: loop check → authenticate (`x-api-key` or `Authorization: Bearer`, a Shield key) →
+//! read the body → convert it to the normalised request ([`request`]) → the shared pipeline
+//! (guardrails, rules, budgets, routing to any flavor, accounting) → render its outcome in
+//! Anthropic's shape ([`response`], and [`wire`] for streams). `model` is a route name; there
+//! is no default path here (its upstream speaks OpenAI's shape).
+
+mod request;
+mod response;
+mod wire;
+
+use actix_web::{HttpRequest, HttpResponse, post, web};
+use serde_json::json;
+
+use crate::ProxyState;
+use crate::body;
+use crate::chat::{Ingress, Outcome, admit, pipeline};
+use crate::egress::Egress;
+use crate::error::ProxyError;
+
+pub use request::BETA_ALLOW_LIST;
+
+const INGRESS: Ingress = Ingress { stream: true, default_path: false };
+
+#[post("/v1/messages")]
+pub async fn messages(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<ProxyState>,
+    egress: web::Data<Egress>,
+) -> HttpResponse {
+    let result = async {
+        let caller = admit(&req, &state).await?;
+        let raw = body::read(payload).await?;
+        let beta = request::allowed_beta(req.headers().get("anthropic-beta").and_then(|v| v.to_str().ok()));
+        let request = request::normalise(&raw, beta, false)?;
+        Ok::<_, ProxyError>(match pipeline(&req, caller, raw, &request, &state, &egress, INGRESS).await? {
+            Outcome::Relayed(response) => response,
+            Outcome::Stream(start) => start.respond(Box::new(wire::AnthropicWire::new(&request.model))),
+            Outcome::InputBlocked { reason, .. } => response::refusal(HttpResponse::Ok(), &request, &reason),
+            Outcome::Routed { routed, guardrails } => response::respond(routed, &request, guardrails),
+        })
+    };
+    result.await.unwrap_or_else(|err| response::proxy_error(&err))
+}
+
+/// `{input_tokens}`: the same estimate the router uses (4 characters a token of the prompt's
+/// text, system included). No upstream is called.
+#[post("/v1/messages/count_tokens")]
+pub async fn count_tokens(req: HttpRequest, payload: web::Payload, state: web::Data<ProxyState>) -> HttpResponse {
+    let result = async {
+        admit(&req, &state).await?;
+        let raw = body::read(payload).await?;
+        let request = request::normalise(&raw, None, true)?;
+        let tokens = (request.prompt_chars() as u64).div_ceil(4);
+        Ok::<_, ProxyError>(HttpResponse::Ok().json(json!({"input_tokens": tokens})))
+    };
+    result.await.unwrap_or_else(|err| response::proxy_error(&err))
+}

@@ -1,0 +1,168 @@
+//! Answers and errors in Anthropic's shape: a `message` object from the normalised completion
+//! (whichever flavor answered), refusals as a 200 message with `stop_reason: "refusal"`, and
+//! `{"type":"error","error":{"type","message"}}` with Anthropic's error types.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, HttpResponseBuilder, ResponseError};
+use serde_json::{Map, Value, json};
+use shield_core::outcome::Class;
+use shield_core::run::Halt;
+use shield_core::usage::TokenUsage;
+
+use crate::body::ChatRequest;
+use crate::chat::{refused_error, routing_record, unavailable_message, with_routing_headers};
+use crate::dispatch::{Routed, RoutedResult};
+use crate::error::ProxyError;
+
+/// Anthropic's error `type` for a status (design/ANTHROPIC.md "Errors").
+pub fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 422 | 508 => "invalid_request_error",
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        504 => "timeout_error",
+        529 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+pub fn error_body(status: StatusCode, message: &str) -> Value {
+    json!({"type": "error", "error": {"type": error_type(status), "message": message}})
+}
+
+/// A refusal of the data plane itself (bad key, bad body, unknown route, …).
+pub fn proxy_error(err: &ProxyError) -> HttpResponse {
+    let status = err.status_code();
+    HttpResponse::build(status).json(error_body(status, &err.to_string()))
+}
+
+/// `stop_reason` from `finish_reason`.
+pub fn stop_reason(finish: Option<&str>) -> &'static str {
+    match finish {
+        Some("length") => "max_tokens",
+        Some("tool_calls" | "function_call") => "tool_use",
+        Some("content_filter") => "refusal",
+        _ => "end_turn",
+    }
+}
+
+/// Anthropic's usage object: its `input_tokens` excludes cache reads and writes.
+pub fn usage_json(usage: &TokenUsage) -> Value {
+    let uncached = usage.input.saturating_sub(usage.cache_read + usage.cache_write);
+    json!({"input_tokens": uncached, "output_tokens": usage.output,
+        "cache_read_input_tokens": usage.cache_read, "cache_creation_input_tokens": usage.cache_write})
+}
+
+/// A normalised completion as a `message`.
+fn message(body: &Map<String, Value>, model: &str, usage: TokenUsage) -> Value {
+    let choice = body.get("choices").and_then(|c| c.get(0));
+    let reply = choice.and_then(|c| c.get("message"));
+    let mut content = Vec::new();
+    if let Some(text) = reply.and_then(|m| m.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    for call in reply.and_then(|m| m.get("tool_calls")).and_then(Value::as_array).into_iter().flatten() {
+        let arguments = call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("{}");
+        let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
+        content.push(json!({"type": "tool_use", "id": call.get("id").cloned().unwrap_or(json!("")),
+            "name": call.pointer("/function/name").cloned().unwrap_or(json!("")), "input": input}));
+    }
+    let id = match body.get("id").and_then(Value::as_str) {
+        Some(id) if id.starts_with("msg_") => id.to_string(),
+        Some(id) => format!("msg_{id}"),
+        None => "msg_shield".into(),
+    };
+    let finish = choice.and_then(|c| c.get("finish_reason")).and_then(Value::as_str);
+    json!({"id": id, "type": "message", "role": "assistant", "model": model, "content": content,
+        "stop_reason": stop_reason(finish), "stop_sequence": null, "usage": usage_json(&usage)})
+}
+
+/// A refusal (input guardrail, deny rule, budget block, output guardrail): a 200 message whose
+/// text is the reason.
+pub fn refusal_message(model: &str, reason: &str) -> Value {
+    json!({"id": "msg_shield_refusal", "type": "message", "role": "assistant", "model": model,
+        "content": [{"type": "text", "text": reason}], "stop_reason": "refusal", "stop_sequence": null,
+        "usage": {"input_tokens": 0, "output_tokens": 0}})
+}
+
+/// The refusal as a stream: the same message as Anthropic's event sequence.
+pub fn refusal_events(model: &str, reason: &str) -> String {
+    let mut start = refusal_message(model, reason);
+    start["content"] = json!([]);
+    start["stop_reason"] = Value::Null;
+    let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    [
+        event("message_start", json!({"type": "message_start", "message": start})),
+        event("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+        event("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": reason}})),
+        event("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+        event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "refusal", "stop_sequence": null}, "usage": {"output_tokens": 0}})),
+        event("message_stop", json!({"type": "message_stop"})),
+    ]
+    .concat()
+}
+
+/// A refusal in the shape the caller asked for (a message, or a stream of events).
+pub fn refusal(head: HttpResponseBuilder, request: &ChatRequest, reason: &str) -> HttpResponse {
+    let mut head = head;
+    if request.stream() {
+        return head.insert_header(("content-type", "text/event-stream")).body(refusal_events(&request.model, reason));
+    }
+    head.json(refusal_message(&request.model, reason))
+}
+
+/// A routed call's result in Anthropic's shape, with Shield's headers (and `x_shield`).
+pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Value>) -> HttpResponse {
+    match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
+        RoutedResult::Answer { target, model, body, usage } => {
+            let usage = usage.unwrap_or_default();
+            let mut answer = message(&body, &model, usage);
+            answer["x_shield"] =
+                json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
+            with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(answer)
+        }
+        RoutedResult::Refusal { reason, target } => {
+            routed.result = RoutedResult::Refusal { reason: reason.clone(), target: target.clone() };
+            refusal(with_routing_headers(HttpResponse::Ok(), &routed, target.as_deref()), request, &reason)
+        }
+        RoutedResult::Refused { target, status, body } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            let openai = refused_error(&target, status, body.as_deref());
+            let message = openai["error"]["message"].as_str().unwrap_or("the target refused the request").to_string();
+            let mut error = error_body(status, &message);
+            error["x_shield"] = json!({"routing": routing_record(&routed, Some(&target))});
+            with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error)
+        }
+        RoutedResult::Unavailable => {
+            let (status, message) = unavailable_message(&routed);
+            let status = unavailable_status(&routed, status);
+            let mut error = error_body(status, &message);
+            error["x_shield"] = json!({"routing": routing_record(&routed, None)});
+            with_routing_headers(HttpResponse::build(status), &routed, None).json(error)
+        }
+    }
+}
+
+/// Nothing answered: 504 at the deadline; 429 when every attempt was rate-limited (or every
+/// target parked for its rate window); 529 when every attempt was overloaded; 502 otherwise.
+fn unavailable_status(routed: &Routed, status: StatusCode) -> StatusCode {
+    let attempts = &routed.attempts;
+    let all = |pred: &dyn Fn(&shield_core::run::Attempt) -> bool| !attempts.is_empty() && attempts.iter().all(pred);
+    if routed.halt == Halt::Deadline {
+        StatusCode::GATEWAY_TIMEOUT
+    } else if all(&|a| matches!(a.class, Some(Class::RateLimited | Class::QuotaExhausted)))
+        || (attempts.is_empty()
+            && !routed.excluded.is_empty()
+            && routed.excluded.iter().all(|e| e.reason.as_str() == "exhausted"))
+    {
+        StatusCode::TOO_MANY_REQUESTS
+    } else if all(&|a| a.status == Some(529)) {
+        StatusCode::from_u16(529).unwrap_or(StatusCode::BAD_GATEWAY)
+    } else {
+        status
+    }
+}

@@ -1,0 +1,195 @@
+//! `POST /v1/messages` over plain HTTP (issue 16): every error type in Anthropic's shape,
+//! refusals as a 200 message with `stop_reason: "refusal"`, a stream that breaks after the
+//! commit point ending with an `error` event, fields only Anthropic honours excluding other
+//! flavors (`unsupported_field`), `anthropic-beta` forwarded only to Anthropic targets and only
+//! when allow-listed, and the Shield key taken from `x-api-key`.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use shield_e2e::stack::Stack;
+
+fn body(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]})
+}
+
+async fn messages(
+    stack: &Stack,
+    key: &str,
+    body: Value,
+    headers: &[(&str, &str)],
+) -> (StatusCode, reqwest::header::HeaderMap, String) {
+    let mut request =
+        stack.client.post(format!("http://{}/v1/messages", stack.proxy)).header("x-api-key", key).json(&body);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = request.send().await.unwrap();
+    let (status, headers) = (response.status(), response.headers().clone());
+    let text = response.text().await.unwrap();
+    stack.evidence.response("POST proxy /v1/messages", status, &headers, &text);
+    (status, headers, text)
+}
+
+fn error_of(text: &str) -> (String, String) {
+    let value: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+    assert_eq!(value["type"], "error", "{value}");
+    (value["error"]["type"].as_str().unwrap().to_string(), value["error"]["message"].as_str().unwrap().to_string())
+}
+
+#[tokio::test]
+async fn each_error_type_in_anthropics_shape() {
+    let stack = Stack::start().await;
+    stack.mock_target("ok", "", json!({})).await;
+    stack.mock_target("forbidden", "status:403", json!({})).await;
+    stack.mock_target("limited-1", "status:429", json!({})).await;
+    stack.mock_target("limited-2", "status:429", json!({})).await;
+    stack.mock_target("overloaded", "status:529", json!({})).await;
+    stack.mock_target("broken-1", "status:500", json!({})).await;
+    stack.mock_target("broken-2", "status:503", json!({})).await;
+    stack.mock_target("hangs", "hang", json!({"timeout_s": 30})).await;
+    for (route, targets) in [
+        ("ok", json!(["ok"])),
+        ("forbidden", json!(["forbidden"])),
+        ("limited", json!(["limited-1", "limited-2"])),
+        ("overloaded", json!(["overloaded"])),
+        ("broken", json!(["broken-1", "broken-2"])),
+    ] {
+        stack.put_route(route, json!({"targets": targets})).await;
+    }
+    stack.put_route("slow", json!({"targets": ["hangs"], "failover": {"deadline_s": 1}})).await;
+    let (key, _) = stack.key(None).await;
+
+    let cases: Vec<(Value, &str, u16, &str)> = vec![
+        (json!({"model": "ok", "messages": [{"role": "user", "content": "x"}]}), "", 400, "invalid_request_error"),
+        (body("no-such-route"), "", 404, "not_found_error"),
+        (body("ok"), "sk-shield-not-a-key", 401, "authentication_error"),
+        (body("forbidden"), "", 403, "permission_error"),
+        (body("limited"), "", 429, "rate_limit_error"),
+        (body("broken"), "", 502, "api_error"),
+        (body("overloaded"), "", 529, "overloaded_error"),
+        (body("slow"), "", 504, "timeout_error"),
+    ];
+    for (request, other_key, status, kind) in cases {
+        let key = if other_key.is_empty() { key.as_str() } else { other_key };
+        let (got, _, text) = messages(&stack, key, request.clone(), &[]).await;
+        assert_eq!(got.as_u16(), status, "{request}: {text}");
+        let (got_kind, message) = error_of(&text);
+        assert_eq!(got_kind, kind, "{request}: {text}");
+        assert!(!message.is_empty());
+    }
+    // 413: a body over the limit.
+    let huge =
+        json!({"model": "ok", "max_tokens": 5, "messages": [{"role": "user", "content": "x".repeat(9 * 1024 * 1024)}]});
+    let (status, _, text) = messages(&stack, &key, huge, &[]).await;
+    assert_eq!((status.as_u16(), error_of(&text).0.as_str()), (413, "request_too_large"));
+    // Malformed JSON names the problem.
+    let response = stack
+        .client
+        .post(format!("http://{}/v1/messages", stack.proxy))
+        .header("x-api-key", &key)
+        .header("content-type", "application/json")
+        .body("{\"model\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert!(error_of(&response.text().await.unwrap()).1.contains("malformed JSON"));
+    // The process keeps serving.
+    assert_eq!(messages(&stack, &key, body("ok"), &[]).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn refusals_are_messages_with_a_refusal_stop_reason() {
+    let stack = Stack::start().await;
+    stack.mock_target("a", "", json!({})).await;
+    stack.put_route("guarded", json!({"targets": ["a"], "rules": [{"when": {"data_class": ["secret"]}, "deny": "Secret data stays home"}]})).await;
+    let (key, _) = stack.key(None).await;
+    let (status, headers, text) = messages(&stack, &key, body("guarded"), &[("x-shield-data-class", "secret")]).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let message: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((message["type"].clone(), message["stop_reason"].clone()), (json!("message"), json!("refusal")));
+    assert_eq!(message["content"][0]["text"], "Secret data stays home");
+    assert_eq!(headers["x-shield-route"], "guarded");
+    assert!(stack.received("a").await.is_empty());
+    // Streamed, the refusal is the event sequence.
+    let mut streamed = body("guarded");
+    streamed["stream"] = json!(true);
+    let (status, _, text) = messages(&stack, &key, streamed, &[("x-shield-data-class", "secret")]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        text.starts_with("event: message_start")
+            && text.contains("\"stop_reason\":\"refusal\"")
+            && text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_breaks_after_the_commit_point_ends_with_an_error_event() {
+    let stack = Stack::start().await;
+    stack.mock_target("breaks", "chunks:5;break:2", json!({})).await;
+    stack.put_route("r", json!({"targets": ["breaks"]})).await;
+    let (key, _) = stack.key(None).await;
+    let mut request = body("r");
+    request["stream"] = json!(true);
+    let (status, _, text) = messages(&stack, &key, request, &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(names.last(), Some(&"error"), "{text}");
+    assert!(!names.contains(&"message_stop"));
+    assert!(text.contains("stream_broken") || text.contains("broke"), "{text}");
+}
+
+#[tokio::test]
+async fn thinking_needs_an_anthropic_target_and_beta_flags_go_only_there() {
+    let stack = Stack::start().await;
+    let anthropic_key = shield_e2e::unique("sk-ant-api03-");
+    stack.put_secret("claude", &anthropic_key, &["127.0.0.1"]).await;
+    stack.mock_target("gpt", "", json!({})).await;
+    stack
+        .mock_target(
+            "claude",
+            "",
+            json!({"flavor": "anthropic", "auth": {"mode": "vault", "secret_ref": "shield://claude"}}),
+        )
+        .await;
+    stack.put_route("mixed", json!({"targets": ["gpt", "claude"]})).await;
+    let (key, _) = stack.key(None).await;
+    let beta = ("anthropic-beta", "interleaved-thinking-2025-05-14,made-up-flag-2099-01-01");
+
+    // Plain request: the OpenAI target answers, and gets no Anthropic header.
+    let (status, headers, _) = messages(&stack, &key, body("mixed"), &[beta]).await;
+    assert_eq!((status, headers["x-shield-target"].to_str().unwrap()), (StatusCode::OK, "gpt"));
+    let sent = &stack.received("gpt").await[0];
+    assert!(sent["headers"].get("anthropic-beta").is_none(), "never to a non-Anthropic target");
+
+    // With thinking: the OpenAI target cannot honour it and is excluded, visibly.
+    let mut thinking = body("mixed");
+    thinking["max_tokens"] = json!(4096);
+    thinking["thinking"] = json!({"type": "enabled", "budget_tokens": 2048});
+    thinking["messages"][0]["content"] =
+        json!([{"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}}]);
+    let (status, headers, text) = messages(&stack, &key, thinking, &[beta]).await;
+    assert_eq!((status, headers["x-shield-target"].to_str().unwrap()), (StatusCode::OK, "claude"), "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(answer["x_shield"]["routing"]["excluded"], json!([{"target": "gpt", "reason": "unsupported_field"}]));
+    let sent = &stack.received("claude").await[0];
+    assert_eq!(sent["headers"]["anthropic-beta"], "interleaved-thinking-2025-05-14", "only allow-listed flags");
+    let sent: Value = serde_json::from_str(sent["body"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["thinking"], json!({"type": "enabled", "budget_tokens": 2048}), "passed through unchanged");
+    assert_eq!(sent["messages"][0]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
+    assert_eq!(stack.received("gpt").await.len(), 1, "the OpenAI target was not called for it");
+
+    // count_tokens: the router's estimate, no upstream call; Bearer works too.
+    let response = stack
+        .client
+        .post(format!("http://{}/v1/messages/count_tokens", stack.proxy))
+        .bearer_auth(&key)
+        .json(&json!({"model": "mixed", "system": "abcd", "messages": [{"role": "user", "content": "x".repeat(36)}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.json::<Value>().await.unwrap(), json!({"input_tokens": 10}));
+}
