@@ -1,15 +1,57 @@
 //! The per-process circuit breaker of one target (ROUTING.md "Circuit breaker"): 5 breaker
 //! failures within 60 s open the circuit for 30 s; then half-open admits exactly one probe;
-//! its success closes the circuit, its failure re-opens it. Time is passed in (milliseconds on
-//! any monotonic clock), so every transition is tested without sleeping.
+//! its success closes the circuit, its failure re-opens it — for the probe interval (10 s),
+//! not a fresh open window, so a provider that comes back is found again soon while one that
+//! stays down gets at most one probe per interval. Targets may override all four
+//! ([`BreakerSettings`]). Time is passed in (milliseconds on any monotonic clock), so every
+//! transition is tested without sleeping.
 
 use std::collections::VecDeque;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-pub const FAILURES_TO_OPEN: usize = 5;
-pub const WINDOW_MS: u64 = 60_000;
-pub const OPEN_MS: u64 = 30_000;
+/// A target's breaker (`breaker` on the target; omitted: the seed's defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerSettings {
+    /// Breaker failures within `window_s` that open the circuit.
+    #[serde(default = "defaults::failures")]
+    pub failures: u32,
+    #[serde(default = "defaults::window_s")]
+    pub window_s: u32,
+    /// How long the circuit stays open when it opens.
+    #[serde(default = "defaults::open_s")]
+    pub open_s: u32,
+    /// How long it re-opens after a failed half-open probe.
+    #[serde(default = "defaults::probe_interval_s")]
+    pub probe_interval_s: u32,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        BreakerSettings {
+            failures: defaults::failures(),
+            window_s: defaults::window_s(),
+            open_s: defaults::open_s(),
+            probe_interval_s: defaults::probe_interval_s(),
+        }
+    }
+}
+
+mod defaults {
+    pub fn failures() -> u32 {
+        5
+    }
+    pub fn window_s() -> u32 {
+        60
+    }
+    pub fn open_s() -> u32 {
+        30
+    }
+    pub fn probe_interval_s() -> u32 {
+        10
+    }
+}
 /// `gateway_target_down` at most once per target per 10 minutes per process.
 pub const DOWN_EVENT_EVERY_MS: u64 = 600_000;
 
@@ -110,27 +152,29 @@ impl Breaker {
     }
 
     /// Records a breaker failure; returns `Some` when this failure opened the circuit.
-    pub fn failure(&mut self, now: u64) -> Option<Opened> {
+    pub fn failure(&mut self, now: u64, settings: &BreakerSettings) -> Option<Opened> {
         if self.half_open {
-            // The probe failed: re-open.
+            // The probe failed: re-open, for the probe interval.
             self.half_open = false;
             self.probe_out = false;
-            return Some(self.open(now));
+            return Some(self.open(now, u64::from(settings.probe_interval_s) * 1000));
         }
         if self.state(now) == State::Open {
             return None;
         }
         self.failures.push_back(now);
-        while self.failures.front().is_some_and(|t| now.saturating_sub(*t) > WINDOW_MS) {
+        let window = u64::from(settings.window_s) * 1000;
+        while self.failures.front().is_some_and(|t| now.saturating_sub(*t) > window) {
             self.failures.pop_front();
         }
-        (self.failures.len() >= FAILURES_TO_OPEN).then(|| self.open(now))
+        let threshold = settings.failures.max(1) as usize;
+        (self.failures.len() >= threshold).then(|| self.open(now, u64::from(settings.open_s) * 1000))
     }
 
-    fn open(&mut self, now: u64) -> Opened {
+    fn open(&mut self, now: u64, for_ms: u64) -> Opened {
         let failures = self.failures.len().max(1);
         self.failures.clear();
-        self.open_until = Some(now + OPEN_MS);
+        self.open_until = Some(now + for_ms);
         let announce = self.last_announced.is_none_or(|at| now.saturating_sub(at) >= DOWN_EVENT_EVERY_MS);
         if announce {
             self.last_announced = Some(now);
@@ -148,11 +192,13 @@ impl Breaker {
 mod tests {
     use super::*;
 
+    const SEED: BreakerSettings = BreakerSettings { failures: 5, window_s: 60, open_s: 30, probe_interval_s: 10 };
+
     fn failing(b: &mut Breaker, at: u64, n: usize) -> Option<Opened> {
         let mut opened = None;
         for _ in 0..n {
             assert_eq!(b.acquire(at), Permit::Call);
-            opened = b.failure(at);
+            opened = b.failure(at, &SEED);
         }
         opened
     }
@@ -162,7 +208,7 @@ mod tests {
         let mut b = Breaker::default();
         assert_eq!(failing(&mut b, 0, 4), None);
         assert_eq!(b.state(0), State::Closed);
-        assert_eq!(b.failure(1_000), Some(Opened { announce: true, failures: 5 }));
+        assert_eq!(b.failure(1_000, &SEED), Some(Opened { announce: true, failures: 5 }));
         assert_eq!(b.state(1_000), State::Open);
         assert_eq!(b.acquire(1_000), Permit::Refused);
         assert!(!b.admits(30_999));
@@ -173,6 +219,11 @@ mod tests {
         let mut b = Breaker::default();
         failing(&mut b, 0, 4);
         assert_eq!(failing(&mut b, 60_001, 1), None, "the first four fell out of the 60 s window");
+        let quick = BreakerSettings { failures: 2, window_s: 5, open_s: 7, probe_interval_s: 3 };
+        let mut c = Breaker::default();
+        assert_eq!(c.failure(0, &quick), None);
+        assert!(c.failure(4_000, &quick).is_some(), "a target's own threshold and window");
+        assert_eq!((c.state(10_999), c.state(11_000)), (State::Open, State::HalfOpen), "its own open window");
         assert_eq!(b.recent_failures(), 1);
         b.success();
         assert_eq!(b.recent_failures(), 0);
@@ -197,13 +248,53 @@ mod tests {
         let mut b = Breaker::default();
         assert!(failing(&mut b, 0, 5).unwrap().announce);
         assert_eq!(b.acquire(30_000), Permit::Probe);
-        let reopened = b.failure(30_000).unwrap();
+        let reopened = b.failure(30_000, &SEED).unwrap();
         assert!(!reopened.announce, "at most once per 10 minutes");
-        assert_eq!(b.state(59_999), State::Open);
-        assert_eq!(b.acquire(60_000), Permit::Probe);
-        b.failure(60_000);
+        assert_eq!(b.state(39_999), State::Open, "re-opened for the probe interval, not a fresh 30 s");
+        assert_eq!(b.acquire(40_000), Permit::Probe);
+        b.failure(40_000, &SEED);
         assert_eq!(b.acquire(600_000), Permit::Probe);
-        assert!(b.failure(600_000).unwrap().announce, "ten minutes later it is announced again");
+        assert!(b.failure(600_000, &SEED).unwrap().announce, "ten minutes later it is announced again");
+    }
+
+    proptest::proptest! {
+        /// Issue 17, with the default settings and one request every 4 s against a provider
+        /// that is down from 0 s for `down_s` seconds: once the first open window has passed,
+        /// a provider that returns is served again within 30 s of its return (the probe
+        /// interval plus the request spacing), and while down it gets at most one probe per
+        /// probe interval.
+        #[test]
+        fn a_returning_provider_is_found_again_and_a_dead_one_is_not_hammered(down_s in 0u64..600) {
+            let (mut b, settings) = (Breaker::default(), BreakerSettings::default());
+            let mut probes: Vec<u64> = Vec::new();
+            let mut first_open_end = None;
+            let mut served_at = None;
+            for step in 0..250u64 {
+                let now = step * 4_000;
+                let permit = b.acquire(now);
+                if permit == Permit::Refused {
+                    continue;
+                }
+                if permit == Permit::Probe {
+                    probes.push(now);
+                }
+                if now >= down_s * 1000 {
+                    b.success();
+                    served_at.get_or_insert(now);
+                } else if let Some(opened) = b.failure(now, &settings) {
+                    first_open_end.get_or_insert(now + 30_000);
+                    let _ = opened;
+                }
+            }
+            let back = down_s * 1000;
+            let served = served_at.expect("served again within the simulated 1,000 s");
+            let after_first_window = first_open_end.is_none_or(|end| back >= end);
+            proptest::prop_assert!(!after_first_window || served - back <= 30_000, "back at {back}, served at {served}");
+            let down_probes: Vec<&u64> = probes.iter().filter(|p| **p < back).collect();
+            for pair in down_probes.windows(2) {
+                proptest::prop_assert!(pair[1] - pair[0] >= 10_000, "probes {pair:?} closer than the interval");
+            }
+        }
     }
 
     #[test]

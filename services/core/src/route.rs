@@ -64,11 +64,45 @@ pub struct Failover {
     pub deadline_s: u32,
     #[serde(default = "defaults::on")]
     pub on: Vec<FailoverOn>,
+    /// Same-target retry before moving on (opt-in; omitted or `attempts: 0`: none).
+    #[serde(default, skip_serializing_if = "Retry::is_off")]
+    pub retry: Retry,
 }
 
 impl Default for Failover {
     fn default() -> Self {
-        Failover { max_attempts: defaults::max_attempts(), deadline_s: defaults::deadline_s(), on: defaults::on() }
+        Failover {
+            max_attempts: defaults::max_attempts(),
+            deadline_s: defaults::deadline_s(),
+            on: defaults::on(),
+            retry: Retry::default(),
+        }
+    }
+}
+
+/// `failover.retry` (issue 17): retry the same target up to `attempts` times on the listed
+/// classes, after its reset hint when that is at most `max_wait_s`, else after a jittered
+/// backoff (0.25 s × 2^n, ±50 %). A longer hint parks the target and the run moves on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Retry {
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default = "defaults::retry_on")]
+    pub on: Vec<FailoverOn>,
+    #[serde(default = "defaults::retry_max_wait_s")]
+    pub max_wait_s: u32,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry { attempts: 0, on: defaults::retry_on(), max_wait_s: defaults::retry_max_wait_s() }
+    }
+}
+
+impl Retry {
+    pub fn is_off(&self) -> bool {
+        *self == Retry::default()
     }
 }
 
@@ -197,5 +231,11 @@ mod defaults {
     }
     pub fn on() -> Vec<FailoverOn> {
         vec![FailoverOn::Timeout, FailoverOn::Connect, FailoverOn::RateLimited, FailoverOn::ServerError]
+    }
+    pub fn retry_on() -> Vec<FailoverOn> {
+        vec![FailoverOn::RateLimited, FailoverOn::ServerError, FailoverOn::Timeout, FailoverOn::Connect]
+    }
+    pub fn retry_max_wait_s() -> u32 {
+        5
     }
 }

@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use crate::outcome::Class;
-use crate::route::FailoverOn;
+use crate::route::{FailoverOn, Retry};
 
 /// Why a run stopped (seed 001), in `x_shield.routing.halt`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -60,6 +60,14 @@ pub struct Attempt {
     pub ms: u64,
     /// Whether bytes of this attempt reached the client (streaming commit point).
     pub committed: bool,
+    /// A same-target retry (`failover.retry`) of the attempt before it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub retry: bool,
+}
+
+/// Whether `attempts[i]` failed and another target was tried after it.
+pub fn failed_over(attempts: &[Attempt], i: usize) -> bool {
+    attempts[i].outcome == "failed" && attempts.get(i + 1).is_some_and(|next| !next.retry)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,13 +82,74 @@ pub struct Run {
     next: usize,
     max_attempts: u32,
     on: Vec<FailoverOn>,
+    retry: Retry,
+    /// Retries made on the current target; the next attempt is one when `retrying`.
+    retries: u32,
+    retrying: bool,
     pub attempts: Vec<Attempt>,
     halted: Option<Halt>,
 }
 
+/// The base of the retry backoff: 0.25 s × 2^n (issue 17).
+pub const RETRY_BACKOFF_MS: u64 = 250;
+
 impl Run {
     pub fn new(order: Vec<String>, max_attempts: u32, on: Vec<FailoverOn>) -> Run {
-        Run { order, next: 0, max_attempts, on, attempts: Vec::new(), halted: None }
+        Run {
+            order,
+            next: 0,
+            max_attempts,
+            on,
+            retry: Retry::default(),
+            retries: 0,
+            retrying: false,
+            attempts: Vec::new(),
+            halted: None,
+        }
+    }
+
+    /// With the route's same-target retry.
+    pub fn with_retry(mut self, retry: Retry) -> Run {
+        self.retry = retry;
+        self
+    }
+
+    /// After a failed attempt (already [`Run::record`]ed): whether to retry the same target,
+    /// and after how long. Yes when the route retries this class and has retries left for
+    /// this target, the attempt bound allows another, and the wait — the reset hint when there
+    /// is one and it is at most `max_wait_s`, else the backoff 0.25 s × 2^n × `jitter` (the
+    /// caller's draw from [0.5, 1.5)) — ends before `remaining_ms`. A hint longer than
+    /// `max_wait_s` is no retry (the target is parked and the run moves on). Proven exhaustion
+    /// (a spent quota or credit) is never retried.
+    pub fn retry_after(&mut self, class: Class, hint_ms: Option<u64>, jitter: f64, remaining_ms: u64) -> Option<u64> {
+        let listed = |on: FailoverOn| self.retry.on.contains(&on);
+        let retryable = match class {
+            Class::RateLimited => listed(FailoverOn::RateLimited),
+            Class::ServerError | Class::BadResponse => listed(FailoverOn::ServerError),
+            Class::Timeout => listed(FailoverOn::Timeout),
+            Class::Connect => listed(FailoverOn::Connect),
+            _ => false,
+        };
+        let bound = self.attempts.len() as u32 >= self.max_attempts;
+        if !retryable || bound || self.retries >= self.retry.attempts || self.next == 0 {
+            return None;
+        }
+        let wait = match hint_ms {
+            Some(hint) if hint > u64::from(self.retry.max_wait_s) * 1000 => return None,
+            Some(hint) => hint,
+            None => ((RETRY_BACKOFF_MS << self.retries.min(8)) as f64 * jitter.clamp(0.5, 1.5)) as u64,
+        };
+        if wait >= remaining_ms {
+            return None;
+        }
+        self.retries += 1;
+        self.retrying = true;
+        // The same target again: the failure does not end the run, whatever `on` says.
+        self.next -= 1;
+        if self.halted == Some(Halt::IneligibleFailure) {
+            self.halted = None;
+        }
+        Some(wait)
     }
 
     /// The next target to try, or why the run stops. `deadline_passed` is the caller's clock.
@@ -107,6 +176,9 @@ impl Run {
             None => {
                 let id = self.order[self.next].clone();
                 self.next += 1;
+                if !self.retrying {
+                    self.retries = 0;
+                }
                 Step::Try(id)
             }
         }
@@ -130,6 +202,7 @@ impl Run {
             status,
             ms,
             committed: false,
+            retry: std::mem::take(&mut self.retrying),
         });
         match result {
             Ok(()) => self.halted = Some(Halt::Succeeded),
@@ -162,13 +235,10 @@ impl Run {
         self.halted
     }
 
-    /// Failed attempts after which another target was tried.
+    /// Failed attempts after which another target was tried (a same-target retry is not a
+    /// failover).
     pub fn failovers(&self) -> usize {
-        let failed = self.attempts.iter().filter(|a| a.outcome == "failed").count();
-        match self.halted {
-            Some(Halt::Succeeded) => failed,
-            _ => failed.saturating_sub(1),
-        }
+        (0..self.attempts.len()).filter(|i| failed_over(&self.attempts, *i)).count()
     }
 }
 
@@ -191,6 +261,63 @@ mod tests {
         assert_eq!(run.step(false), Step::Stop(Halt::Succeeded));
         assert_eq!(run.failovers(), 1);
         assert_eq!(run.attempts[0].class, Some(Class::ServerError));
+    }
+
+    fn retrying(attempts: u32) -> Run {
+        let retry = Retry { attempts, ..Retry::default() };
+        Run::new(vec!["a".into(), "b".into()], 5, default_on()).with_retry(retry)
+    }
+
+    /// Issue 17: the same target again after a short hint or the backoff; a long hint, an
+    /// unlisted class, the retry budget, the attempt bound or the deadline move on instead.
+    #[test]
+    fn same_target_retry() {
+        let mut run = retrying(1);
+        assert_eq!(run.step(false), Step::Try("a".into()));
+        run.record("m", Err(Class::RateLimited), Some(429), 5);
+        assert_eq!(run.retry_after(Class::RateLimited, Some(2_000), 1.0, 60_000), Some(2_000), "after its Retry-After");
+        assert_eq!(run.step(false), Step::Try("a".into()), "the same target");
+        run.record("m", Ok(()), Some(200), 5);
+        assert_eq!(run.attempts.iter().map(|a| a.retry).collect::<Vec<_>>(), [false, true]);
+        assert_eq!(run.failovers(), 0, "a retry is not a failover");
+
+        let mut run = retrying(2);
+        run.step(false);
+        run.record("m", Err(Class::ServerError), Some(500), 5);
+        assert_eq!(run.retry_after(Class::ServerError, None, 0.5, 60_000), Some(125), "0.25 s × 2^0 × 0.5");
+        run.step(false);
+        run.record("m", Err(Class::ServerError), Some(500), 5);
+        assert_eq!(run.retry_after(Class::ServerError, None, 1.5, 60_000), Some(750), "0.25 s × 2^1 × 1.5");
+        run.step(false);
+        run.record("m", Err(Class::ServerError), Some(500), 5);
+        assert_eq!(run.retry_after(Class::ServerError, None, 1.0, 60_000), None, "two retries were allowed");
+        assert_eq!(run.step(false), Step::Try("b".into()), "then the run moves on");
+        run.record("m", Err(Class::ServerError), Some(500), 5);
+        assert_eq!(run.retry_after(Class::ServerError, None, 1.0, 60_000), Some(250), "the budget is per target");
+
+        let mut run = retrying(3);
+        run.step(false);
+        run.record("m", Err(Class::RateLimited), Some(429), 5);
+        assert_eq!(run.retry_after(Class::RateLimited, Some(6_000), 1.0, 60_000), None, "longer than max_wait_s (5)");
+        assert_eq!(run.retry_after(Class::QuotaExhausted, None, 1.0, 60_000), None, "a spent quota is not retried");
+        assert_eq!(run.retry_after(Class::ClientError, None, 1.0, 60_000), None);
+        assert_eq!(run.retry_after(Class::Timeout, None, 1.0, 100), None, "the wait must end before the deadline");
+        assert_eq!(retrying(0).retry_after(Class::ServerError, None, 1.0, 60_000), None, "off by default");
+    }
+
+    /// A retry may rescue a class the route does not fail over on: the same target, not another.
+    #[test]
+    fn a_retry_is_not_a_failover_to_another_target() {
+        let on = vec![FailoverOn::Timeout];
+        let mut run =
+            Run::new(vec!["a".into(), "b".into()], 5, on).with_retry(Retry { attempts: 1, ..Retry::default() });
+        run.step(false);
+        run.record("m", Err(Class::ServerError), Some(503), 5);
+        assert_eq!(run.halt(), Some(Halt::IneligibleFailure));
+        assert!(run.retry_after(Class::ServerError, None, 1.0, 60_000).is_some());
+        assert_eq!(run.step(false), Step::Try("a".into()));
+        run.record("m", Err(Class::ServerError), Some(503), 5);
+        assert_eq!(run.halt(), Some(Halt::IneligibleFailure), "5xx still does not move to b");
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub struct Target {
     pub first_byte_timeout_s: Option<u32>,
     #[serde(default = "defaults::idle_timeout_s")]
     pub idle_timeout_s: u32,
+    /// This target's circuit breaker; omitted: the seed's 5 failures / 60 s window / 30 s open
+    /// / 10 s probe interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<crate::breaker::BreakerSettings>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price: Option<Price>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -58,6 +62,11 @@ pub struct Target {
 }
 
 impl Target {
+    /// The breaker settings in force for this target.
+    pub fn breaker(&self) -> crate::breaker::BreakerSettings {
+        self.breaker.unwrap_or_default()
+    }
+
     /// How long a streamed attempt may wait for its first event (ROUTING.md streaming).
     pub fn first_byte_timeout_s(&self) -> u32 {
         self.first_byte_timeout_s.unwrap_or_else(|| defaults::first_byte_timeout_s(self.timeout_s))

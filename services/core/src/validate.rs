@@ -110,6 +110,18 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
     if first_byte_written && first_byte > target.timeout_s {
         p.push("first_byte_timeout_s", "must not exceed timeout_s");
     }
+    if let Some(breaker) = &target.breaker {
+        for (field, value, max) in [
+            ("breaker.failures", breaker.failures, 100),
+            ("breaker.window_s", breaker.window_s, 3600),
+            ("breaker.open_s", breaker.open_s, 3600),
+            ("breaker.probe_interval_s", breaker.probe_interval_s, 3600),
+        ] {
+            if !(1..=max).contains(&value) {
+                p.push(field, format!("must be between 1 and {max}"));
+            }
+        }
+    }
 
     if let Some(price) = &target.price {
         if price.currency != "USD" {
@@ -286,6 +298,21 @@ pub fn validate_route(
     for (i, class) in failover.on.iter().enumerate() {
         if !classes.insert(class) {
             p.push(format!("failover.on[{i}]"), "is listed twice");
+        }
+    }
+    let retry = &failover.retry;
+    if retry.attempts > 3 {
+        p.push("failover.retry.attempts", "must be between 0 and 3");
+    }
+    if retry.max_wait_s > 30 {
+        p.push("failover.retry.max_wait_s", "must be between 0 and 30 seconds");
+    }
+    for (i, class) in retry.on.iter().enumerate() {
+        use crate::route::FailoverOn::*;
+        if !matches!(class, RateLimited | ServerError | Timeout | Connect) {
+            p.push(format!("failover.retry.on[{i}]"), "must be one of 429, 5xx, timeout, connect");
+        } else if retry.on[..i].contains(class) {
+            p.push(format!("failover.retry.on[{i}]"), "is listed twice");
         }
     }
 

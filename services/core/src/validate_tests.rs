@@ -138,6 +138,9 @@ fn target_rules() {
         ("huge timeout", json!({"timeout_s": 100000}), "timeout_s"),
         ("negative timeout", json!({"timeout_s": -1}), "timeout_s"),
         ("first byte after timeout", json!({"timeout_s": 10, "first_byte_timeout_s": 20}), "first_byte_timeout_s"),
+        ("breaker threshold zero", json!({"breaker": {"failures": 0}}), "breaker.failures"),
+        ("breaker probe interval too long", json!({"breaker": {"probe_interval_s": 7200}}), "breaker.probe_interval_s"),
+        ("breaker unknown field", json!({"breaker": {"cooldown": 1}}), "breaker.cooldown"),
         ("zero idle", json!({"idle_timeout_s": 0}), "idle_timeout_s"),
         ("negative price", json!({"price": {"input_per_mtok": -1, "output_per_mtok": 1}}), "price.input_per_mtok"),
         (
@@ -277,6 +280,13 @@ fn route_rules() {
         ("unknown target", json!({"targets": ["openai-4o", "ghost"]}), "targets[1]"),
         ("duplicate target", json!({"targets": ["openai-4o", "openai-4o"]}), "targets[1]"),
         ("unknown strategy", json!({"strategy": "random"}), "strategy"),
+        ("too many retries", json!({"failover": {"retry": {"attempts": 4}}}), "failover.retry.attempts"),
+        (
+            "retry wait too long",
+            json!({"failover": {"retry": {"attempts": 1, "max_wait_s": 31}}}),
+            "failover.retry.max_wait_s",
+        ),
+        ("retry on 402", json!({"failover": {"retry": {"attempts": 1, "on": ["402"]}}}), "failover.retry.on[0]"),
         ("weights without weighted", json!({"weights": {"openai-4o": 1}}), "weights"),
         ("weighted without weights", json!({"strategy": "weighted"}), "weights"),
         (

@@ -11,7 +11,7 @@ use actix_web::web::Bytes;
 use actix_web::{HttpResponse, web};
 use serde_json::{Value, json};
 
-use crate::{MockState, Piece, Scenario, Wire, canned, stream};
+use crate::{MockState, Piece, Scenario, Wire, canned, pieces_in, prefill, stream};
 
 /// Anthropic's error `type` for a status (ANTHROPIC.md "Errors").
 fn error_type(status: StatusCode) -> &'static str {
@@ -88,6 +88,11 @@ pub(crate) fn answer(
         return response.json(error_body(status, scenario.error_code.as_deref()));
     }
     let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let prefill = prefill(&request);
+    if scenario.no_prefill && prefill.is_some() {
+        return HttpResponse::BadRequest()
+            .json(error_body(StatusCode::BAD_REQUEST, Some("assistant_prefill_is_not_supported")));
+    }
     if request.get("stream").and_then(Value::as_bool) == Some(true) {
         let (input, output) = scenario.usage.unwrap_or((10, scenario.chunks.unwrap_or(3) as u64));
         let (read, write) = scenario.cache.unwrap_or((0, 0));
@@ -96,7 +101,8 @@ pub(crate) fn answer(
             usage: json!({"input_tokens": input, "output_tokens": output, "cache_read_input_tokens": read,
                 "cache_creation_input_tokens": write}),
         };
-        return response.content_type("text/event-stream").streaming(stream(state.into_inner(), scenario, wire));
+        let skip = prefill.map(|text| pieces_in(&scenario, &text)).unwrap_or(0);
+        return response.content_type("text/event-stream").streaming(stream(state.into_inner(), scenario, wire, skip));
     }
     match scenario.body.as_deref() {
         Some("garbage") => response.content_type("application/json").body("this is not json"),

@@ -21,7 +21,8 @@
 //!   after N chunks), `malformed:N` (the N-th event is not JSON), `nodone` (end without
 //!   `[DONE]`), `empty` (a 200 stream that ends cleanly with no event). `say:secret` or
 //!   `say:card` answers (or streams) a canned sensitive text; `tool:NAME` answers a tool
-//!   call. A usage chunk is
+//!   call. `downfor:S` fails (503, or the `status:`) for S seconds from the scenario's first
+//!   call, then answers. A usage chunk is
 //!   sent when the request asks `stream_options.include_usage`.
 //! * `POST /v1/messages`, `POST /mock/{scenario}/v1/messages` — the same in Anthropic's
 //!   Messages shape (answers, errors and stream events; see `anthropic.rs` for `cache:R-W`).
@@ -62,6 +63,8 @@ pub(crate) struct MockState {
     streams: Mutex<HashMap<String, StreamCounts>>,
     /// Calls per scenario id, uncapped.
     calls_by_id: Mutex<HashMap<String, u64>>,
+    /// When each scenario was first called (`downfor:`).
+    first_call: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -95,6 +98,12 @@ pub(crate) struct Scenario {
     error_first: bool,
     break_after: Option<usize>,
     stall_after: Option<usize>,
+    /// `breakonce:N` / `stallonce:N`: only the scenario's first call breaks or stalls.
+    once: bool,
+    /// `noprefill`: a request ending with an assistant message is refused (400).
+    no_prefill: bool,
+    /// `alt`: the stream's parts read `alt{n}` instead of `part{n}` (a different answer).
+    alt: bool,
     malformed_at: Option<usize>,
     no_done: bool,
     empty: bool,
@@ -102,6 +111,9 @@ pub(crate) struct Scenario {
     tool: Option<String>,
     /// `cache:R-W`: cache-read and cache-write input tokens (Anthropic answers).
     cache: Option<(u64, u64)>,
+    /// `downfor:S`: 503 (or `status:`) for S seconds from this scenario's first call, then 200
+    /// (a provider that goes down and comes back).
+    down_for: Option<Duration>,
 }
 
 impl Scenario {
@@ -132,11 +144,22 @@ impl Scenario {
                 "errfirst" => s.error_first = true,
                 "break" => s.break_after = value.parse().ok(),
                 "stall" => s.stall_after = value.parse().ok(),
+                "breakonce" => {
+                    s.break_after = value.parse().ok();
+                    s.once = true;
+                }
+                "stallonce" => {
+                    s.stall_after = value.parse().ok();
+                    s.once = true;
+                }
+                "noprefill" => s.no_prefill = true,
+                "alt" => s.alt = true,
                 "malformed" => s.malformed_at = value.parse().ok(),
                 "nodone" => s.no_done = true,
                 "empty" => s.empty = true,
                 "say" => s.say = Some(value.to_string()),
                 "tool" => s.tool = Some(value.to_string()),
+                "downfor" => s.down_for = value.parse().ok().map(Duration::from_secs),
                 "cache" => s.cache = value.split_once('-').and_then(|(r, w)| Some((r.parse().ok()?, w.parse().ok()?))),
                 _ => {}
             }
@@ -237,13 +260,18 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
         }));
     }
     record(&state, &req, &body);
-    let (scenario, spec, rest) = split_path(req.path());
+    let (mut scenario, spec, rest) = split_path(req.path());
+    let first_call = *state.first_call.lock().entry(spec.clone()).or_insert_with(std::time::Instant::now);
     let call = {
         let mut calls = state.calls.lock();
         let n = calls.entry(spec).or_insert(0);
         *n += 1;
         *n - 1
     };
+    if scenario.once && call > 0 {
+        scenario.break_after = None;
+        scenario.stall_after = None;
+    }
     if let (Some(id), true) = (&scenario.id, rest == "/v1/chat/completions" || rest == "/v1/messages") {
         *state.calls_by_id.lock().entry(id.clone()).or_insert(0) += 1;
     }
@@ -253,8 +281,10 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     if scenario.hang {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
-    let status = match (scenario.cycle, scenario.statuses.len()) {
-        (true, len) if len > 0 => scenario.statuses[call % len],
+    let status = match (scenario.down_for, scenario.cycle, scenario.statuses.len()) {
+        (Some(down), ..) if first_call.elapsed() < down => scenario.statuses.first().copied().unwrap_or(503),
+        (Some(_), ..) => 200,
+        (None, true, len) if len > 0 => scenario.statuses[call % len],
         _ => scenario.statuses.get(call).or(scenario.statuses.last()).copied().unwrap_or(200),
     };
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -284,11 +314,17 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
             if serde_json::from_slice::<Value>(&body).ok().and_then(|b| b.get("stream")?.as_bool()) == Some(true) =>
         {
             let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let prefill = prefill(&request);
+            if scenario.no_prefill && prefill.is_some() {
+                let error = json!({"error": {"message": "assistant prefill is not supported", "type": "invalid_request_error", "code": null, "param": "messages"}});
+                return HttpResponse::BadRequest().json(error);
+            }
             let wire = OpenAiWire {
                 model: request.get("model").and_then(Value::as_str).unwrap_or("mock").to_string(),
                 include_usage: request.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
             };
-            response.content_type("text/event-stream").streaming(stream(state.into_inner(), scenario, wire))
+            let skip = prefill.map(|text| pieces_in(&scenario, &text)).unwrap_or(0);
+            response.content_type("text/event-stream").streaming(stream(state.into_inner(), scenario, wire, skip))
         }
         ("POST", "/v1/chat/completions") => match scenario.body.as_deref() {
             Some("garbage") => response.content_type("application/json").body("this is not json"),
@@ -402,21 +438,60 @@ impl Wire for OpenAiWire {
 
 /// A streamed answer as SSE events in `wire`'s format, shaped by the scenario's streaming
 /// directives.
+/// The text of content piece `n` of a streamed answer.
+fn piece_text(scenario: &Scenario, n: usize) -> String {
+    match (n, canned(scenario.say.as_deref())) {
+        (0, _) => "mock ".into(),
+        (1, Some(text)) => text.into(),
+        _ if scenario.alt => format!("alt{n} "),
+        _ => format!("part{n} "),
+    }
+}
+
+/// The trailing assistant message's text (an assistant prefill), if the request ends so.
+pub(crate) fn prefill(request: &Value) -> Option<String> {
+    let last = request.get("messages")?.as_array()?.last()?;
+    if last.get("role")?.as_str()? != "assistant" {
+        return None;
+    }
+    match last.get("content")? {
+        Value::String(text) => Some(text.clone()),
+        Value::Array(blocks) => Some(blocks.iter().filter_map(|b| b.get("text")?.as_str()).collect()),
+        _ => None,
+    }
+}
+
+/// How many content pieces `prefix` already holds: a prefilled stream continues after them.
+pub(crate) fn pieces_in(scenario: &Scenario, prefix: &str) -> usize {
+    let mut text = String::new();
+    let mut n = 0;
+    while n < 10_000 {
+        let next = text.clone() + &piece_text(scenario, n);
+        if !prefix.starts_with(next.trim_end()) || next.trim_end().is_empty() {
+            break;
+        }
+        text = next;
+        n += 1;
+    }
+    n
+}
+
 pub(crate) fn stream(
     state: std::sync::Arc<MockState>,
     scenario: Scenario,
     wire: impl Wire,
+    skip: usize,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     let id = scenario.id.clone().unwrap_or_default();
     state.streams.lock().entry(id.clone()).or_default().started += 1;
     let chunks = if scenario.tool.is_some() { 3 } else { scenario.chunks.unwrap_or(3) };
     let guard = StreamGuard { state, id, finished: false };
     let wire = std::sync::Arc::new(wire);
-    futures_util::stream::unfold((0usize, guard), move |(mut n, mut guard)| {
+    futures_util::stream::unfold((skip, guard), move |(mut n, mut guard)| {
         let scenario = scenario.clone();
         let wire = wire.clone();
         async move {
-            let delay = if n == 0 { scenario.ttfb } else { scenario.chunk_delay };
+            let delay = if n == skip { scenario.ttfb } else { scenario.chunk_delay };
             if let Some(delay) = delay {
                 tokio::time::sleep(delay).await;
             }
@@ -424,7 +499,7 @@ pub(crate) fn stream(
                 return None;
             }
             loop {
-                let piece = if n == 0 && scenario.error_first {
+                let piece = if n == skip && scenario.error_first {
                     guard.finished = true;
                     return Some((Ok(wire.render(&Piece::Error).unwrap_or_default()), (usize::MAX, guard)));
                 } else if scenario.empty {
@@ -450,12 +525,8 @@ pub(crate) fn stream(
                             2 => Piece::ToolArgs("\"mock\"}".into()),
                             _ => Piece::Finish { tool: true },
                         }
-                    } else if n == 0 {
-                        Piece::Text { first: true, text: "mock ".into() }
-                    } else if let (1, Some(text)) = (n, canned(scenario.say.as_deref())) {
-                        Piece::Text { first: false, text: text.into() }
                     } else {
-                        Piece::Text { first: false, text: format!("part{n} ") }
+                        Piece::Text { first: n == skip, text: piece_text(&scenario, n) }
                     }
                 } else if n == chunks {
                     if scenario.stall_after == Some(n) {

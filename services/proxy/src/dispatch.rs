@@ -106,7 +106,9 @@ where
     let planned = plan(call.route, &call.tenant.snapshot.targets, &facts, rng);
     let (rule, refused) = (planned.rule, planned.refused);
     let mut excluded = planned.excluded;
-    let mut run = Run::new(planned.order, call.route.failover.max_attempts, call.route.failover.on.clone());
+    let failover = &call.route.failover;
+    let mut run =
+        Run::new(planned.order, failover.max_attempts, failover.on.clone()).with_retry(failover.retry.clone());
     let mut last_failure = None;
     // The declared window of a target that overflowed: later attempts need a larger one.
     let mut context_floor: Option<u32> = None;
@@ -133,7 +135,18 @@ where
                 return Loop { rule, refused, run, excluded, success: Some(success), last_failure };
             }
             Err(failure) => {
-                health.record(tenant, &id, permit, Err(failure.class), ms);
+                health.record(tenant, &id, &target.breaker(), permit, Err(failure.class), ms);
+                run.record(&target.model, Err(failure.class), failure.status, ms);
+                // `failover.retry`: the same target again after its short reset hint or a
+                // jittered backoff, within the deadline; the run's next step is that target.
+                let remaining = deadline.saturating_duration_since(Instant::now()).as_millis() as u64;
+                let jitter = rng.random_range(0.5..1.5);
+                if let Some(wait) = run.retry_after(failure.class, failure.reset_hint_ms, jitter, remaining) {
+                    tracing::debug!(tenant, target = %id, wait_ms = wait, class = failure.class.as_str(), "retrying");
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    last_failure = Some((id, failure));
+                    continue;
+                }
                 // Seed 002: proven exhaustion (or a rate limit that says when it resets) parks
                 // the target instead of letting every request hammer it.
                 if failure.class.parks(failure.reset_hint_ms.is_some()) {
@@ -143,7 +156,6 @@ where
                     // Only a larger declared window can help (ROUTING.md `context_length`).
                     context_floor = target.capabilities.as_ref().and_then(|c| c.context_window).or(context_floor);
                 }
-                run.record(&target.model, Err(failure.class), failure.status, ms);
                 last_failure = Some((id, failure));
             }
         }
@@ -166,13 +178,9 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
     let tenant = call.tenant.snapshot.tenant.as_str();
     let result = match outcome.success {
         Some(success) => {
-            health.record(
-                tenant,
-                &success.target,
-                success.permit,
-                Ok(()),
-                success.started.elapsed().as_millis() as u64,
-            );
+            let settings = call.tenant.target(&success.target).map(Target::breaker).unwrap_or_default();
+            let ms = success.started.elapsed().as_millis() as u64;
+            health.record(tenant, &success.target, &settings, success.permit, Ok(()), ms);
             let answer = success.value;
             RoutedResult::Answer {
                 target: success.target,
@@ -241,6 +249,8 @@ pub struct Committed {
     pub model: String,
     pub opened: Opened,
     pub permit: Permit,
+    /// The answering target's breaker settings, for the stream's outcome.
+    pub breaker: shield_core::breaker::BreakerSettings,
     /// When the committed attempt started, and when its first usable event arrived (the
     /// commit point).
     pub started: Instant,
@@ -269,6 +279,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
     match outcome.success {
         Some(success) => {
             let idle_timeout = call.tenant.target(&success.target).map(|t| t.idle_timeout_s).unwrap_or(15);
+            let breaker = call.tenant.target(&success.target).map(Target::breaker).unwrap_or_default();
             Ok(Committed {
                 rule: rule_record(&call, outcome.rule),
                 budget: call.facts.budget,
@@ -279,6 +290,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
                 model: success.model,
                 opened: success.value,
                 permit: success.permit,
+                breaker,
                 started: success.started,
                 committed_at: Instant::now(),
                 run: outcome.run,

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
-use shield_core::breaker::{Breaker, Cooldown, Permit};
+use shield_core::breaker::{Breaker, BreakerSettings, Cooldown, Permit};
 use shield_core::outcome::Class;
 use shield_core::plan::Ewma;
 use shield_core::records::health::HealthRecord;
@@ -112,7 +112,15 @@ impl Health {
     }
 
     /// Records an attempt's outcome; `ms` feeds the latency EWMA on success.
-    pub fn record(&self, tenant: &str, target: &str, permit: Permit, result: Result<(), Class>, ms: u64) {
+    pub fn record(
+        &self,
+        tenant: &str,
+        target: &str,
+        settings: &BreakerSettings,
+        permit: Permit,
+        result: Result<(), Class>,
+        ms: u64,
+    ) {
         let now = self.now();
         let mut targets = self.targets.lock();
         let health = targets.entry((tenant.to_string(), target.to_string())).or_default();
@@ -124,7 +132,7 @@ impl Health {
             }
             Err(class) if class.is_breaker_failure() => {
                 health.last_error = Some(class.as_str());
-                if let Some(opened) = health.breaker.failure(now) {
+                if let Some(opened) = health.breaker.failure(now, settings) {
                     health.failures_at_open = opened.failures;
                     tracing::warn!(
                         tenant,

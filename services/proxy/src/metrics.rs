@@ -125,7 +125,7 @@ impl Metrics {
             self.upstream_seconds
                 .with_label_values(&[t, self.id(&attempt.target), attempt.outcome])
                 .observe(attempt.ms as f64 / 1000.0);
-            if let (Some(class), true) = (attempt.class, i + 1 < attempts.len()) {
+            if let (Some(class), true) = (attempt.class, shield_core::run::failed_over(attempts, i)) {
                 self.failovers.with_label_values(&[t, r, class.as_str()]).inc();
             }
         }

@@ -217,7 +217,7 @@ impl Relay {
         let ms = self.committed.started.elapsed().as_millis() as u64;
         let c = &mut self.committed;
         c.run.record_committed(result, ms);
-        self.health.record(&c.tenant, &c.target, c.permit, result, ms);
+        self.health.record(&c.tenant, &c.target, &c.breaker, c.permit, result, ms);
         let reported = c.opened.decoder.usage();
         let (usage, estimated) = match reported {
             Some(usage) => (usage, false),

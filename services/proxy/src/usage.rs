@@ -80,7 +80,7 @@ impl UsageBuffer {
                 row.ok += 1;
             } else {
                 row.errors += 1;
-                if i + 1 < attempts.len() {
+                if shield_core::run::failed_over(attempts, i) {
                     row.failovers_from += 1;
                 }
             }
@@ -175,6 +175,7 @@ mod tests {
             status: None,
             ms: 10,
             committed: false,
+            retry: false,
         }
     }
 
