@@ -20,7 +20,9 @@ async fn a_short_retry_after_is_waited_for_on_the_same_target() {
     let stack = Stack::start().await;
     stack.mock_target("a", "seq:429-200;retry-after:2", json!({})).await;
     stack.mock_target("b", "", json!({})).await;
+    stack.mock_target("c", "seq:429-200;retry-after:2", json!({})).await;
     stack.put_route("r", json!({"targets": ["a", "b"], "failover": retry(1)})).await;
+    stack.put_route("plain", json!({"targets": ["c", "b"]})).await;
     let (key, _) = stack.key(None).await;
     let started = Instant::now();
     let (status, headers, body) = stack.chat(&key, chat_body("r"), &[]).await;
@@ -37,8 +39,6 @@ async fn a_short_retry_after_is_waited_for_on_the_same_target() {
     assert_eq!((attempts[1]["target"].clone(), attempts[1]["retry"].clone()), (json!("a"), json!(true)));
     assert!(stack.received("b").await.is_empty(), "never left the target");
     // Without retry configured the same answer moves on at once (today's behaviour).
-    stack.mock_target("c", "seq:429-200;retry-after:2", json!({})).await;
-    stack.put_route("plain", json!({"targets": ["c", "b"]})).await;
     let (_, headers, _) = stack.chat(&key, chat_body("plain"), &[]).await;
     assert_eq!(headers["x-shield-target"], "b");
 }

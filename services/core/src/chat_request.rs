@@ -21,6 +21,7 @@ const SHIELD_ONLY: [&str; 5] = ["x_shield", "prompt", "system", "run_id", ANTHRO
 pub struct BadRequest(pub String);
 
 /// A chat request: a JSON object with a string `model`.
+#[derive(Clone)]
 pub struct ChatRequest {
     pub fields: Map<String, Value>,
     pub model: String,

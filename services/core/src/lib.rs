@@ -19,6 +19,7 @@ pub mod parse;
 pub mod plan;
 pub mod profile;
 pub mod records;
+pub mod resume;
 pub mod route;
 pub mod run;
 pub mod snapshot;

@@ -88,7 +88,7 @@ pub mod usage {
 
     /// The counters of a [`UsageRow`], in the order [`counters`] gives them and the merge
     /// script adds them: the script's own list of names is made from this one.
-    pub const COUNTERS: [&str; 10] = [
+    pub const COUNTERS: [&str; 11] = [
         "calls",
         "ok",
         "errors",
@@ -99,11 +99,12 @@ pub mod usage {
         "latency_ms_sum",
         "estimated",
         "stream_broken",
+        "stream_resumed",
     ];
 
     /// The row's counters in [`COUNTERS`] order, as the merge script's argument. An exhaustive
     /// destructuring: a field added to `UsageRow` does not compile here until it is listed.
-    pub fn counters(row: &UsageRow) -> [i64; 10] {
+    pub fn counters(row: &UsageRow) -> [i64; 11] {
         let UsageRow {
             calls,
             ok,
@@ -115,6 +116,7 @@ pub mod usage {
             latency_ms_sum,
             estimated,
             stream_broken,
+            stream_resumed,
         } = *row;
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         [
@@ -128,6 +130,7 @@ pub mod usage {
             n(latency_ms_sum),
             n(estimated),
             n(stream_broken),
+            n(stream_resumed),
         ]
     }
 
@@ -228,6 +231,7 @@ mod tests {
             latency_ms_sum: 8,
             estimated: 9,
             stream_broken: 10,
+            stream_resumed: 11,
         };
         // What the script writes: `{"name":value,...}` over the names it was given.
         let values = usage::counters(&row);

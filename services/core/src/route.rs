@@ -25,6 +25,9 @@ pub struct Route {
     pub weights: Option<BTreeMap<String, u32>>,
     #[serde(default)]
     pub failover: Failover,
+    /// What a stream that breaks after its commit point does (issue 17); default `off`.
+    #[serde(default, skip_serializing_if = "StreamResume::is_off")]
+    pub stream_resume: StreamResume,
     #[serde(default)]
     pub rules: Vec<Rule>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -43,6 +46,29 @@ pub struct Route {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub budget_state: Option<serde_json::Value>,
+}
+
+/// `stream_resume` (issue 17): after a break, an error event or silence past the commit point,
+/// re-issue the request within `deadline_s` — first to the same target, then to the next
+/// eligible ones — instead of ending the stream with an error.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamResume {
+    /// End with the `stream_broken` error (today's behaviour).
+    #[default]
+    Off,
+    /// Read a new answer, withhold it until it has reproduced the text already sent, then pass
+    /// on only the rest; an answer that diverges is never shown.
+    Regenerate,
+    /// On targets declaring `capabilities.assistant_prefill`, send the text already sent as a
+    /// trailing assistant message and stream the continuation; elsewhere, regenerate.
+    Continue,
+}
+
+impl StreamResume {
+    pub fn is_off(&self) -> bool {
+        *self == StreamResume::Off
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

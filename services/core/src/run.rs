@@ -63,6 +63,9 @@ pub struct Attempt {
     /// A same-target retry (`failover.retry`) of the attempt before it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub retry: bool,
+    /// It resumed a stream that broke after its commit point (`stream_resume`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub resumed: bool,
 }
 
 /// Whether `attempts[i]` failed and another target was tried after it.
@@ -203,6 +206,7 @@ impl Run {
             ms,
             committed: false,
             retry: std::mem::take(&mut self.retrying),
+            resumed: false,
         });
         match result {
             Ok(()) => self.halted = Some(Halt::Succeeded),
@@ -224,6 +228,55 @@ impl Run {
             }
         }
         self.halted = Some(if result.is_ok() { Halt::Succeeded } else { Halt::VisibleOutput });
+    }
+
+    /// The committed attempt broke after the commit point and the stream will be resumed: it
+    /// is recorded as failed (its bytes did reach the client), and the run goes on.
+    pub fn record_break(&mut self, class: Class, ms: u64) {
+        if let Some(last) = self.attempts.last_mut() {
+            last.committed = true;
+            last.ms = ms;
+            last.outcome = "failed";
+            last.class = Some(class);
+        }
+    }
+
+    /// A resume attempt at `target` (its result, until it becomes the committed one).
+    pub fn record_resumed(
+        &mut self,
+        target: &str,
+        model: &str,
+        result: Result<(), Class>,
+        status: Option<u16>,
+        ms: u64,
+    ) {
+        let (outcome, class) = match result {
+            Ok(()) => ("ok", None),
+            Err(class) => ("failed", Some(class)),
+        };
+        self.attempts.push(Attempt {
+            n: self.attempts.len() as u32 + 1,
+            target: target.to_string(),
+            model: model.to_string(),
+            outcome,
+            class,
+            status,
+            ms,
+            committed: false,
+            retry: false,
+            resumed: true,
+        });
+    }
+
+    /// A stream that broke ends broken after its resume attempts failed (each already
+    /// recorded).
+    pub fn end_broken(&mut self) {
+        self.halted = Some(Halt::VisibleOutput);
+    }
+
+    /// The planned order of targets (for resuming a stream on the next eligible ones).
+    pub fn order(&self) -> &[String] {
+        &self.order
     }
 
     /// The client went away: nothing more is tried.

@@ -205,6 +205,9 @@ pub struct Capabilities {
     pub max_output_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<bool>,
+    /// It continues a trailing assistant message (`stream_resume: "continue"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assistant_prefill: Option<bool>,
 }
 
 pub(crate) mod defaults {

@@ -57,6 +57,9 @@ pub struct UsageRow {
     /// Calls whose usage was estimated (4 characters a token), not reported.
     pub estimated: u64,
     pub stream_broken: u64,
+    /// Attempts that resumed a broken stream (`stream_resume`).
+    #[serde(default)]
+    pub stream_resumed: u64,
 }
 
 impl UsageRow {
@@ -71,6 +74,7 @@ impl UsageRow {
         self.latency_ms_sum += other.latency_ms_sum;
         self.estimated += other.estimated;
         self.stream_broken += other.stream_broken;
+        self.stream_resumed += other.stream_resumed;
     }
 }
 

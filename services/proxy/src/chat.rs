@@ -25,6 +25,7 @@ use crate::dispatch::{Call, Committed, HOP_HEADER, Routed, RoutedResult, dispatc
 use crate::egress::Egress;
 use crate::error::{ProxyError, openai_error};
 use crate::guard::{self, StreamGuard};
+use crate::resume::Resumer;
 use crate::tenant::TenantConfig;
 use crate::{ProxyState, default_path};
 
@@ -103,6 +104,7 @@ pub async fn pipeline(
 ) -> Result<Outcome, ProxyError> {
     let (started, hop, caller) = (caller.arrived, caller.hop, caller.key);
     let tenant = state.tenant_config(&caller.tenant).await;
+    let tenant_arc = tenant.clone();
 
     // Seed §5: input guardrails run once, before routing, whatever path the call takes.
     let input = tenant.as_deref().map(|t| t.snapshot.guardrails.check(&request.prompt_text())).unwrap_or_default();
@@ -159,7 +161,19 @@ pub async fn pipeline(
                 let output = StreamGuard::new(tenant.snapshot.guardrails.clone(), caller.role.clone());
                 let health = state.health.clone();
                 let prompt_chars = request.prompt_chars();
-                Outcome::Stream(Box::new(StreamStart { committed, health, context, output, prompt_chars }))
+                // Only routes that resume streams keep what a resume needs.
+                let resumer = tenant_arc.filter(|_| !route.stream_resume.is_off()).map(|tenant| Resumer {
+                    mode: route.stream_resume,
+                    egress: egress.clone(),
+                    tenant,
+                    request: request.clone(),
+                    upstream_key: upstream_key.map(str::to_string),
+                    next_hop: hop + 1,
+                    deadline: started + std::time::Duration::from_secs(u64::from(route.failover.deadline_s)),
+                    order: committed.run.order().to_vec(),
+                });
+                let start = StreamStart { committed, health, context, output, prompt_chars, resumer };
+                Outcome::Stream(Box::new(start))
             }
             Err(routed) => {
                 context.end(Ending::of(routed.halt, &routed.attempts, &routed.excluded));
@@ -185,7 +199,7 @@ pub async fn pipeline(
     };
     context.end(Ending {
         target,
-        answered: paid.as_ref().map(Paid::answered),
+        answered: paid.as_ref().map(Paid::answered).into_iter().collect(),
         ..Ending::of(routed.halt, &routed.attempts, &routed.excluded)
     });
     Ok(Outcome::Routed { routed, guardrails })
@@ -237,13 +251,14 @@ pub struct StreamStart {
     context: RequestContext,
     output: StreamGuard,
     prompt_chars: usize,
+    resumer: Option<Resumer>,
 }
 
 impl StreamStart {
     /// The committed stream's response: routing headers on the head, then the relayed events
     /// in `wire`'s shape.
     pub fn respond(self, wire: Box<dyn ClientWire>) -> HttpResponse {
-        let StreamStart { committed, health, context, output, prompt_chars } = self;
+        let StreamStart { committed, health, context, output, prompt_chars, resumer } = self;
         let failovers = committed.run.attempts.iter().filter(|a| a.outcome == "failed").count();
         let mut response = HttpResponse::Ok();
         response
@@ -254,7 +269,7 @@ impl StreamStart {
             .insert_header(("x-shield-target", committed.target.as_str()))
             .insert_header(("x-shield-failovers", failovers.to_string()))
             .insert_header(("x-shield-budget", committed.budget.as_str()));
-        response.streaming(crate::relay::relay(committed, health, context, output, wire, prompt_chars))
+        response.streaming(crate::relay::relay(committed, health, context, output, wire, prompt_chars, resumer))
     }
 }
 

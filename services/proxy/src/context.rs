@@ -33,9 +33,9 @@ pub struct Ending<'a> {
     pub target: Option<&'a str>,
     pub attempts: &'a [Attempt],
     pub excluded: &'a [Excluded],
-    /// The answer's tokens and cost when one was produced — also when Shield then refused it
-    /// or its stream broke: it was paid for.
-    pub answered: Option<Answered<'a>>,
+    /// The tokens and cost of each answer produced — also when Shield then refused it, its
+    /// stream broke, or a resumed stream replaced it: they were paid for.
+    pub answered: Vec<Answered<'a>>,
     /// When the caller started receiving the answer, and how much of the time before that was
     /// spent in upstream calls: what Shield added is the rest. `None`: the end itself, with
     /// every attempt's time upstream.
@@ -47,7 +47,7 @@ pub struct Ending<'a> {
 impl<'a> Ending<'a> {
     /// An ending with nothing but its halt and what was tried.
     pub fn of(halt: Halt, attempts: &'a [Attempt], excluded: &'a [Excluded]) -> Ending<'a> {
-        Ending { halt, target: None, attempts, excluded, answered: None, answered_at: None, malformed_events: 0 }
+        Ending { halt, target: None, attempts, excluded, answered: Vec::new(), answered_at: None, malformed_events: 0 }
     }
 }
 
@@ -74,9 +74,10 @@ impl RequestContext {
     /// The request's one end: usage, metrics and the provenance record.
     pub fn end(self, ending: Ending<'_>) {
         let Ending { halt, target, attempts, excluded, answered, answered_at, malformed_events } = ending;
-        let stream_broken = answered.as_ref().is_some_and(|a| a.stream_broken);
-        let tokens = answered.as_ref().map(|a| (a.input_tokens, a.output_tokens, a.cost_micros));
-        self.usage.record(&self.tenant, &self.route, attempts, answered);
+        let stream_broken = answered.iter().any(|a| a.stream_broken);
+        let tokens: Vec<(u64, u64, i64)> =
+            answered.iter().map(|a| (a.input_tokens, a.output_tokens, a.cost_micros)).collect();
+        self.usage.record(&self.tenant, &self.route, attempts, &answered);
         let (until, upstream) = match answered_at {
             Some((at, upstream)) => (at, upstream),
             None => (Instant::now(), Duration::from_millis(attempts.iter().map(|a| a.ms).sum())),

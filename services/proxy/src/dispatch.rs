@@ -330,25 +330,36 @@ fn refused_or_unavailable(run: &Run, last_failure: Option<(String, Failure)>) ->
 /// The target's provider adapter and the URL, headers and body of one attempt at it. Headers
 /// are built from scratch: the hop count, the adapter's own, and this target's credential,
 /// applied last by the adapter (it sees the final body).
-fn prepare(
-    call: &Call<'_>,
+fn prepare(call: &Call<'_>, target: &Target, stream: bool) -> Result<Prepared, Failure> {
+    prepare_for(call.tenant, call.request, call.upstream_key, call.next_hop, target, stream)
+}
+
+/// A target's adapter, and the URL, headers and body of one attempt at it.
+pub type Prepared = (&'static dyn Provider, url::Url, HeaderMap, Vec<u8>);
+
+/// [`prepare`] from its parts (a resumed stream re-issues the request after the call's end).
+pub fn prepare_for(
+    tenant: &TenantConfig,
+    request: &ChatRequest,
+    upstream_key: Option<&str>,
+    next_hop: u32,
     target: &Target,
     stream: bool,
-) -> Result<(&'static dyn Provider, url::Url, HeaderMap, Vec<u8>), Failure> {
+) -> Result<Prepared, Failure> {
     let provider = provider::for_flavor(target.flavor);
-    let url = call.tenant.endpoint(&target.id).map_err(|_| Failure::of(Class::UnsafeUrl))?.clone();
-    let body = provider.body(call.request, target, stream);
+    let url = tenant.endpoint(&target.id).map_err(|_| Failure::of(Class::UnsafeUrl))?.clone();
+    let body = provider.body(request, target, stream);
     let mut headers = HeaderMap::with_capacity(4);
     let accept = if stream { "text/event-stream" } else { "application/json" };
     headers.insert(ACCEPT, HeaderValue::from_static(accept));
-    headers.insert(HeaderName::from_static(HOP_HEADER), HeaderValue::from(call.next_hop));
-    provider.headers(target, call.request, &mut headers);
+    headers.insert(HeaderName::from_static(HOP_HEADER), HeaderValue::from(next_hop));
+    provider.headers(target, request, &mut headers);
     let passthrough;
     let credential = match target.auth.mode {
         AuthMode::None => None,
-        AuthMode::Vault => call.tenant.vault_credential(&target.id),
+        AuthMode::Vault => tenant.vault_credential(&target.id),
         AuthMode::Passthrough => {
-            passthrough = call.upstream_key.and_then(|key| Credential::for_target(target, key));
+            passthrough = upstream_key.and_then(|key| Credential::for_target(target, key));
             passthrough.as_ref()
         }
     };

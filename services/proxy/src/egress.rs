@@ -106,6 +106,8 @@ where
         .build(https)
 }
 
+/// Cheap to clone: the clients share their connection pools.
+#[derive(Clone)]
 pub struct Egress {
     guarded: Upstream<GuardedResolver>,
     private_ok: Upstream<GaiResolver>,

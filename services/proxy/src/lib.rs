@@ -27,6 +27,7 @@ pub mod models;
 pub mod native;
 pub mod provider;
 mod relay;
+pub mod resume;
 pub mod sync;
 pub mod tenant;
 pub mod usage;

@@ -25,6 +25,7 @@ use crate::dispatch::Committed;
 use crate::guard::StreamGuard;
 use crate::health::Health;
 use crate::provider::Decoded;
+use crate::resume::{Resumer, Segment};
 use crate::usage::Answered;
 
 /// How a relayed stream ended, for the logs (and, with the budgets work, for usage).
@@ -58,6 +59,14 @@ struct Relay {
     output_chars: usize,
     malformed: u32,
     ended: Option<StreamEnd>,
+    /// `stream_resume` on: how to re-issue the request after a break.
+    resumer: Option<Resumer>,
+    /// The text the client has (kept only when resuming is possible).
+    sent_text: String,
+    /// Tool-call streams are not resumed.
+    saw_tool_calls: bool,
+    /// Attempts before the current one that produced (and paid for) tokens.
+    paid: Vec<Segment>,
 }
 
 /// The SSE body for a committed stream.
@@ -68,6 +77,7 @@ pub fn relay(
     output: StreamGuard,
     wire: Box<dyn ClientWire>,
     prompt_chars: usize,
+    resumer: Option<Resumer>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     let malformed = committed.opened.malformed;
     let failed_ms: u64 = committed.run.attempts.iter().map(|a| a.ms).sum();
@@ -87,6 +97,10 @@ pub fn relay(
         output_chars: 0,
         malformed,
         ended: None,
+        resumer,
+        sent_text: String::new(),
+        saw_tool_calls: false,
+        paid: Vec::new(),
     };
     relay.chunks = std::mem::take(&mut relay.committed.opened.first);
     relay.pending = relay.forward_all();
@@ -113,9 +127,9 @@ pub fn relay(
             }
             let next = tokio::time::timeout(relay.committed.idle_timeout, relay.committed.opened.rest.next()).await;
             relay.pending = match next {
-                Err(_) => relay.break_off(Class::Timeout, "the upstream went silent"),
+                Err(_) => relay.broken(Class::Timeout, "the upstream went silent").await,
                 Ok(None) => relay.finish(),
-                Ok(Some(Err(_))) => relay.break_off(Class::Connect, "the upstream connection broke"),
+                Ok(Some(Err(_))) => relay.broken(Class::Connect, "the upstream connection broke").await,
                 Ok(Some(Ok(event))) => {
                     let decoded = relay.committed.opened.decoder.decode(&event.event, &event.data, &mut relay.chunks);
                     match decoded {
@@ -129,7 +143,7 @@ pub fn relay(
                             relay.malformed += 1;
                             None
                         }
-                        Decoded::Error(..) => relay.break_off(Class::ServerError, "the upstream sent an error"),
+                        Decoded::Error(..) => relay.broken(Class::ServerError, "the upstream sent an error").await,
                     }
                 }
             };
@@ -171,6 +185,12 @@ impl Relay {
         for choice in choices.into_iter().flatten() {
             if let Some(text) = choice.pointer("/delta/content").and_then(Value::as_str) {
                 self.output_chars += text.len();
+                if self.resumer.is_some() {
+                    self.sent_text.push_str(text);
+                }
+            }
+            if choice.pointer("/delta/tool_calls").is_some() {
+                self.saw_tool_calls = true;
             }
         }
         let has_usage = chunk.get("usage").is_some_and(|u| !u.is_null());
@@ -206,6 +226,54 @@ impl Relay {
         Some(self.wire.blocked(reason, &self.committed.model, serde_json::Value::Array(guardrails), usage))
     }
 
+    /// A failure after the commit point. With `stream_resume`, the request is re-issued and
+    /// the stream goes on from a new upstream ([`crate::resume`]); otherwise, or when no
+    /// candidate can continue it, the caller's error event naming this break ends it.
+    async fn broken(&mut self, class: Class, why: &str) -> Option<Bytes> {
+        let Some(resumer) = self.resumer.take() else { return self.break_off(class, why) };
+        if self.saw_tool_calls || std::time::Instant::now() >= resumer.deadline {
+            return self.break_off(class, why);
+        }
+        // The broken attempt ends here: failed after visible output, paid for what it made.
+        let ms = self.committed.started.elapsed().as_millis() as u64;
+        let c = &mut self.committed;
+        c.run.record_break(class, ms);
+        self.health.record(&c.tenant, &c.target, &c.breaker, c.permit, Err(class), ms);
+        let usage = c.opened.decoder.usage().unwrap_or_else(|| self.estimate());
+        let estimated = self.committed.opened.decoder.usage().is_none();
+        let cost_micros = shield_core::usage::cost_of(self.committed.price.as_ref(), &usage);
+        self.paid.push(Segment { target: self.committed.target.clone(), usage, cost_micros, estimated });
+        let c = &mut self.committed;
+        let switch = resumer
+            .resume(&c.target, &self.sent_text, self.prompt_chars, &self.health, &mut c.run, &mut self.paid)
+            .await;
+        self.resumer = Some(resumer);
+        let Some(switch) = switch else {
+            // Nothing could continue it: the error names the original break.
+            self.resumer = None;
+            return self.end_broken(class, why);
+        };
+        tracing::debug!(tenant = %c.tenant, from = %c.target, to = %switch.target, "stream resumed");
+        c.target = switch.target;
+        c.model = switch.model;
+        c.opened = switch.opened;
+        c.permit = switch.permit;
+        c.started = switch.started;
+        c.price = switch.price;
+        c.breaker = switch.breaker;
+        c.idle_timeout = switch.idle_timeout;
+        self.output_chars = switch.read_chars;
+        self.chunks = switch.first;
+        self.forward_all()
+    }
+
+    /// The stream ends broken after a failed resume (the broken attempt is already recorded).
+    fn end_broken(&mut self, class: Class, why: &str) -> Option<Bytes> {
+        let message = format!("the stream from target `{}` broke: {why}", self.committed.target);
+        self.finish_end(Err(class), false);
+        Some(self.wire.broken(&message))
+    }
+
     /// A failure after the commit point: the caller's error event, then its end.
     fn break_off(&mut self, class: Class, why: &str) -> Option<Bytes> {
         self.end(Err(class));
@@ -214,37 +282,58 @@ impl Relay {
     }
 
     fn end(&mut self, result: Result<(), Class>) {
+        self.finish_end(result, true);
+    }
+
+    /// The stream's end. `current`: the attempt now streaming ends it (recorded and paid
+    /// here); otherwise a resume failed and every attempt is already recorded and paid.
+    fn finish_end(&mut self, result: Result<(), Class>, current: bool) {
         let ms = self.committed.started.elapsed().as_millis() as u64;
         let c = &mut self.committed;
-        c.run.record_committed(result, ms);
-        self.health.record(&c.tenant, &c.target, &c.breaker, c.permit, result, ms);
         let reported = c.opened.decoder.usage();
+        if current {
+            c.run.record_committed(result, ms);
+            self.health.record(&c.tenant, &c.target, &c.breaker, c.permit, result, ms);
+        } else {
+            c.run.end_broken();
+        }
         let (usage, estimated) = match reported {
             Some(usage) => (usage, false),
             None => (self.estimate(), true),
         };
         let halt = if result.is_ok() { Halt::Succeeded } else { Halt::VisibleOutput };
         let end = StreamEnd { halt, usage, estimated, malformed_events: self.malformed, broken: result.is_err() };
+        if current {
+            let cost_micros = shield_core::usage::cost_of(self.committed.price.as_ref(), &end.usage);
+            let target = self.committed.target.clone();
+            self.paid.push(Segment { target, usage: end.usage, cost_micros, estimated: end.estimated });
+        }
         self.finish_request(&end);
         self.ended = Some(end);
     }
 
-    /// The request's one end ([`RequestContext::end`]): usage and cost, metrics, provenance.
+    /// The request's one end ([`RequestContext::end`]): usage and cost of every attempt that
+    /// produced an answer, metrics, provenance.
     fn finish_request(&mut self, end: &StreamEnd) {
         let Some(context) = self.context.take() else { return };
         let c = &self.committed;
-        let cost_micros = shield_core::usage::cost_of(c.price.as_ref(), &end.usage);
-        let answered = Answered {
-            target: &c.target,
-            input_tokens: end.usage.input,
-            output_tokens: end.usage.output,
-            cost_micros,
-            estimated: end.estimated,
-            stream_broken: end.broken,
-        };
+        let last = self.paid.len().saturating_sub(1);
+        let answered = self
+            .paid
+            .iter()
+            .enumerate()
+            .map(|(i, segment)| Answered {
+                target: &segment.target,
+                input_tokens: segment.usage.input,
+                output_tokens: segment.usage.output,
+                cost_micros: segment.cost_micros,
+                estimated: segment.estimated,
+                stream_broken: end.broken && i == last,
+            })
+            .collect();
         context.end(Ending {
             target: Some(&c.target),
-            answered: Some(answered),
+            answered,
             answered_at: Some((c.committed_at, self.upstream_before_commit)),
             malformed_events: end.malformed_events,
             ..Ending::of(end.halt, &c.run.attempts, &c.excluded)
@@ -277,6 +366,9 @@ impl Drop for Relay {
                 malformed_events: self.malformed,
                 broken: false,
             };
+            let (target, usage) = (self.committed.target.clone(), end.usage);
+            let cost_micros = shield_core::usage::cost_of(self.committed.price.as_ref(), &usage);
+            self.paid.push(Segment { target, usage, cost_micros, estimated: true });
             self.finish_request(&end);
         }
     }

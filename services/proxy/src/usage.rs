@@ -69,13 +69,14 @@ impl Rows {
 impl UsageBuffer {
     /// Records one routed call: every attempt counts a call to its target; a failed attempt
     /// followed by another is a failover from it; the answering target gets tokens and cost.
-    pub fn record(&self, tenant: &str, route: &str, attempts: &[Attempt], answered: Option<Answered<'_>>) {
+    pub fn record(&self, tenant: &str, route: &str, attempts: &[Attempt], answered: &[Answered<'_>]) {
         let day = today();
         let mut rows: BTreeMap<&str, UsageRow> = BTreeMap::new();
         for (i, attempt) in attempts.iter().enumerate() {
             let row = rows.entry(attempt.target.as_str()).or_default();
             row.calls += 1;
             row.latency_ms_sum += attempt.ms;
+            row.stream_resumed += u64::from(attempt.resumed);
             if attempt.outcome == "ok" {
                 row.ok += 1;
             } else {
@@ -85,7 +86,7 @@ impl UsageBuffer {
                 }
             }
         }
-        if let Some(answer) = answered {
+        for answer in answered {
             let row = rows.entry(answer.target).or_default();
             row.input_tokens += answer.input_tokens;
             row.output_tokens += answer.output_tokens;
@@ -176,6 +177,7 @@ mod tests {
             ms: 10,
             committed: false,
             retry: false,
+            resumed: false,
         }
     }
 
@@ -190,7 +192,7 @@ mod tests {
             estimated: false,
             stream_broken: false,
         };
-        buffer.record("t", "smart", &[attempt("a", false), attempt("b", true)], Some(answered));
+        buffer.record("t", "smart", &[attempt("a", false), attempt("b", true)], &[answered]);
         let rows = buffer.take();
         let a = rows.iter().find(|(k, _)| k.3 == "a").unwrap().1;
         let b = rows.iter().find(|(k, _)| k.3 == "b").unwrap().1;
@@ -210,7 +212,7 @@ mod tests {
         })
         .join();
         assert!(crashed.is_err(), "the thread panicked with the lock held");
-        buffer.record("t", "smart", &[attempt("a", true)], None);
+        buffer.record("t", "smart", &[attempt("a", true)], &[]);
         assert_eq!(buffer.take().len(), 1, "the buffer still records and flushes");
     }
 
@@ -218,7 +220,7 @@ mod tests {
     fn the_buffer_is_capped_and_counts_what_it_drops() {
         let buffer = UsageBuffer::default();
         for i in 0..MAX_ROWS + 5 {
-            buffer.record("t", &format!("r{i}"), &[attempt("a", true)], None);
+            buffer.record("t", &format!("r{i}"), &[attempt("a", true)], &[]);
         }
         assert_eq!(buffer.take_dropped(), 5);
         let rows = buffer.take();
@@ -258,7 +260,7 @@ mod tests {
             for (op, tenant, route, cost) in ops {
                 let (tenant, route) = (["t1", "t2", "t3"][tenant], ["a", "b", "c"][route]);
                 match op {
-                    0 | 1 => buffer.record(tenant, route, &[attempt("x", true)], Some(priced("x", cost))),
+                    0 | 1 => buffer.record(tenant, route, &[attempt("x", true)], &[priced("x", cost)]),
                     2 => taken = buffer.take(),
                     _ => buffer.restore(std::mem::take(&mut taken)),
                 }
@@ -275,9 +277,9 @@ mod tests {
     #[test]
     fn rows_dropped_at_the_cap_take_their_spend_with_them() {
         let buffer = UsageBuffer::default();
-        buffer.record("t", "r0", &[attempt("a", true)], Some(priced("a", 7)));
+        buffer.record("t", "r0", &[attempt("a", true)], &[priced("a", 7)]);
         for i in 1..MAX_ROWS + 1 {
-            buffer.record("t", &format!("r{i}"), &[attempt("a", true)], Some(priced("a", 1)));
+            buffer.record("t", &format!("r{i}"), &[attempt("a", true)], &[priced("a", 1)]);
         }
         assert_eq!(buffer.take_dropped(), 1);
         assert_eq!(buffer.unflushed_spend("t", "r0"), 0, "the dropped row's spend is gone with it");

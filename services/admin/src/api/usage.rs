@@ -41,6 +41,8 @@ pub struct UsageDay {
     pub latency_ms_avg: u64,
     pub estimated: u64,
     pub stream_broken: u64,
+    /// Attempts that resumed a broken stream (`stream_resume`).
+    pub stream_resumed: u64,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -98,6 +100,7 @@ pub async fn report(state: &AdminState, principal: &Principal, query: &UsageQuer
                 latency_ms_avg: row.latency_ms_sum.checked_div(row.calls).unwrap_or(0),
                 estimated: row.estimated,
                 stream_broken: row.stream_broken,
+                stream_resumed: row.stream_resumed,
             });
         }
         match date.succ_opt() {

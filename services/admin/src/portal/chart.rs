@@ -133,6 +133,7 @@ mod tests {
             latency_ms_avg: 0,
             estimated: 0,
             stream_broken: 0,
+            stream_resumed: 0,
         }
     }
 

@@ -1,0 +1,293 @@
+//! Resuming a stream that broke after its commit point (issue 17, route `stream_resume`).
+//! The relay calls [`Resumer::resume`] instead of ending the client's stream with an error;
+//! within the route's deadline it re-issues the request — first to the target that broke,
+//! then to the next eligible ones of the run's plan — and hands back a new upstream stream
+//! positioned after the text the client already has:
+//!
+//! * `regenerate`: the new answer is read but withheld until it has reproduced that text
+//!   (whitespace-normalised, shield-core's [`Reproduction`]); then only the rest goes on. An
+//!   answer that diverges, or ends first, is never shown: the next candidate is tried.
+//! * `continue`: on a target declaring `capabilities.assistant_prefill`, the text already sent
+//!   goes as a trailing assistant message and the continuation streams straight on. A target
+//!   that refuses the prefill (a 400) is regenerated on instead; the caller never sees that
+//!   refusal.
+//!
+//! Every resumed attempt is recorded (`resumed: true`), counted and paid; streams that carried
+//! tool calls are not resumed (the relay decides).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use shield_core::breaker::{BreakerSettings, Permit};
+use shield_core::outcome::Class;
+use shield_core::resume::{Reproduction, Verdict};
+use shield_core::route::StreamResume;
+use shield_core::target::{Price, Target};
+use shield_core::usage::TokenUsage;
+
+use crate::body::ChatRequest;
+use crate::dispatch::prepare_for;
+use crate::egress::{Egress, Opened};
+use crate::health::Health;
+use crate::provider::Decoded;
+use crate::tenant::TenantConfig;
+
+/// What a relay needs to re-issue its request (kept only when the route resumes streams).
+pub struct Resumer {
+    pub mode: StreamResume,
+    pub egress: Egress,
+    pub tenant: Arc<TenantConfig>,
+    pub request: ChatRequest,
+    pub upstream_key: Option<String>,
+    pub next_hop: u32,
+    pub deadline: Instant,
+    /// The run's planned order; resuming starts at the target that broke.
+    pub order: Vec<String>,
+}
+
+/// An answer that paid for tokens without being the one the stream ends with.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub target: String,
+    pub usage: TokenUsage,
+    pub cost_micros: i64,
+    pub estimated: bool,
+}
+
+/// The stream the relay goes on with.
+pub struct Switch {
+    pub target: String,
+    pub model: String,
+    pub opened: Opened,
+    pub permit: Permit,
+    pub started: Instant,
+    pub price: Option<Price>,
+    pub breaker: BreakerSettings,
+    pub idle_timeout: Duration,
+    /// Normalised chunks to pass on first (the remainder after what the client has).
+    pub first: Vec<Value>,
+    /// Characters the new answer produced so far, withheld ones included (for estimates).
+    pub read_chars: usize,
+}
+
+/// How one resume attempt went.
+enum Tried {
+    Resumed(Box<Switch>),
+    Failed { class: Class, status: Option<u16>, read_chars: usize },
+}
+
+impl Resumer {
+    /// Candidates: the target that broke, then the ones after it in the plan.
+    fn candidates(&self, broke: &str) -> Vec<String> {
+        let from = self.order.iter().position(|t| t == broke).unwrap_or(0);
+        let mut out = vec![broke.to_string()];
+        out.extend(self.order.iter().skip(from + 1).filter(|t| *t != broke).cloned());
+        out
+    }
+
+    /// Tries the candidates in turn; `None` when none could continue the stream. Each attempt
+    /// is appended to `run` and, when it failed after producing text, paid in `paid`.
+    pub async fn resume(
+        &self,
+        broke: &str,
+        sent: &str,
+        prompt_chars: usize,
+        health: &Health,
+        run: &mut shield_core::run::Run,
+        paid: &mut Vec<Segment>,
+    ) -> Option<Switch> {
+        let tenant_id = self.tenant.snapshot.tenant.clone();
+        for id in self.candidates(broke) {
+            if Instant::now() >= self.deadline {
+                break;
+            }
+            let Some(target) = self.tenant.target(&id) else { continue };
+            let prefill = self.mode == StreamResume::Continue
+                && target.capabilities.as_ref().and_then(|c| c.assistant_prefill) == Some(true);
+            let mut tried = self.try_target(target, &tenant_id, sent, prefill, health).await;
+            if prefill && matches!(tried, Some(Tried::Failed { class: Class::ClientError, .. })) {
+                // The target refused the prefill: not the caller's error; regenerate on it.
+                run.record_resumed(&id, &target.model, Err(Class::ClientError), Some(400), 0);
+                tried = self.try_target(target, &tenant_id, sent, false, health).await;
+            }
+            match tried {
+                None => continue,
+                Some(Tried::Resumed(switch)) => {
+                    run.record_resumed(&id, &target.model, Ok(()), None, 0);
+                    return Some(*switch);
+                }
+                Some(Tried::Failed { class, status, read_chars }) => {
+                    run.record_resumed(&id, &target.model, Err(class), status, 0);
+                    if read_chars > 0 {
+                        let usage = TokenUsage {
+                            input: (prompt_chars as u64).div_ceil(4),
+                            output: (read_chars as u64).div_ceil(4),
+                            ..TokenUsage::default()
+                        };
+                        let cost_micros = shield_core::usage::cost_of(target.price.as_ref(), &usage);
+                        paid.push(Segment { target: id.clone(), usage, cost_micros, estimated: true });
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// One resume attempt at `target`; `None` when its breaker does not admit a call.
+    async fn try_target(
+        &self,
+        target: &Target,
+        tenant_id: &str,
+        sent: &str,
+        prefill: bool,
+        health: &Health,
+    ) -> Option<Tried> {
+        let permit = health.acquire(tenant_id, &target.id);
+        if permit == Permit::Refused {
+            return None;
+        }
+        let started = Instant::now();
+        let settings = target.breaker();
+        let fail = |class, status, read_chars| {
+            health.record(tenant_id, &target.id, &settings, permit, Err(class), started.elapsed().as_millis() as u64);
+            Some(Tried::Failed { class, status, read_chars })
+        };
+        let request = if prefill { with_prefill(&self.request, sent) } else { self.request.clone() };
+        let prepared = prepare_for(&self.tenant, &request, self.upstream_key.as_deref(), self.next_hop, target, true);
+        let (provider, url, headers, body) = match prepared {
+            Ok(prepared) => prepared,
+            Err(failure) => return fail(failure.class, failure.status, 0),
+        };
+        let remaining = self.deadline.saturating_duration_since(Instant::now());
+        let first_byte = remaining.min(Duration::from_secs(u64::from(target.first_byte_timeout_s())));
+        let mut opened =
+            match self.egress.open_stream(provider, &url, target.allow_private, headers, body, first_byte).await {
+                Ok(opened) => opened,
+                Err(failure) => return fail(failure.class, failure.status, 0),
+            };
+        let idle = Duration::from_secs(u64::from(target.idle_timeout_s));
+        let first = std::mem::take(&mut opened.first);
+        let (first, read_chars) = if prefill {
+            let chars = first.iter().map(text_len).sum();
+            (first, chars)
+        } else {
+            match reproduce(&mut opened, first, sent, idle, self.deadline).await {
+                Ok(pair) => pair,
+                Err(read_chars) => return fail(Class::BadResponse, None, read_chars),
+            }
+        };
+        Some(Tried::Resumed(Box::new(Switch {
+            target: target.id.clone(),
+            model: target.model.clone(),
+            opened,
+            permit,
+            started,
+            price: target.price.clone(),
+            breaker: settings,
+            idle_timeout: idle,
+            first,
+            read_chars,
+        })))
+    }
+}
+
+fn text_len(chunk: &Value) -> usize {
+    chunk.pointer("/choices/0/delta/content").and_then(Value::as_str).map_or(0, str::len)
+}
+
+/// The request with the text already sent as a trailing assistant message (trailing
+/// whitespace trimmed: providers refuse a prefill that ends in whitespace).
+fn with_prefill(request: &ChatRequest, sent: &str) -> ChatRequest {
+    let mut request = request.clone();
+    let prefill = json!({"role": "assistant", "content": sent.trim_end()});
+    if let Some(Value::Array(messages)) = request.fields.get_mut("messages") {
+        messages.push(prefill.clone());
+    }
+    // An Anthropic caller's original fields go to Anthropic targets as they were: there too.
+    if let Some(Value::Array(messages)) = request
+        .fields
+        .get_mut(shield_core::chat_request::ANTHROPIC_KEY)
+        .and_then(|native| native.get_mut("original"))
+        .and_then(|original| original.get_mut("messages"))
+    {
+        messages.push(prefill);
+    }
+    request
+}
+
+/// Reads the new answer until it has reproduced `sent`; returns the chunks to pass on (the
+/// remainder) and the characters read, or `Err(characters read)` when it diverged or ended.
+async fn reproduce(
+    opened: &mut Opened,
+    first: Vec<Value>,
+    sent: &str,
+    idle: Duration,
+    deadline: Instant,
+) -> Result<(Vec<Value>, usize), usize> {
+    let mut reproduction = Reproduction::new(sent);
+    let mut read = 0;
+    let mut chunks = first;
+    loop {
+        let mut out = Vec::new();
+        let mut iter = std::mem::take(&mut chunks).into_iter();
+        for mut chunk in iter.by_ref() {
+            if chunk.pointer("/choices/0/delta/tool_calls").is_some() {
+                return Err(read);
+            }
+            let text = chunk.pointer("/choices/0/delta/content").and_then(Value::as_str).unwrap_or("").to_string();
+            read += text.len();
+            match reproduction.feed(&text) {
+                Verdict::Diverged => return Err(read),
+                Verdict::Pending => {
+                    // Withheld. A finish on it ends the answer here: a resume only if the
+                    // answer said exactly what was sent (then the finish goes on, textless).
+                    if chunk.pointer("/choices/0/finish_reason").is_some_and(|f| !f.is_null()) {
+                        if reproduction.finish() != Verdict::Reproduced(String::new()) {
+                            return Err(read);
+                        }
+                        strip_delta(&mut chunk);
+                        out.push(chunk);
+                    }
+                }
+                Verdict::Reproduced(rest) => {
+                    if let Some(delta) = chunk.pointer_mut("/choices/0/delta").and_then(Value::as_object_mut) {
+                        delta.remove("role");
+                        delta.insert("content".into(), Value::String(rest));
+                    }
+                    out.push(chunk);
+                }
+            }
+            if reproduction.is_reproduced() {
+                out.extend(iter.by_ref());
+                return Ok((out, read));
+            }
+        }
+        let next =
+            tokio::time::timeout(idle.min(deadline.saturating_duration_since(Instant::now())), opened.rest.next());
+        match next.await {
+            Ok(Some(Ok(event))) => match opened.decoder.decode(&event.event, &event.data, &mut chunks) {
+                Decoded::Continue => {}
+                Decoded::Malformed => opened.malformed += 1,
+                Decoded::Done => {
+                    // The answer ended: it is a resume only if it said exactly what was sent.
+                    return match reproduction.finish() {
+                        Verdict::Reproduced(_) => Ok((Vec::new(), read)),
+                        _ => Err(read),
+                    };
+                }
+                Decoded::Error(..) => return Err(read),
+            },
+            _ => return Err(read),
+        }
+    }
+}
+
+/// A withheld chunk that only finishes the answer passes on without its text.
+fn strip_delta(chunk: &mut Value) {
+    if let Some(delta) = chunk.pointer_mut("/choices/0/delta").and_then(Value::as_object_mut) {
+        delta.remove("role");
+        delta.remove("content");
+    }
+}
