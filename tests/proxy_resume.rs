@@ -97,6 +97,7 @@ async fn an_answer_that_diverges_is_never_shown() {
     stack.mock_target("a", "chunks:60;break:40", json!({})).await;
     stack.mock_target("b", "chunks:60;alt", json!({})).await;
     stack.put_route("r", json!({"targets": ["a", "b"], "stream_resume": "regenerate"})).await;
+    stack.put_route("b-only", json!({"targets": ["b"]})).await;
     let (key, _) = stack.key(None).await;
     let (status, _, data) = stack.chat_stream(&key, stream("r")).await;
     assert_eq!(status, StatusCode::OK);
@@ -105,6 +106,12 @@ async fn an_answer_that_diverges_is_never_shown() {
     let error = data.iter().find(|d| d.contains("stream_broken")).expect("ends with the error chunk");
     assert!(error.contains("target `a` broke"), "the error names the original break: {error}");
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    // A different answer is not a failure of b: five more divergences leave its breaker shut.
+    for _ in 0..5 {
+        stack.chat_stream(&key, stream("r")).await;
+    }
+    let (status, headers, body) = stack.chat(&key, shield_e2e::stack::chat_body("b-only"), &[]).await;
+    assert_eq!((status, headers["x-shield-target"].to_str().unwrap()), (StatusCode::OK, "b"), "{body}");
 }
 
 #[tokio::test]

@@ -103,8 +103,17 @@ impl ChatRequest {
         self.fields.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false)
     }
 
-    /// The prompt's text (message contents, text parts included), for the input guardrails.
+    /// The prompt's text (message contents, text parts included, and the text of Anthropic
+    /// blocks other APIs lack, e.g. documents), for the input guardrails.
     pub fn prompt_text(&self) -> String {
+        let mut text = self.messages_text();
+        if let Some(extra) = self.fields.get(ANTHROPIC_KEY).and_then(|n| n.get("guard_text")).and_then(Value::as_str) {
+            text.push_str(extra);
+        }
+        text
+    }
+
+    fn messages_text(&self) -> String {
         let messages = self.fields.get("messages").and_then(Value::as_array);
         let mut text = String::new();
         for content in messages.into_iter().flatten().filter_map(|m| m.get("content")) {

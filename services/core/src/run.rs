@@ -86,9 +86,10 @@ pub struct Run {
     max_attempts: u32,
     on: Vec<FailoverOn>,
     retry: Retry,
-    /// Retries made on the current target; the next attempt is one when `retrying`.
+    /// Retries made on the current target; `retrying` is the order index of the target to
+    /// retry (the next attempt is a retry only if it is that target's).
     retries: u32,
-    retrying: bool,
+    retrying: Option<usize>,
     pub attempts: Vec<Attempt>,
     halted: Option<Halt>,
 }
@@ -105,7 +106,7 @@ impl Run {
             on,
             retry: Retry::default(),
             retries: 0,
-            retrying: false,
+            retrying: None,
             attempts: Vec::new(),
             halted: None,
         }
@@ -146,7 +147,7 @@ impl Run {
             return None;
         }
         self.retries += 1;
-        self.retrying = true;
+        self.retrying = Some(self.next - 1);
         // The same target again: the failure does not end the run, whatever `on` says.
         self.next -= 1;
         if self.halted == Some(Halt::IneligibleFailure) {
@@ -179,7 +180,10 @@ impl Run {
             None => {
                 let id = self.order[self.next].clone();
                 self.next += 1;
-                if !self.retrying {
+                // Moving to another target (or the retried one was skipped, e.g. its breaker
+                // opened): what follows is not a retry.
+                if self.retrying != Some(self.next - 1) {
+                    self.retrying = None;
                     self.retries = 0;
                 }
                 Step::Try(id)
@@ -205,7 +209,7 @@ impl Run {
             status,
             ms,
             committed: false,
-            retry: std::mem::take(&mut self.retrying),
+            retry: self.retrying.take().is_some(),
             resumed: false,
         });
         match result {
@@ -356,6 +360,21 @@ mod tests {
         assert_eq!(run.retry_after(Class::ClientError, None, 1.0, 60_000), None);
         assert_eq!(run.retry_after(Class::Timeout, None, 1.0, 100), None, "the wait must end before the deadline");
         assert_eq!(retrying(0).retry_after(Class::ServerError, None, 1.0, 60_000), None, "off by default");
+    }
+
+    /// A retry whose target is then skipped (its breaker opened) does not mark the next
+    /// target's attempt as a retry, nor hide the failover.
+    #[test]
+    fn a_skipped_retry_is_a_failover() {
+        let mut run = retrying(1);
+        run.step(false);
+        run.record("m", Err(Class::ServerError), Some(500), 5);
+        assert!(run.retry_after(Class::ServerError, None, 1.0, 60_000).is_some());
+        assert_eq!(run.step(false), Step::Try("a".into()), "offered again, but the caller skips it");
+        assert_eq!(run.step(false), Step::Try("b".into()));
+        run.record("m", Ok(()), Some(200), 5);
+        assert_eq!(run.attempts.iter().map(|a| a.retry).collect::<Vec<_>>(), [false, false]);
+        assert_eq!(run.failovers(), 1);
     }
 
     /// A retry may rescue a class the route does not fail over on: the same target, not another.

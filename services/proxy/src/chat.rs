@@ -360,6 +360,7 @@ fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Value>) ->
             // `x_shield` is dropped: the one the caller reads is Shield's.
             body.insert("model".into(), Value::String(model));
             body.remove("x_shield");
+            body.remove(crate::provider::NATIVE_CONTENT);
             let answer = AnswerBody {
                 upstream: &body,
                 x_shield: XShield { routing: routing_record(&routed, Some(&target)), guardrail_results: &guardrails },

@@ -126,7 +126,10 @@ where
             continue;
         }
         let started = Instant::now();
+        let mut held = crate::health::HeldPermit::new(health, tenant, &id, permit);
         let result = attempt(target, deadline.saturating_duration_since(started)).await;
+        let permit = held.take();
+        drop(held);
         let ms = started.elapsed().as_millis() as u64;
         match result {
             Ok((status, value)) => {
@@ -266,7 +269,11 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
     let mut rng = rand::rng();
     let outcome = attempts(&call, health, &mut rng, |target, remaining| {
         let request = prepare(&call, target, true);
-        let first_byte = remaining.min(Duration::from_secs(u64::from(target.first_byte_timeout_s())));
+        // A model that thinks (or reads documents) first may be silent longer than a first
+        // byte normally takes: such requests wait up to the whole call's timeout.
+        let first_byte_s =
+            if call.request.requires_anthropic() { target.timeout_s } else { target.first_byte_timeout_s() };
+        let first_byte = remaining.min(Duration::from_secs(u64::from(first_byte_s)));
         async move {
             let (provider, url, headers, body) = request?;
             egress

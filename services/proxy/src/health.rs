@@ -185,3 +185,52 @@ impl Health {
         out
     }
 }
+
+/// A breaker permit in flight, given back if the attempt holding it is abandoned (its future
+/// dropped when the client goes away): a half-open probe must never stay out, or the target
+/// would be refused by this process until it restarts.
+pub struct HeldPermit<'a> {
+    health: &'a Health,
+    tenant: &'a str,
+    target: &'a str,
+    permit: Option<Permit>,
+}
+
+impl<'a> HeldPermit<'a> {
+    pub fn new(health: &'a Health, tenant: &'a str, target: &'a str, permit: Permit) -> HeldPermit<'a> {
+        HeldPermit { health, tenant, target, permit: Some(permit) }
+    }
+
+    /// The permit leaves the guard, for its outcome to be recorded (or handed on).
+    pub fn take(&mut self) -> Permit {
+        self.permit.take().unwrap_or(Permit::Call)
+    }
+}
+
+impl Drop for HeldPermit<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            self.health.release(self.tenant, self.target, permit);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shield_core::breaker::BreakerSettings;
+
+    /// An attempt abandoned with the half-open probe out gives it back.
+    #[test]
+    fn an_abandoned_probe_is_given_back() {
+        let (events, _rx) = tokio::sync::mpsc::channel(4);
+        let health = Health::new(events);
+        let settings = BreakerSettings { failures: 1, window_s: 60, open_s: 0, probe_interval_s: 1 };
+        let permit = health.acquire("t", "a");
+        health.record("t", "a", &settings, permit, Err(Class::ServerError), 1);
+        let probe = health.acquire("t", "a");
+        assert_eq!(probe, Permit::Probe, "open for 0 s: half-open at once");
+        drop(HeldPermit::new(&health, "t", "a", probe));
+        assert_eq!(health.acquire("t", "a"), Permit::Probe, "the dropped attempt's probe is available again");
+    }
+}

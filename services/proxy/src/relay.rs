@@ -67,6 +67,9 @@ struct Relay {
     saw_tool_calls: bool,
     /// Attempts before the current one that produced (and paid for) tokens.
     paid: Vec<Segment>,
+    /// Between a break and the resumed stream: the broken attempt is recorded, paid and its
+    /// permit spent; nothing of it is left to settle if the client goes away now.
+    between_attempts: bool,
 }
 
 /// The SSE body for a committed stream.
@@ -101,6 +104,7 @@ pub fn relay(
         sent_text: String::new(),
         saw_tool_calls: false,
         paid: Vec::new(),
+        between_attempts: false,
     };
     relay.chunks = std::mem::take(&mut relay.committed.opened.first);
     relay.pending = relay.forward_all();
@@ -239,10 +243,10 @@ impl Relay {
         let c = &mut self.committed;
         c.run.record_break(class, ms);
         self.health.record(&c.tenant, &c.target, &c.breaker, c.permit, Err(class), ms);
-        let usage = c.opened.decoder.usage().unwrap_or_else(|| self.estimate());
-        let estimated = self.committed.opened.decoder.usage().is_none();
+        let (usage, estimated) = self.attempt_usage();
         let cost_micros = shield_core::usage::cost_of(self.committed.price.as_ref(), &usage);
         self.paid.push(Segment { target: self.committed.target.clone(), usage, cost_micros, estimated });
+        self.between_attempts = true;
         let c = &mut self.committed;
         let switch = resumer
             .resume(&c.target, &self.sent_text, self.prompt_chars, &self.health, &mut c.run, &mut self.paid)
@@ -262,6 +266,7 @@ impl Relay {
         c.price = switch.price;
         c.breaker = switch.breaker;
         c.idle_timeout = switch.idle_timeout;
+        self.between_attempts = false;
         self.output_chars = switch.read_chars;
         self.chunks = switch.first;
         self.forward_all()
@@ -290,17 +295,13 @@ impl Relay {
     fn finish_end(&mut self, result: Result<(), Class>, current: bool) {
         let ms = self.committed.started.elapsed().as_millis() as u64;
         let c = &mut self.committed;
-        let reported = c.opened.decoder.usage();
         if current {
             c.run.record_committed(result, ms);
             self.health.record(&c.tenant, &c.target, &c.breaker, c.permit, result, ms);
         } else {
             c.run.end_broken();
         }
-        let (usage, estimated) = match reported {
-            Some(usage) => (usage, false),
-            None => (self.estimate(), true),
-        };
+        let (usage, estimated) = self.attempt_usage();
         let halt = if result.is_ok() { Halt::Succeeded } else { Halt::VisibleOutput };
         let end = StreamEnd { halt, usage, estimated, malformed_events: self.malformed, broken: result.is_err() };
         if current {
@@ -342,6 +343,20 @@ impl Relay {
 }
 
 impl Relay {
+    /// The current attempt's usage: the provider's final figure, or — reported only in part
+    /// (a break before the end) or not at all — at least the estimate from what was relayed.
+    fn attempt_usage(&self) -> (TokenUsage, bool) {
+        let decoder = &self.committed.opened.decoder;
+        match decoder.usage() {
+            Some(usage) if decoder.usage_final() => (usage, false),
+            Some(usage) => {
+                let estimate = self.estimate();
+                (TokenUsage { output: usage.output.max(estimate.output), ..usage }, true)
+            }
+            None => (self.estimate(), true),
+        }
+    }
+
     /// Usage estimated at 4 characters a token from the prompt and what was relayed.
     fn estimate(&self) -> TokenUsage {
         TokenUsage {
@@ -358,6 +373,18 @@ impl Drop for Relay {
             // The client went away mid-stream: the upstream call is dropped with this relay.
             let c = &mut self.committed;
             c.run.cancel();
+            if self.between_attempts {
+                // Gone during a resume: the broken attempt is settled already.
+                let end = StreamEnd {
+                    halt: Halt::Cancelled,
+                    usage: TokenUsage::default(),
+                    estimated: true,
+                    malformed_events: self.malformed,
+                    broken: false,
+                };
+                self.finish_request(&end);
+                return;
+            }
             self.health.release(&c.tenant, &c.target, c.permit);
             let end = StreamEnd {
                 halt: Halt::Cancelled,

@@ -30,7 +30,7 @@ use shield_core::usage::TokenUsage;
 use crate::body::ChatRequest;
 use crate::dispatch::prepare_for;
 use crate::egress::{Egress, Opened};
-use crate::health::Health;
+use crate::health::{Health, HeldPermit};
 use crate::provider::Decoded;
 use crate::tenant::TenantConfig;
 
@@ -107,9 +107,9 @@ impl Resumer {
             let prefill = self.mode == StreamResume::Continue
                 && target.capabilities.as_ref().and_then(|c| c.assistant_prefill) == Some(true);
             let mut tried = self.try_target(target, &tenant_id, sent, prefill, health).await;
-            if prefill && matches!(tried, Some(Tried::Failed { class: Class::ClientError, .. })) {
+            if let (true, Some(Tried::Failed { class: Class::ClientError, status, .. })) = (prefill, &tried) {
                 // The target refused the prefill: not the caller's error; regenerate on it.
-                run.record_resumed(&id, &target.model, Err(Class::ClientError), Some(400), 0);
+                run.record_resumed(&id, &target.model, Err(Class::ClientError), *status, 0);
                 tried = self.try_target(target, &tenant_id, sent, false, health).await;
             }
             match tried {
@@ -148,9 +148,11 @@ impl Resumer {
         if permit == Permit::Refused {
             return None;
         }
+        let mut held = HeldPermit::new(health, tenant_id, &target.id, permit);
         let started = Instant::now();
         let settings = target.breaker();
-        let fail = |class, status, read_chars| {
+        let mut fail = |class, status, read_chars| {
+            let permit = held.take();
             health.record(tenant_id, &target.id, &settings, permit, Err(class), started.elapsed().as_millis() as u64);
             Some(Tried::Failed { class, status, read_chars })
         };
@@ -168,16 +170,24 @@ impl Resumer {
                 Err(failure) => return fail(failure.class, failure.status, 0),
             };
         let idle = Duration::from_secs(u64::from(target.idle_timeout_s));
-        let first = std::mem::take(&mut opened.first);
+        let mut first = std::mem::take(&mut opened.first);
         let (first, read_chars) = if prefill {
+            // The prefill went without the sent text's trailing whitespace, which the client
+            // has: a continuation that starts with whitespace would double it.
+            if sent.ends_with(char::is_whitespace) {
+                trim_leading_whitespace(&mut first);
+            }
             let chars = first.iter().map(text_len).sum();
             (first, chars)
         } else {
             match reproduce(&mut opened, first, sent, idle, self.deadline).await {
                 Ok(pair) => pair,
-                Err(read_chars) => return fail(Class::BadResponse, None, read_chars),
+                // A different answer is not the target's failure (sampling differs): the
+                // permit goes back without counting against its breaker.
+                Err(read_chars) => return Some(Tried::Failed { class: Class::BadResponse, status: None, read_chars }),
             }
         };
+        let permit = held.take();
         Some(Tried::Resumed(Box::new(Switch {
             target: target.id.clone(),
             model: target.model.clone(),
@@ -190,6 +200,19 @@ impl Resumer {
             first,
             read_chars,
         })))
+    }
+}
+
+/// Drops the whitespace a continuation starts with (in its first chunk with text).
+fn trim_leading_whitespace(chunks: &mut [Value]) {
+    for chunk in chunks {
+        let Some(text) = chunk.pointer_mut("/choices/0/delta/content") else { continue };
+        let Some(trimmed) = text.as_str().map(|t| t.trim_start().to_string()) else { continue };
+        let was_empty = trimmed.is_empty();
+        *text = Value::String(trimmed);
+        if !was_empty {
+            return;
+        }
     }
 }
 

@@ -91,9 +91,9 @@ pub fn normalise(body: &[u8], beta: Option<String>, count_only: bool) -> Result<
         }
     }
     if original.get("stream").and_then(Value::as_bool) == Some(true) {
+        // Usage for `message_delta`: the OpenAI adapter asks `openai` targets for it itself
+        // (`azure` ones, whose older API versions refuse `stream_options`, are estimated).
         fields.insert("stream".into(), Value::Bool(true));
-        // OpenAI-flavoured targets report usage only when asked; `message_delta` carries it.
-        fields.insert("stream_options".into(), json!({"include_usage": true}));
     }
     if let Some(tools) = original.get("tools").and_then(Value::as_array) {
         let mut functions = Vec::new();
@@ -142,6 +142,20 @@ pub fn normalise(body: &[u8], beta: Option<String>, count_only: bool) -> Result<
         requires_anthropic = true;
     }
     let mut native = Map::new();
+    // Text the conversion has no place for (documents, search results, …) still goes past the
+    // input guardrails: an Anthropic target receives it.
+    let mut guard_text = String::new();
+    for message in messages {
+        for block in message.get("content").and_then(Value::as_array).into_iter().flatten() {
+            let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+            if !matches!(kind, "text" | "image" | "tool_use" | "tool_result") {
+                collect_text(block, &mut guard_text);
+            }
+        }
+    }
+    if !guard_text.is_empty() {
+        native.insert("guard_text".into(), Value::String(guard_text));
+    }
     native.insert("original".into(), Value::Object(original));
     native.insert("requires".into(), Value::Bool(requires_anthropic));
     if let Some(beta) = beta {
@@ -149,6 +163,32 @@ pub fn normalise(body: &[u8], beta: Option<String>, count_only: bool) -> Result<
     }
     fields.insert(ANTHROPIC_KEY.into(), Value::Object(native));
     Ok(ChatRequest { fields, model })
+}
+
+/// Every text a block carries, however nested: `text`, `thinking`, string `content`, and the
+/// `data` of a plain-text source.
+fn collect_text(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let plain = map.get("media_type").and_then(Value::as_str).is_some_and(|m| m.starts_with("text/"));
+            for (key, value) in map {
+                match (key.as_str(), value) {
+                    ("text" | "thinking" | "content" | "title" | "context", Value::String(text)) => {
+                        out.push_str(text);
+                        out.push('\n');
+                    }
+                    ("data", Value::String(text)) if plain => {
+                        out.push_str(text);
+                        out.push('\n');
+                    }
+                    (_, nested @ (Value::Object(_) | Value::Array(_))) => collect_text(nested, out),
+                    _ => {}
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| collect_text(item, out)),
+        _ => {}
+    }
 }
 
 /// A string, or text blocks joined.
@@ -199,6 +239,11 @@ fn user_turn(blocks: &[Value], chat: &mut Vec<Value>, requires_anthropic: &mut b
         }
     }
     if parts.is_empty() {
+        // A turn of only blocks other APIs lack (a document, say) is still a user turn; only
+        // Anthropic targets are eligible for it, and they get the original.
+        if blocks.iter().any(|b| b.get("type").and_then(Value::as_str) != Some("tool_result")) {
+            chat.push(json!({"role": "user", "content": ""}));
+        }
         return;
     }
     let only_text = parts.iter().all(|p| p["type"] == "text");
@@ -329,6 +374,21 @@ mod tests {
             normalise(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#, None, true).is_ok(),
             "count_tokens needs no max_tokens"
         );
+    }
+
+    #[test]
+    fn text_only_anthropic_blocks_carry_still_reaches_the_guardrails() {
+        let request = normalised(json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "AKIA-secret-in-a-document"}},
+        ]}]}));
+        assert!(request.prompt_text().contains("AKIA-secret-in-a-document"));
+        assert!(request.fields[ANTHROPIC_KEY]["requires"].as_bool().unwrap());
+        assert_eq!(
+            request.fields["messages"],
+            json!([{"role": "user", "content": ""}]),
+            "a document-only turn is a turn"
+        );
+        assert!(request.check_routable().is_ok());
     }
 
     #[test]

@@ -62,10 +62,18 @@ fn message(body: &Map<String, Value>, model: &str, usage: TokenUsage) -> Value {
     let choice = body.get("choices").and_then(|c| c.get(0));
     let reply = choice.and_then(|c| c.get("message"));
     let mut content = Vec::new();
-    if let Some(text) = reply.and_then(|m| m.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+    // An Anthropic target's own blocks, thinking and signatures included, when it had any.
+    let native = body.get(crate::provider::NATIVE_CONTENT).and_then(Value::as_array);
+    if let Some(native) = native {
+        content.clone_from(native);
+    }
+    if let Some(text) =
+        reply.and_then(|m| m.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty() && native.is_none())
+    {
         content.push(json!({"type": "text", "text": text}));
     }
-    for call in reply.and_then(|m| m.get("tool_calls")).and_then(Value::as_array).into_iter().flatten() {
+    let converted = reply.and_then(|m| m.get("tool_calls")).and_then(Value::as_array).filter(|_| native.is_none());
+    for call in converted.into_iter().flatten() {
         let arguments = call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("{}");
         let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
         content.push(json!({"type": "tool_use", "id": call.get("id").cloned().unwrap_or(json!("")),
@@ -164,5 +172,27 @@ fn unavailable_status(routed: &Routed, status: StatusCode) -> StatusCode {
         StatusCode::from_u16(529).unwrap_or(StatusCode::BAD_GATEWAY)
     } else {
         status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_anthropic_targets_own_blocks_reach_an_anthropic_caller() {
+        let mut body: Map<String, Value> =
+            serde_json::from_value(json!({"id": "msg_1", "choices": [{"message": {"content": "42",
+            "tool_calls": [{"id": "t", "function": {"name": "f", "arguments": "{}"}}]}, "finish_reason": "stop"}]}))
+            .unwrap();
+        let converted = message(&body, "m", TokenUsage::default());
+        assert_eq!(converted["content"].as_array().unwrap().len(), 2, "text and the tool call, converted");
+        body.insert(
+            crate::provider::NATIVE_CONTENT.into(),
+            json!([{"type": "thinking", "thinking": "hm", "signature": "s"}, {"type": "text", "text": "42"}]),
+        );
+        let native = message(&body, "m", TokenUsage::default());
+        assert_eq!(native["content"][0]["signature"], "s");
+        assert_eq!(native["content"].as_array().unwrap().len(), 2, "the target's own blocks, nothing added");
     }
 }

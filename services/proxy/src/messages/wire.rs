@@ -91,8 +91,10 @@ impl AnthropicWire {
 
     fn tool(&mut self, call: &Value, out: &mut String) {
         let tool = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+        // Some servers repeat the call's id on every delta: the open block of the same call
+        // index goes on either way.
         let index = match (self.open, call.get("id").and_then(Value::as_str)) {
-            (Some((index, Block::Tool(open))), None) if open == tool => index,
+            (Some((index, Block::Tool(open))), _) if open == tool => index,
             (_, id) => {
                 let name = call.pointer("/function/name").cloned().unwrap_or(json!(""));
                 let block = json!({"type": "tool_use", "id": id.unwrap_or("toolu_shield"), "name": name, "input": {}});
@@ -228,6 +230,22 @@ mod tests {
         assert_eq!(all[6].1["delta"], json!({"type": "input_json_delta", "partial_json": "{\"q\":1}"}));
         assert_eq!(all[8].1["delta"]["stop_reason"], "tool_use");
         assert_eq!(all[8].1["usage"]["output_tokens"], 7);
+    }
+
+    #[test]
+    fn a_repeated_call_id_stays_one_block() {
+        let mut wire = AnthropicWire::new("smart");
+        let usage = TokenUsage::default();
+        let delta = |args: &str| {
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1",
+            "function": {"name": "f", "arguments": args}}]}}]})
+        };
+        let mut all = Vec::new();
+        for args in ["{\"a\":", "1}"] {
+            all.extend(events(&wire.chunk(&delta(args), usage).unwrap()));
+        }
+        let starts = all.iter().filter(|(n, _)| n == "content_block_start").count();
+        assert_eq!(starts, 1, "{all:?}");
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub static ANTHROPIC: Anthropic = Anthropic;
 
 /// `max_tokens` when neither the request nor the target's capabilities set one.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
+/// Where an answer keeps Anthropic's own content blocks when it had thinking in it; only the
+/// Anthropic-shaped ingress reads it, and the OpenAI-shaped answer drops it.
+pub const NATIVE_CONTENT: &str = "x_anthropic_content";
 const VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
 const BETA_HEADER: HeaderName = HeaderName::from_static("anthropic-beta");
 
@@ -98,6 +101,14 @@ impl Provider for Anthropic {
         completion.insert("choices".into(), json!([{"index": 0, "message": reply, "finish_reason": finish}]));
         if let Some(usage) = usage {
             completion.insert("usage".into(), openai_usage(&usage));
+        }
+        // Thinking blocks (and their signatures) have no place in a chat completion, but a
+        // caller in Anthropic's shape needs them back for its next turn: kept aside for it.
+        if blocks
+            .iter()
+            .any(|b| matches!(b.get("type").and_then(Value::as_str), Some("thinking" | "redacted_thinking")))
+        {
+            completion.insert(NATIVE_CONTENT.into(), Value::Array(blocks.clone()));
         }
         Some(Answer { body: completion, usage })
     }
@@ -174,6 +185,10 @@ fn messages_request(fields: &Map<String, Value>, target: &Target) -> Map<String,
         if let Some(value) = fields.get(key).filter(|v| v.is_number()) {
             body.insert(key.into(), value.clone());
         }
+    }
+    // OpenAI's temperature runs to 2, Anthropic's to 1: the nearest value it takes.
+    if let Some(temperature) = fields.get("temperature").and_then(Value::as_f64) {
+        body.insert("temperature".into(), json!(temperature.clamp(0.0, 1.0)));
     }
     if let Some(tools) = fields.get("tools").and_then(Value::as_array).filter(|t| !t.is_empty()) {
         let tools: Vec<Value> = tools.iter().filter_map(tool_definition).collect();
@@ -347,6 +362,8 @@ struct Decoder {
     usage: Option<TokenUsage>,
     /// Whether a chunk was emitted yet (the first carries `role`).
     started: bool,
+    /// `message_delta` brought the final output count.
+    usage_final: bool,
     /// Content block index → tool call index, for tool-use blocks.
     tools: Vec<(u64, usize)>,
 }
@@ -424,6 +441,7 @@ impl StreamDecoder for Decoder {
                 if let Some(output) = value.pointer("/usage/output_tokens").and_then(Value::as_u64) {
                     let usage = self.usage.get_or_insert_with(TokenUsage::default);
                     usage.output = output;
+                    self.usage_final = true;
                 }
                 let finish = finish_reason(value.pointer("/delta/stop_reason").and_then(Value::as_str));
                 let chunk = self.chunk(json!({}), finish);
@@ -443,6 +461,11 @@ impl StreamDecoder for Decoder {
 
     fn usage(&self) -> Option<TokenUsage> {
         self.usage
+    }
+
+    /// `message_start`'s output count is a placeholder; `message_delta`'s is the figure.
+    fn usage_final(&self) -> bool {
+        self.usage_final
     }
 }
 

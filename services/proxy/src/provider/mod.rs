@@ -19,6 +19,8 @@
 mod anthropic;
 mod openai;
 
+pub use anthropic::NATIVE_CONTENT;
+
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 use shield_core::outcome::Class;
@@ -92,8 +94,11 @@ pub trait StreamDecoder: Send {
     /// Decodes one event (`event` is the SSE `event:` name, empty when absent), appending the
     /// normalised chunks it yields to `out`.
     fn decode(&mut self, event: &str, data: &str, out: &mut Vec<Value>) -> Decoded;
-    /// The usage reported so far (complete once the stream is done).
+    /// The usage reported so far.
     fn usage(&self) -> Option<TokenUsage>;
+    /// Whether [`Self::usage`] is the provider's final figure (a stream that broke before it
+    /// is billed at least what was estimated from the text relayed).
+    fn usage_final(&self) -> bool;
 }
 
 /// One provider's wire format. Implementations are stateless; per-stream state lives in the

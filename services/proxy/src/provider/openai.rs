@@ -100,6 +100,11 @@ impl StreamDecoder for Decoder {
     fn usage(&self) -> Option<TokenUsage> {
         self.usage
     }
+
+    /// OpenAI reports usage once, in the last chunk.
+    fn usage_final(&self) -> bool {
+        self.usage.is_some()
+    }
 }
 
 #[cfg(test)]

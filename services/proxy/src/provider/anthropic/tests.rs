@@ -214,3 +214,30 @@ fn the_version_header_and_the_key_header() {
     assert_eq!(headers["x-api-key"], "sk-ant-1");
     assert!(headers.get("authorization").is_none());
 }
+
+#[test]
+fn usage_is_final_only_after_message_delta_and_thinking_is_kept_aside() {
+    let mut decoder = ANTHROPIC.decoder();
+    let mut out = Vec::new();
+    let start =
+        json!({"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 9, "output_tokens": 1}}});
+    decoder.decode("message_start", &start.to_string(), &mut out);
+    assert!(!decoder.usage_final(), "message_start's output count is a placeholder");
+    let delta = json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 30}});
+    decoder.decode("message_delta", &delta.to_string(), &mut out);
+    assert!(decoder.usage_final());
+
+    let message = json!({"type": "message", "content": [{"type": "thinking", "thinking": "hm", "signature": "sig"},
+        {"type": "text", "text": "42"}], "stop_reason": "end_turn"});
+    let answer = ANTHROPIC.answer(message.to_string().as_bytes()).unwrap();
+    assert_eq!(answer.body["choices"][0]["message"]["content"], "42", "no thinking in the text");
+    assert_eq!(answer.body[NATIVE_CONTENT][0]["signature"], "sig", "kept for Anthropic-shaped callers");
+    let plain = json!({"type": "message", "content": [{"type": "text", "text": "42"}], "stop_reason": "end_turn"});
+    assert!(ANTHROPIC.answer(plain.to_string().as_bytes()).unwrap().body.get(NATIVE_CONTENT).is_none());
+}
+
+#[test]
+fn openai_temperatures_above_one_are_clamped() {
+    let body = request(json!({"model": "m", "temperature": 1.7, "messages": [{"role": "user", "content": "x"}]}));
+    assert_eq!(body["temperature"], 1.0);
+}
