@@ -555,6 +555,11 @@ async fn simulate_explains_the_choice_without_calling_a_model() {
     let (_, body) = admin.post(&path, &token, json!({"messages": [{"role": "user", "content": "hi"}]})).await;
     assert_eq!(body["order"], json!(["openai-4o", "onprem-qwen"]));
     assert_eq!(body["candidates"][1]["rejected"], json!(["disabled"]));
+    // A /v1/messages call with `thinking` needs an Anthropic target: the others are out, by name.
+    let (_, body) = admin.post(&path, &token, json!({"sample": "hi", "requires_flavor": "anthropic"})).await;
+    assert_eq!(body["order"], json!([]), "{body}");
+    assert_eq!(body["candidates"][0]["rejected"], json!(["unsupported_field"]));
+    assert_eq!(body["candidates"][2]["rejected"], json!(["unsupported_field"]));
     let (status, body) = admin.post(&path, &token, json!({"prompt": "x"})).await;
     assert_eq!((status, body["error"]["field"].clone()), (StatusCode::UNPROCESSABLE_ENTITY, json!("prompt")));
     assert_eq!(admin.post(&format!("{R}/nope/simulate"), &token, json!({})).await.0, StatusCode::NOT_FOUND);
