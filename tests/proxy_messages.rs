@@ -193,3 +193,62 @@ async fn thinking_needs_an_anthropic_target_and_beta_flags_go_only_there() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.json::<Value>().await.unwrap(), json!({"input_tokens": 10}));
 }
+
+/// Claude Code with extended thinking: an Anthropic target's thinking blocks stream to an
+/// Anthropic-shaped caller as their own blocks (signature included), before the text; an
+/// OpenAI-shaped caller of the same route gets the text only.
+#[tokio::test]
+async fn thinking_streams_to_anthropic_callers_and_never_into_text() {
+    let stack = Stack::start().await;
+    stack.put_secret("claude", &shield_e2e::unique("sk-ant-api03-"), &["127.0.0.1"]).await;
+    stack
+        .mock_target(
+            "claude",
+            "think",
+            json!({"flavor": "anthropic", "auth": {"mode": "vault", "secret_ref": "shield://claude"}}),
+        )
+        .await;
+    stack.put_route("thinker", json!({"targets": ["claude"]})).await;
+    let (key, _) = stack.key(None).await;
+    let mut request = body("thinker");
+    request["stream"] = json!(true);
+    request["max_tokens"] = json!(4096);
+    request["thinking"] = json!({"type": "enabled", "budget_tokens": 2048});
+    let (status, _, text) = messages(&stack, &key, request, &[]).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let events: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .filter_map(|e| {
+            let (name, data) = e.split_once('\n')?;
+            Some((
+                name.trim_start_matches("event: ").to_string(),
+                serde_json::from_str(data.trim_start_matches("data: ")).ok()?,
+            ))
+        })
+        .collect();
+    let starts: Vec<(u64, String)> = events
+        .iter()
+        .filter(|(n, _)| n == "content_block_start")
+        .map(|(_, d)| (d["index"].as_u64().unwrap(), d["content_block"]["type"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(starts, [(0, "thinking".to_string()), (1, "text".to_string())], "{text}");
+    let deltas: Vec<&Value> =
+        events.iter().filter(|(n, _)| n == "content_block_delta").map(|(_, d)| &d["delta"]).collect();
+    assert_eq!(deltas[0], &json!({"type": "thinking_delta", "thinking": "Let me think."}));
+    assert_eq!(deltas[1], &json!({"type": "signature_delta", "signature": "c2ln"}));
+    assert!(deltas[2..].iter().all(|d| d["type"] == "text_delta"));
+
+    // The same target to an OpenAI-shaped caller: the text, and no thinking anywhere.
+    let (status, _, data) = stack
+        .chat_stream(&key, json!({"model": "thinker", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let content: String = data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v.pointer("/choices/0/delta/content").and_then(Value::as_str).map(str::to_string))
+        .collect();
+    assert_eq!(content, "mock part1 part2 ");
+    assert!(!data.iter().any(|d| d.contains("Let me think") || d.contains("x_thinking")), "{data:?}");
+}

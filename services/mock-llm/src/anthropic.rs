@@ -3,7 +3,8 @@
 //! and accounting tests run across formats. Besides those: `cache:R-W` reports R cache-read
 //! and W cache-write input tokens, and `err:CODE` becomes the error's
 //! `details.error_code` with CODE (underscores as spaces) as its message — e.g.
-//! `err:prompt_is_too_long`, `err:enforced_spend_limit_reached`.
+//! `err:prompt_is_too_long`, `err:enforced_spend_limit_reached`; `think` streams a thinking
+//! block (with a signature) before the text.
 
 use actix_web::HttpResponseBuilder;
 use actix_web::http::StatusCode;
@@ -100,6 +101,7 @@ pub(crate) fn answer(
             model: request.get("model").and_then(Value::as_str).unwrap_or("mock").to_string(),
             usage: json!({"input_tokens": input, "output_tokens": output, "cache_read_input_tokens": read,
                 "cache_creation_input_tokens": write}),
+            think: scenario.think,
         };
         let skip = prefill.map(|text| pieces_in(&scenario, &text)).unwrap_or(0);
         return response.content_type("text/event-stream").streaming(stream(state.into_inner(), scenario, wire, skip));
@@ -117,6 +119,8 @@ pub(crate) fn answer(
 struct AnthropicWire {
     model: String,
     usage: Value,
+    /// `think`: a thinking block (with its signature) comes before the text.
+    think: bool,
 }
 
 fn event(name: &str, data: &Value) -> String {
@@ -125,10 +129,12 @@ fn event(name: &str, data: &Value) -> String {
 
 impl Wire for AnthropicWire {
     fn render(&self, piece: &Piece) -> Option<Bytes> {
+        // With `think`, block 0 is the thinking and the text is block 1.
+        let text_index = u64::from(self.think);
         let delta = |text: &str| {
             event(
                 "content_block_delta",
-                &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+                &json!({"type": "content_block_delta", "index": text_index, "delta": {"type": "text_delta", "text": text}}),
             )
         };
         let start = |block: Value| {
@@ -137,9 +143,28 @@ impl Wire for AnthropicWire {
             let message = json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message",
                 "role": "assistant", "model": self.model, "content": [], "stop_reason": null,
                 "stop_sequence": null, "usage": start_usage}});
-            let block = json!({"type": "content_block_start", "index": 0, "content_block": block});
+            let thinking = if self.think {
+                let start = json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "thinking", "thinking": ""}});
+                let think = json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "thinking_delta", "thinking": "Let me think."}});
+                let sign = json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "signature_delta", "signature": "c2ln"}});
+                let stop = json!({"type": "content_block_stop", "index": 0});
+                [
+                    event("content_block_start", &start),
+                    event("content_block_delta", &think),
+                    event("content_block_delta", &sign),
+                    event("content_block_stop", &stop),
+                ]
+                .concat()
+            } else {
+                String::new()
+            };
+            let block = json!({"type": "content_block_start", "index": text_index, "content_block": block});
             [
                 event("message_start", &message),
+                thinking,
                 event("content_block_start", &block),
                 event("ping", &json!({"type": "ping"})),
             ]
@@ -153,14 +178,14 @@ impl Wire for AnthropicWire {
             }
             Piece::ToolArgs(args) => event(
                 "content_block_delta",
-                &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": args}}),
+                &json!({"type": "content_block_delta", "index": text_index, "delta": {"type": "input_json_delta", "partial_json": args}}),
             ),
             Piece::Finish { tool } => {
                 let stop_reason = if *tool { "tool_use" } else { "end_turn" };
                 let delta = json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null},
                     "usage": {"output_tokens": self.usage["output_tokens"]}});
                 [
-                    event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})),
+                    event("content_block_stop", &json!({"type": "content_block_stop", "index": text_index})),
                     event("message_delta", &delta),
                 ]
                 .concat()

@@ -104,6 +104,8 @@ pub(crate) struct Scenario {
     no_prefill: bool,
     /// `alt`: the stream's parts read `alt{n}` instead of `part{n}` (a different answer).
     alt: bool,
+    /// `think`: Anthropic streams begin with a thinking block.
+    think: bool,
     malformed_at: Option<usize>,
     no_done: bool,
     empty: bool,
@@ -154,6 +156,7 @@ impl Scenario {
                 }
                 "noprefill" => s.no_prefill = true,
                 "alt" => s.alt = true,
+                "think" => s.think = true,
                 "malformed" => s.malformed_at = value.parse().ok(),
                 "nodone" => s.no_done = true,
                 "empty" => s.empty = true,

@@ -40,8 +40,17 @@ fn then_done(value: &Value) -> Bytes {
 }
 
 impl ClientWire for OpenAiWire {
+    /// Thinking has no place in a chat completion chunk: it is taken out, and a chunk left
+    /// with nothing to say (no role, content or tool call) is not sent.
     fn chunk(&mut self, chunk: &Value, _usage: TokenUsage) -> Option<Bytes> {
-        Some(event(chunk))
+        let thinking = chunk.pointer("/choices/0/delta").and_then(|d| d.get(crate::provider::THINKING)).is_some();
+        if !thinking {
+            return Some(event(chunk));
+        }
+        let mut chunk = chunk.clone();
+        let delta = chunk.pointer_mut("/choices/0/delta").and_then(Value::as_object_mut)?;
+        delta.remove(crate::provider::THINKING);
+        (!delta.is_empty()).then(|| event(&chunk))
     }
 
     fn done(&mut self, _usage: TokenUsage) -> Bytes {

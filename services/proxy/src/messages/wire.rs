@@ -14,6 +14,7 @@ use crate::client_wire::ClientWire;
 #[derive(Clone, Copy, PartialEq)]
 enum Block {
     Text,
+    Thinking,
     /// A tool call by its OpenAI `index`.
     Tool(u64),
 }
@@ -89,6 +90,36 @@ impl AnthropicWire {
         ));
     }
 
+    /// An Anthropic target's thinking, block by block as it came.
+    fn thinking(&mut self, thinking: &Value, out: &mut String) {
+        match thinking.get("start").and_then(Value::as_str) {
+            Some("redacted_thinking") => {
+                let block =
+                    json!({"type": "redacted_thinking", "data": thinking.get("data").cloned().unwrap_or(json!(""))});
+                self.open(Block::Thinking, block, out);
+                self.close(out);
+            }
+            Some(_) => {
+                self.open(Block::Thinking, json!({"type": "thinking", "thinking": ""}), out);
+            }
+            None => {
+                let index = match self.open {
+                    Some((index, Block::Thinking)) => index,
+                    _ => self.open(Block::Thinking, json!({"type": "thinking", "thinking": ""}), out),
+                };
+                let delta = match (thinking.get("thinking"), thinking.get("signature")) {
+                    (Some(text), _) => json!({"type": "thinking_delta", "thinking": text}),
+                    (None, Some(signature)) => json!({"type": "signature_delta", "signature": signature}),
+                    (None, None) => return,
+                };
+                out.push_str(&event(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+                ));
+            }
+        }
+    }
+
     fn tool(&mut self, call: &Value, out: &mut String) {
         let tool = call.get("index").and_then(Value::as_u64).unwrap_or(0);
         // Some servers repeat the call's id on every delta: the open block of the same call
@@ -126,10 +157,15 @@ impl ClientWire for AnthropicWire {
         let mut out = String::new();
         let delta = chunk.pointer("/choices/0/delta");
         let has_content = delta.is_some_and(|d| {
-            d.get("content").and_then(Value::as_str).is_some_and(|t| !t.is_empty()) || d.get("tool_calls").is_some()
+            d.get("content").and_then(Value::as_str).is_some_and(|t| !t.is_empty())
+                || d.get("tool_calls").is_some()
+                || d.get(crate::provider::THINKING).is_some()
         });
         if has_content || self.started {
             self.start(chunk, &usage, &mut out);
+        }
+        if let Some(thinking) = delta.and_then(|d| d.get(crate::provider::THINKING)) {
+            self.thinking(thinking, &mut out);
         }
         if let Some(text) = delta.and_then(|d| d.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty()) {
             self.text(text, &mut out);
@@ -230,6 +266,42 @@ mod tests {
         assert_eq!(all[6].1["delta"], json!({"type": "input_json_delta", "partial_json": "{\"q\":1}"}));
         assert_eq!(all[8].1["delta"]["stop_reason"], "tool_use");
         assert_eq!(all[8].1["usage"]["output_tokens"], 7);
+    }
+
+    #[test]
+    fn thinking_is_relayed_as_its_own_block_before_the_text() {
+        let mut wire = AnthropicWire::new("smart");
+        let usage = TokenUsage::default();
+        let chunk = |delta: Value| json!({"choices": [{"index": 0, "delta": delta}]});
+        let thinking = crate::provider::THINKING;
+        let mut all = Vec::new();
+        for delta in [
+            json!({thinking: {"start": "thinking"}}),
+            json!({thinking: {"thinking": "Let me see."}}),
+            json!({thinking: {"signature": "sig=="}}),
+            json!({"content": "42"}),
+        ] {
+            all.extend(events(&wire.chunk(&chunk(delta), usage).unwrap()));
+        }
+        let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta"
+            ]
+        );
+        assert_eq!(all[1].1["content_block"]["type"], "thinking");
+        assert_eq!(all[2].1["delta"], json!({"type": "thinking_delta", "thinking": "Let me see."}));
+        assert_eq!(all[3].1["delta"], json!({"type": "signature_delta", "signature": "sig=="}));
+        assert_eq!((all[5].1["index"].clone(), all[5].1["content_block"]["type"].clone()), (json!(1), json!("text")));
+        let mut openai = crate::client_wire::OpenAiWire { client_wants_usage: false };
+        assert!(openai.chunk(&chunk(json!({thinking: {"thinking": "x"}})), usage).is_none(), "never to OpenAI callers");
     }
 
     #[test]

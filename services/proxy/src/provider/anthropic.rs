@@ -27,6 +27,10 @@ pub static ANTHROPIC: Anthropic = Anthropic;
 
 /// `max_tokens` when neither the request nor the target's capabilities set one.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
+/// A normalised chunk's delta field carrying thinking (`{start}`, `{thinking}`, `{signature}`):
+/// relayed as thinking blocks to Anthropic-shaped callers, dropped for the others.
+pub const THINKING: &str = "x_thinking";
+
 /// Where an answer keeps Anthropic's own content blocks when it had thinking in it; only the
 /// Anthropic-shaped ingress reads it, and the OpenAI-shaped answer drops it.
 pub const NATIVE_CONTENT: &str = "x_anthropic_content";
@@ -414,6 +418,16 @@ impl StreamDecoder for Decoder {
                         let chunk = self.chunk(json!({"tool_calls": [call]}), Value::Null);
                         out.push(chunk);
                     }
+                    Some("thinking") => {
+                        let chunk = self.chunk(json!({THINKING: {"start": "thinking"}}), Value::Null);
+                        out.push(chunk);
+                    }
+                    Some("redacted_thinking") => {
+                        let data = block.get("data").cloned().unwrap_or(json!(""));
+                        let chunk =
+                            self.chunk(json!({THINKING: {"start": "redacted_thinking", "data": data}}), Value::Null);
+                        out.push(chunk);
+                    }
                     _ => {}
                 }
             }
@@ -433,7 +447,15 @@ impl StreamDecoder for Decoder {
                         let chunk = self.chunk(json!({"tool_calls": [call]}), Value::Null);
                         out.push(chunk);
                     }
-                    // Thinking and signatures have no place in a chat completion chunk.
+                    // Thinking travels beside the content, for Anthropic-shaped callers only.
+                    Some("thinking_delta") => {
+                        let text = delta.get("thinking").cloned().unwrap_or(json!(""));
+                        out.push(self.chunk(json!({THINKING: {"thinking": text}}), Value::Null));
+                    }
+                    Some("signature_delta") => {
+                        let signature = delta.get("signature").cloned().unwrap_or(json!(""));
+                        out.push(self.chunk(json!({THINKING: {"signature": signature}}), Value::Null));
+                    }
                     _ => {}
                 }
             }

@@ -19,7 +19,7 @@
 mod anthropic;
 mod openai;
 
-pub use anthropic::NATIVE_CONTENT;
+pub use anthropic::{NATIVE_CONTENT, THINKING};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value};
