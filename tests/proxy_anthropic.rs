@@ -7,7 +7,7 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use shield_e2e::stack::{Stack, chat_body};
+use shield_e2e::stack::{Stack, chat_body, stream_content as content};
 
 fn anthropic() -> Value {
     json!({"flavor": "anthropic", "auth": {"mode": "vault", "secret_ref": "shield://claude"}})
@@ -23,13 +23,6 @@ async fn stack_with_key() -> (Stack, String) {
 
 fn sent_body(received: &Value) -> Value {
     serde_json::from_str(received["body"].as_str().unwrap()).unwrap()
-}
-
-fn content(data: &[String]) -> String {
-    data.iter()
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| v.pointer("/choices/0/delta/content").and_then(Value::as_str).map(str::to_string))
-        .collect()
 }
 
 #[tokio::test]

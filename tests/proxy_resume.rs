@@ -7,19 +7,12 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use shield_e2e::eventually;
-use shield_e2e::stack::Stack;
+use shield_e2e::stack::{Stack, stream_content as content};
 
 /// The 60-piece answer the mock streams: "mock part1 part2 … part59 ".
 fn full_answer(alt: bool) -> String {
     let word = if alt { "alt" } else { "part" };
     std::iter::once("mock ".to_string()).chain((1..60).map(|n| format!("{word}{n} "))).collect()
-}
-
-fn content(data: &[String]) -> String {
-    data.iter()
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| v.pointer("/choices/0/delta/content").and_then(Value::as_str).map(str::to_string))
-        .collect()
 }
 
 fn stream(model: &str) -> Value {

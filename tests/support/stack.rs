@@ -447,6 +447,14 @@ pub async fn http_ok(url: &str) -> bool {
     reqwest::get(url).await.is_ok_and(|r| r.status().is_success())
 }
 
+/// The text of a stream's chunks (`choices[0].delta.content`), concatenated.
+pub fn stream_content(data: &[String]) -> String {
+    data.iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v.pointer("/choices/0/delta/content").and_then(Value::as_str).map(str::to_string))
+        .collect()
+}
+
 /// A minimal chat body for `model`.
 pub fn chat_body(model: &str) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": "hello"}]})

@@ -195,23 +195,8 @@ impl Run {
     /// failure ends it when the route does not fail over on its class.
     pub fn record(&mut self, model: &str, result: Result<(), Class>, status: Option<u16>, ms: u64) {
         let target = self.order[self.next - 1].clone();
-        let n = self.attempts.len() as u32 + 1;
-        let (outcome, class) = match result {
-            Ok(()) => ("ok", None),
-            Err(class) => ("failed", Some(class)),
-        };
-        self.attempts.push(Attempt {
-            n,
-            target,
-            model: model.to_string(),
-            outcome,
-            class,
-            status,
-            ms,
-            committed: false,
-            retry: self.retrying.take().is_some(),
-            resumed: false,
-        });
+        let retry = self.retrying.take().is_some();
+        self.push_attempt(target, model, result, status, ms, retry, false);
         match result {
             Ok(()) => self.halted = Some(Halt::Succeeded),
             Err(class) if !class.fails_over(&self.on) => self.halted = Some(Halt::IneligibleFailure),
@@ -254,22 +239,27 @@ impl Run {
         status: Option<u16>,
         ms: u64,
     ) {
+        self.push_attempt(target.to_string(), model, result, status, ms, false, true);
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "one attempt's record, field by field")]
+    fn push_attempt(
+        &mut self,
+        target: String,
+        model: &str,
+        result: Result<(), Class>,
+        status: Option<u16>,
+        ms: u64,
+        retry: bool,
+        resumed: bool,
+    ) {
         let (outcome, class) = match result {
             Ok(()) => ("ok", None),
             Err(class) => ("failed", Some(class)),
         };
-        self.attempts.push(Attempt {
-            n: self.attempts.len() as u32 + 1,
-            target: target.to_string(),
-            model: model.to_string(),
-            outcome,
-            class,
-            status,
-            ms,
-            committed: false,
-            retry: false,
-            resumed: true,
-        });
+        let n = self.attempts.len() as u32 + 1;
+        let model = model.to_string();
+        self.attempts.push(Attempt { n, target, model, outcome, class, status, ms, committed: false, retry, resumed });
     }
 
     /// A stream that broke ends broken after its resume attempts failed (each already
