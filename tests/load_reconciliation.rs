@@ -54,7 +54,13 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 async fn drive(proxies: &[String], key: &str, range: std::ops::Range<usize>) -> Tally {
-    let client = reqwest::Client::builder().pool_max_idle_per_host(CONCURRENCY).build().unwrap();
+    // Idle connections are dropped well before the proxy's keep-alive ends: a request must
+    // never go out on a connection the server is closing at that moment.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(CONCURRENCY)
+        .pool_idle_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
     let next = Arc::new(AtomicUsize::new(range.start));
     let mut workers = Vec::new();
     for _ in 0..CONCURRENCY {
@@ -76,9 +82,13 @@ async fn drive(proxies: &[String], key: &str, range: std::ops::Range<usize>) -> 
                     .json(&body)
                     .send()
                     .await;
-                let Ok(response) = response else {
-                    tally.failed += 1;
-                    continue;
+                let response = match response {
+                    Ok(response) => response,
+                    Err(err) => {
+                        tally.failed += 1;
+                        eprintln!("request {i}: not answered: {err:?}");
+                        continue;
+                    }
                 };
                 let status = response.status();
                 let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();

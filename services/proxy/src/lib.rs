@@ -246,6 +246,11 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
             .configure(configure)
     })
     .backlog(4096)
+    // Longer than the callers' own idle expiry (httpx, under the OpenAI and Anthropic Python
+    // SDKs, keeps an idle connection 5 s — actix's default here too): the client then closes
+    // an idle connection first, rather than sending on one the proxy is closing (a reset the
+    // caller sees as a failed request).
+    .keep_alive(Duration::from_secs(75))
     // Small SSE writes go out at once: without this, Nagle holds a chunk until the client ACKs
     // the previous one (tens of milliseconds with delayed ACKs).
     .on_connect(no_delay)
