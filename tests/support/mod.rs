@@ -24,8 +24,19 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())
 }
 
-/// A port that was free a moment ago.
+/// A port that was free a moment ago, for a child process to listen on. Drawn at random below
+/// the kernel's ephemeral range (32768 and up on Linux): a port from that range (what binding
+/// port 0 returns) can be taken by any outgoing connection's local end before the child binds
+/// it — under the load tests that happened, and a test then talked to another test's server.
 pub fn free_port() -> u16 {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    for _ in 0..200 {
+        let port = rng.random_range(20_000..32_000);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
