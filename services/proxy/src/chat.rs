@@ -27,6 +27,7 @@ use crate::error::{ProxyError, openai_error};
 use crate::guard::{self, StreamGuard};
 use crate::resume::Resumer;
 use crate::tenant::TenantConfig;
+use crate::usage::Paid;
 use crate::{ProxyState, default_path};
 
 pub const UPSTREAM_KEY_HEADER: &str = "x-shield-upstream-key";
@@ -199,7 +200,7 @@ pub async fn pipeline(
     };
     context.end(Ending {
         target,
-        answered: paid.as_ref().map(Paid::answered).into_iter().collect(),
+        answered: paid.as_ref().map(|paid| paid.answered(false)).into_iter().collect(),
         ..Ending::of(routed.halt, &routed.attempts, &routed.excluded)
     });
     Ok(Outcome::Routed { routed, guardrails })
@@ -209,26 +210,6 @@ pub async fn pipeline(
 /// characters a token when it reported none) times the answering target's price. Counted
 /// whatever Shield then does with the answer: a blocked answer was still produced, and paid
 /// for.
-struct Paid {
-    target: String,
-    usage: TokenUsage,
-    cost_micros: i64,
-    estimated: bool,
-}
-
-impl Paid {
-    fn answered(&self) -> crate::usage::Answered<'_> {
-        crate::usage::Answered {
-            target: &self.target,
-            input_tokens: self.usage.input,
-            output_tokens: self.usage.output,
-            cost_micros: self.cost_micros,
-            estimated: self.estimated,
-            stream_broken: false,
-        }
-    }
-}
-
 fn paid(config: &TenantConfig, request: &ChatRequest, routed: &Routed) -> Option<Paid> {
     let RoutedResult::Answer { target, body, usage, .. } = &routed.result else { return None };
     let (usage, estimated) = match usage {
@@ -240,8 +221,7 @@ fn paid(config: &TenantConfig, request: &ChatRequest, routed: &Routed) -> Option
         }
     };
     let price = config.target(target).and_then(|t| t.price.as_ref());
-    let cost_micros = shield_core::usage::cost_of(price, &usage);
-    Some(Paid { target: target.clone(), usage, cost_micros, estimated })
+    Some(Paid::new(target, usage, price, estimated))
 }
 
 /// A stream past its commit point, before its response is written.

@@ -25,8 +25,8 @@ use crate::dispatch::Committed;
 use crate::guard::StreamGuard;
 use crate::health::Health;
 use crate::provider::Decoded;
-use crate::resume::{Resumer, Segment};
-use crate::usage::Answered;
+use crate::resume::Resumer;
+use crate::usage::Paid;
 
 /// How a relayed stream ended, for the logs (and, with the budgets work, for usage).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +66,7 @@ struct Relay {
     /// Tool-call streams are not resumed.
     saw_tool_calls: bool,
     /// Attempts before the current one that produced (and paid for) tokens.
-    paid: Vec<Segment>,
+    paid: Vec<Paid>,
     /// Between a break and the resumed stream: the broken attempt is recorded, paid and its
     /// permit spent; nothing of it is left to settle if the client goes away now.
     between_attempts: bool,
@@ -244,8 +244,7 @@ impl Relay {
         c.run.record_break(class, ms);
         self.health.record(&c.tenant, &c.target, &c.breaker, c.permit, Err(class), ms);
         let (usage, estimated) = self.attempt_usage();
-        let cost_micros = shield_core::usage::cost_of(self.committed.price.as_ref(), &usage);
-        self.paid.push(Segment { target: self.committed.target.clone(), usage, cost_micros, estimated });
+        self.paid.push(Paid::new(&self.committed.target, usage, self.committed.price.as_ref(), estimated));
         self.between_attempts = true;
         let c = &mut self.committed;
         let switch = resumer
@@ -305,9 +304,8 @@ impl Relay {
         let halt = if result.is_ok() { Halt::Succeeded } else { Halt::VisibleOutput };
         let end = StreamEnd { halt, usage, estimated, malformed_events: self.malformed, broken: result.is_err() };
         if current {
-            let cost_micros = shield_core::usage::cost_of(self.committed.price.as_ref(), &end.usage);
-            let target = self.committed.target.clone();
-            self.paid.push(Segment { target, usage: end.usage, cost_micros, estimated: end.estimated });
+            let c = &self.committed;
+            self.paid.push(Paid::new(&c.target, end.usage, c.price.as_ref(), end.estimated));
         }
         self.finish_request(&end);
         self.ended = Some(end);
@@ -319,19 +317,7 @@ impl Relay {
         let Some(context) = self.context.take() else { return };
         let c = &self.committed;
         let last = self.paid.len().saturating_sub(1);
-        let answered = self
-            .paid
-            .iter()
-            .enumerate()
-            .map(|(i, segment)| Answered {
-                target: &segment.target,
-                input_tokens: segment.usage.input,
-                output_tokens: segment.usage.output,
-                cost_micros: segment.cost_micros,
-                estimated: segment.estimated,
-                stream_broken: end.broken && i == last,
-            })
-            .collect();
+        let answered = self.paid.iter().enumerate().map(|(i, paid)| paid.answered(end.broken && i == last)).collect();
         context.end(Ending {
             target: Some(&c.target),
             answered,
@@ -393,9 +379,8 @@ impl Drop for Relay {
                 malformed_events: self.malformed,
                 broken: false,
             };
-            let (target, usage) = (self.committed.target.clone(), end.usage);
-            let cost_micros = shield_core::usage::cost_of(self.committed.price.as_ref(), &usage);
-            self.paid.push(Segment { target, usage, cost_micros, estimated: true });
+            let c = &self.committed;
+            self.paid.push(Paid::new(&c.target, end.usage, c.price.as_ref(), true));
             self.finish_request(&end);
         }
     }

@@ -33,6 +33,7 @@ use crate::egress::{Egress, Opened};
 use crate::health::{Health, HeldPermit};
 use crate::provider::Decoded;
 use crate::tenant::TenantConfig;
+use crate::usage::Paid;
 
 /// What a relay needs to re-issue its request (kept only when the route resumes streams).
 pub struct Resumer {
@@ -45,15 +46,6 @@ pub struct Resumer {
     pub deadline: Instant,
     /// The run's planned order; resuming starts at the target that broke.
     pub order: Vec<String>,
-}
-
-/// An answer that paid for tokens without being the one the stream ends with.
-#[derive(Debug, Clone)]
-pub struct Segment {
-    pub target: String,
-    pub usage: TokenUsage,
-    pub cost_micros: i64,
-    pub estimated: bool,
 }
 
 /// The stream the relay goes on with.
@@ -96,7 +88,7 @@ impl Resumer {
         prompt_chars: usize,
         health: &Health,
         run: &mut shield_core::run::Run,
-        paid: &mut Vec<Segment>,
+        paid: &mut Vec<Paid>,
     ) -> Option<Switch> {
         let tenant_id = self.tenant.snapshot.tenant.clone();
         for id in self.candidates(broke) {
@@ -126,8 +118,7 @@ impl Resumer {
                             output: (read_chars as u64).div_ceil(4),
                             ..TokenUsage::default()
                         };
-                        let cost_micros = shield_core::usage::cost_of(target.price.as_ref(), &usage);
-                        paid.push(Segment { target: id.clone(), usage, cost_micros, estimated: true });
+                        paid.push(Paid::new(&id, usage, target.price.as_ref(), true));
                     }
                 }
             }

@@ -26,6 +26,39 @@ pub struct Answered<'a> {
     pub stream_broken: bool,
 }
 
+/// One answer's tokens and cost, priced once: what a request paid an upstream for (a
+/// non-streamed answer, each attempt of a resumed stream).
+#[derive(Debug, Clone)]
+pub struct Paid {
+    pub target: String,
+    pub usage: shield_core::usage::TokenUsage,
+    pub cost_micros: i64,
+    /// The usage was estimated (4 characters a token), not reported.
+    pub estimated: bool,
+}
+
+impl Paid {
+    pub fn new(
+        target: &str,
+        usage: shield_core::usage::TokenUsage,
+        price: Option<&shield_core::target::Price>,
+        estimated: bool,
+    ) -> Paid {
+        Paid { target: target.to_string(), usage, cost_micros: shield_core::usage::cost_of(price, &usage), estimated }
+    }
+
+    pub fn answered(&self, stream_broken: bool) -> Answered<'_> {
+        Answered {
+            target: &self.target,
+            input_tokens: self.usage.input,
+            output_tokens: self.usage.output,
+            cost_micros: self.cost_micros,
+            estimated: self.estimated,
+            stream_broken,
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct UsageBuffer {
     rows: Mutex<Rows>,
