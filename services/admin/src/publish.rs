@@ -246,5 +246,6 @@ pub fn key_record(tenant_slug: &str, key: &keys::KeyMeta) -> ApiKeyRecord {
         agent: key.agent.clone(),
         role: key.role.clone(),
         revoked: key.revoked_at.is_some(),
+        limits: Default::default(),
     }
 }

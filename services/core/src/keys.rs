@@ -43,6 +43,18 @@ impl RedisKeys {
         format!("{}gw_budget_alerted:{{{tenant}}}:{month}", self.prefix)
     }
 
+    /// One limit's window (issue 18): `scope` is `key:<key id>`, `tenant` or `route:<name>`,
+    /// `per_minute` `rpm` or `tpm`. The lease script also uses `…:units` and `…:sum`.
+    pub fn rate_window(&self, tenant: &str, scope: &str, per_minute: &str) -> String {
+        format!("{}gw_rl:{{{tenant}}}:{scope}:{per_minute}", self.prefix)
+    }
+
+    /// The processes that leased quota for the tenant in the last minute (their share when
+    /// Redis is unreachable).
+    pub fn rate_processes(&self, tenant: &str) -> String {
+        format!("{}gw_rl_procs:{{{tenant}}}", self.prefix)
+    }
+
     pub fn events(&self) -> String {
         format!("{}gw_events", self.prefix)
     }
@@ -61,5 +73,7 @@ mod tests {
         let k = RedisKeys::new("t1:");
         assert_eq!(k.spend("acme", "202611"), "t1:gw_spend:{acme}:202611");
         assert_eq!(k.config_channel(), "t1:gw_config");
+        assert_eq!(k.rate_window("acme", "key:7", "rpm"), "t1:gw_rl:{acme}:key:7:rpm");
+        assert_eq!(k.rate_processes("acme"), "t1:gw_rl_procs:{acme}");
     }
 }

@@ -11,6 +11,7 @@ pub mod detect;
 pub mod error;
 pub mod guardrails;
 pub mod keys;
+pub mod limits;
 pub mod money;
 pub mod names;
 pub mod outcome;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::limits::Limits;
 use crate::money::Usd;
 use crate::profile::RequiredProfile;
 use crate::target::Location;
@@ -32,6 +33,9 @@ pub struct Route {
     pub rules: Vec<Rule>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// Requests and tokens per minute for every caller of this route together (issue 18).
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub limits: Limits,
     /// Seed 004: every listed target must satisfy this envelope.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub required_profile: Option<RequiredProfile>,

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::guardrails::GuardrailPolicy;
+use crate::limits::Limits;
 use crate::route::Route;
 use crate::target::Target;
 use crate::vault::{NONCE_LEN, Sealed};
@@ -25,6 +26,9 @@ pub struct Snapshot {
     pub targets: BTreeMap<String, Target>,
     pub routes: BTreeMap<String, Route>,
     pub guardrails: GuardrailPolicy,
+    /// The tenant's own ceiling over all its keys and routes (issue 18).
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub limits: Limits,
     /// Keyed by the reference targets use (`shield://name`); only referenced secrets.
     pub secrets: BTreeMap<String, SnapshotSecret>,
 }
@@ -66,16 +70,36 @@ impl Snapshot {
         guardrails: GuardrailPolicy,
         secrets: BTreeMap<String, SnapshotSecret>,
     ) -> Snapshot {
-        let mut snapshot =
-            Snapshot { tenant, version, digest: String::new(), published_at, targets, routes, guardrails, secrets };
+        let mut snapshot = Snapshot {
+            tenant,
+            version,
+            digest: String::new(),
+            published_at,
+            targets,
+            routes,
+            guardrails,
+            limits: Limits::default(),
+            secrets,
+        };
         snapshot.digest = snapshot.compute_digest();
         snapshot
     }
 
+    /// The same snapshot with the tenant's limits (part of its digest).
+    pub fn with_limits(mut self, limits: Limits) -> Snapshot {
+        self.limits = limits;
+        self.digest = self.compute_digest();
+        self
+    }
+
     pub fn compute_digest(&self) -> String {
-        let content = serde_json::json!({
+        let mut content = serde_json::json!({
             "targets": self.targets, "routes": self.routes, "guardrails": self.guardrails, "secrets": self.secrets,
         });
+        // Only when set: a tenant without limits keeps the digest it had before limits existed.
+        if !self.limits.is_empty() {
+            content["limits"] = serde_json::json!(self.limits);
+        }
         hex::encode(Sha256::digest(content.to_string().as_bytes()))
     }
 }
@@ -89,6 +113,9 @@ pub struct ApiKeyRecord {
     pub agent: Option<String>,
     pub role: Option<String>,
     pub revoked: bool,
+    /// This key's own limits (issue 18); absent in records published before them.
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub limits: Limits,
 }
 
 /// A message on `gw_config`.

@@ -374,6 +374,8 @@ pub fn validate_route(
         }
     }
 
+    route.limits.check(&mut p, "limits");
+
     if let Some(budget) = &route.budget {
         if budget.monthly.micros() <= 0 {
             p.push("budget.monthly", "must be positive");

@@ -1,0 +1,529 @@
+//! Rate limits (issue 18): `{rpm?, tpm?}` on an API key, on the tenant and on a route, and
+//! the per-process [`Bucket`] that admits against one of them without a Redis round trip.
+//!
+//! Semantics: a **sliding 60 s window**. At any moment the fleet has admitted at most the
+//! limit over the last 60 s, plus a bounded slack (below); a unit leaves the window 60 s after
+//! it was counted. There is no fixed-window boundary, so no double burst: a key at 600 rpm
+//! that sends 600 requests at 12:00:59 gets nothing more at 12:01:00.
+//!
+//! Fleet-wide without a Redis round trip on the request path (seed §2): Redis keeps one window
+//! per limit as a sorted set of *leases*. Each process leases blocks of units in the
+//! background ([`LEASE_SCRIPT`], one script call per lease, every key in the tenant's hash
+//! slot) and admits from what it holds. A block is sized to about one second of the process's
+//! own traffic, at most [`Bucket::max_block`] (1.25 % of the limit, at least 1), and an idle
+//! bucket gives its unused units back ([`GIVE_BACK_SCRIPT`]): an idle key holds none.
+//!
+//! Slack: a request that finds the bucket empty while the fleet is not known to be full is
+//! admitted on credit (the next lease pays it back), up to one block per process (or one
+//! request, if a single request is larger). At any moment a process holds at most one block
+//! ahead of use or owes at most one: a window can open on a held block (leased before it,
+//! used inside it) and close on an owed one, so in any 60 s window the fleet admits at most
+//! `limit + processes × 2 × max_block` — 2.5 % of the limit per process — plus, for tokens,
+//! what reported usage exceeded the reservations by. The property test in `limits/tests.rs`
+//! checks that bound on a simulated fleet.
+//!
+//! Redis unreachable (a lease fails or times out): the bucket admits against its own window,
+//! at most `limit ÷ processes` (the processes the tenant's leases saw in the last minute),
+//! never unlimited and never all refused; what it admits meanwhile is owed, and leased back
+//! once Redis answers. Pure: time is passed in as milliseconds of a monotonic clock.
+
+use serde::{Deserialize, Serialize};
+
+use crate::FieldError;
+use crate::error::Problems;
+
+/// The window every limit is counted over.
+pub const WINDOW_MS: u64 = 60_000;
+/// A bucket untouched this long gives its unused units back.
+pub const IDLE_MS: u64 = 2_000;
+/// How often an offline bucket tries Redis again.
+pub const PROBE_MS: u64 = 1_000;
+pub const MAX_RPM: u64 = 10_000_000;
+pub const MAX_TPM: u64 = 10_000_000_000;
+/// A token reservation's output part when the request sets no `max_tokens` (issue 18).
+pub const DEFAULT_OUTPUT_TOKENS: u64 = 256;
+
+/// `limits` on a key, a tenant or a route.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Requests per minute (sliding 60 s window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpm: Option<u64>,
+    /// Tokens per minute: prompt (estimated at admission, reported at the end) plus output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<u64>,
+}
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        self.rpm.is_none() && self.tpm.is_none()
+    }
+
+    pub fn get(&self, kind: Kind) -> Option<u64> {
+        match kind {
+            Kind::Requests => self.rpm,
+            Kind::Tokens => self.tpm,
+        }
+    }
+
+    /// Positive integers within bounds; `at` is the field's path (`limits`).
+    pub fn check(&self, p: &mut Problems, at: &str) {
+        for (name, value, max) in [("rpm", self.rpm, MAX_RPM), ("tpm", self.tpm, MAX_TPM)] {
+            match value {
+                Some(0) => p.push(format!("{at}.{name}"), "must be a positive integer"),
+                Some(v) if v > max => p.push(format!("{at}.{name}"), format!("must be at most {max}")),
+                _ => {}
+            }
+        }
+    }
+
+    pub fn validate(&self, at: &str) -> Result<(), Vec<FieldError>> {
+        let mut p = Problems::default();
+        self.check(&mut p, at);
+        p.into_result()
+    }
+}
+
+/// Whose limit: the caller's key, its tenant, or the route it named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    Key,
+    Tenant,
+    Route,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Key => "key",
+            Scope::Tenant => "tenant",
+            Scope::Route => "route",
+        }
+    }
+}
+
+/// What a limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Requests,
+    Tokens,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 2] = [Kind::Requests, Kind::Tokens];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Requests => "requests",
+            Kind::Tokens => "tokens",
+        }
+    }
+
+    /// The Redis key suffix and the field name.
+    pub fn per_minute(self) -> &'static str {
+        match self {
+            Kind::Requests => "rpm",
+            Kind::Tokens => "tpm",
+        }
+    }
+}
+
+/// What a lease call returns (the script's reply, in its order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseReply {
+    pub granted: u64,
+    /// When `granted` fell short: milliseconds until the window frees the units asked for.
+    pub wait_ms: u64,
+    /// Units of the fleet's window not leased after this grant.
+    pub room: u64,
+    /// Processes that leased for this tenant in the last minute (this one included).
+    pub processes: u64,
+    /// Milliseconds until the window holds nothing.
+    pub reset_ms: u64,
+}
+
+impl LeaseReply {
+    pub fn decode(values: &[i64]) -> Option<LeaseReply> {
+        let n = |i: usize| values.get(i).map(|&v| u64::try_from(v).unwrap_or(0));
+        Some(LeaseReply { granted: n(0)?, wait_ms: n(1)?, room: n(2)?, processes: n(3)?, reset_ms: n(4)? })
+    }
+}
+
+/// A lease the bucket asks for: `want` units; `need` is the largest single request that was
+/// refused (so a short grant says when that much will be free).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseAsk {
+    pub want: u64,
+    pub need: u64,
+    /// Sequence number of this lease: with the process id, the lease's name in Redis.
+    pub seq: u64,
+}
+
+/// A refusal: how long until there may be room, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    pub retry_after_ms: u64,
+}
+
+impl Refused {
+    /// `Retry-After`: whole seconds, at least one.
+    pub fn retry_after_s(&self) -> u64 {
+        self.retry_after_ms.div_ceil(1000).max(1)
+    }
+}
+
+/// What an answer's `x-ratelimit-*` headers say about one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    pub limit: u64,
+    pub remaining: u64,
+    /// Until the window is back to its full limit.
+    pub reset_ms: u64,
+}
+
+/// One second of this process's admissions, for the offline share and the block size.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    second: u64,
+    units: u64,
+}
+
+const SLOTS: usize = (WINDOW_MS / 1000) as usize;
+
+/// One process's state for one limit. See the module comment for the protocol.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    limit: u64,
+    /// Units leased from the fleet and not yet used.
+    held: u64,
+    /// Units admitted that no lease covers yet (paid back by the next grant).
+    debt: u64,
+    /// The next lease's size.
+    block: u64,
+    /// The fleet's window was full: nothing beyond `held` until then.
+    exhausted_until: u64,
+    /// The fleet's unleased room at the last lease.
+    fleet_room: u64,
+    /// When the fleet's window empties, as of the last lease.
+    reset_at: u64,
+    /// Redis did not answer the last lease: admit against `limit ÷ processes`.
+    offline: bool,
+    next_probe: u64,
+    processes: u64,
+    last_used: Option<u64>,
+    /// The largest single request refused since the last lease.
+    need: u64,
+    seq: u64,
+    /// The last lease with units still held: where an idle give-back goes.
+    last_lease: Option<(u64, u64)>,
+    leasing: bool,
+    local: [Slot; SLOTS],
+}
+
+impl Bucket {
+    pub fn new(limit: u64) -> Bucket {
+        Bucket {
+            limit: limit.max(1),
+            held: 0,
+            debt: 0,
+            block: 1,
+            exhausted_until: 0,
+            fleet_room: limit,
+            reset_at: 0,
+            offline: false,
+            next_probe: 0,
+            processes: 1,
+            last_used: None,
+            need: 0,
+            seq: 0,
+            last_lease: None,
+            leasing: false,
+            local: [Slot::default(); SLOTS],
+        }
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// A changed limit applies from the next admission; the window keeps what it counted.
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = limit.max(1);
+        self.block = self.block.min(self.max_block());
+    }
+
+    /// The largest lease, and the most a process may owe the fleet: 1.25 % of the limit.
+    pub fn max_block(&self) -> u64 {
+        (self.limit / 80).max(1)
+    }
+
+    pub fn is_offline(&self) -> bool {
+        self.offline
+    }
+
+    /// Units leased and not used.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// May `n` units be admitted now?
+    pub fn check(&self, n: u64, now: u64) -> Result<(), Refused> {
+        if n > self.limit {
+            // Never fits: the whole window is smaller than this one request.
+            return Err(Refused { retry_after_ms: WINDOW_MS });
+        }
+        if n <= self.held {
+            return Ok(());
+        }
+        if self.offline {
+            let share = self.offline_share();
+            let used = self.local_sum(now);
+            return if used + n <= share {
+                Ok(())
+            } else {
+                Err(Refused { retry_after_ms: self.local_wait(used + n - share, now) })
+            };
+        }
+        if now < self.exhausted_until {
+            return Err(Refused { retry_after_ms: self.exhausted_until - now });
+        }
+        let owed = self.debt + (n - self.held);
+        let allowance = if self.debt == 0 { self.max_block().max(n) } else { self.max_block() };
+        if owed <= allowance {
+            Ok(())
+        } else {
+            // Waiting for the lease in flight: the fleet had room when last asked.
+            Err(Refused { retry_after_ms: 1000 })
+        }
+    }
+
+    /// Notes a refusal of `n` units, so the next lease asks when that much is free.
+    pub fn refused(&mut self, n: u64) {
+        self.need = self.need.max(n);
+    }
+
+    /// Admits `n` units (after [`Bucket::check`]; settlements call it unchecked).
+    pub fn take(&mut self, n: u64, now: u64) {
+        self.local_add(n, now);
+        self.last_used = Some(now);
+        let from_held = n.min(self.held);
+        self.held -= from_held;
+        self.debt += n - from_held;
+    }
+
+    /// A token reservation settles to what was reported: the difference is taken, or given
+    /// back to what this process holds.
+    pub fn settle(&mut self, reserved: u64, actual: u64, now: u64) {
+        if actual > reserved {
+            self.take(actual - reserved, now);
+            return;
+        }
+        let back = reserved - actual;
+        self.local_sub(back, now);
+        let repaid = back.min(self.debt);
+        self.debt -= repaid;
+        self.held += back - repaid;
+    }
+
+    /// The lease this bucket needs now, if any (marks it in flight).
+    pub fn lease_wanted(&mut self, now: u64) -> Option<LeaseAsk> {
+        if self.leasing {
+            return None;
+        }
+        if self.offline {
+            if now < self.next_probe {
+                return None;
+            }
+        } else if now < self.exhausted_until {
+            return None;
+        }
+        let active = self.last_used.is_some_and(|at| now.saturating_sub(at) <= IDLE_MS);
+        if self.debt == 0 && !(active && self.held < self.block.div_ceil(2)) {
+            return None;
+        }
+        // About one second of this process's own traffic, within [1, max_block].
+        let rate = self.local_recent(now);
+        self.block = rate.clamp(1, self.max_block());
+        self.leasing = true;
+        self.seq += 1;
+        Some(LeaseAsk { want: self.debt + self.block.saturating_sub(self.held), need: self.need.max(1), seq: self.seq })
+    }
+
+    /// A lease came back.
+    pub fn leased(&mut self, ask: LeaseAsk, reply: LeaseReply, now: u64) {
+        self.leasing = false;
+        self.offline = false;
+        self.processes = reply.processes.max(1);
+        let repaid = reply.granted.min(self.debt);
+        self.debt -= repaid;
+        let kept = reply.granted - repaid;
+        self.held += kept;
+        if kept > 0 {
+            self.last_lease = Some((ask.seq, kept));
+        }
+        self.fleet_room = reply.room;
+        self.reset_at = now + reply.reset_ms;
+        self.exhausted_until = if reply.granted < ask.want { now + reply.wait_ms.max(1) } else { 0 };
+        self.need = 0;
+    }
+
+    /// Redis did not answer a lease: admit against this process's share until it does.
+    pub fn lease_failed(&mut self, now: u64) {
+        self.leasing = false;
+        self.offline = true;
+        self.next_probe = now + PROBE_MS;
+    }
+
+    /// An idle bucket's unused units, to give back to the lease they came from: `(seq,
+    /// units)`. Units from older leases are dropped (they leave the window on their own).
+    pub fn idle_return(&mut self, now: u64) -> Option<(u64, u64)> {
+        let idle = self.last_used.is_none_or(|at| now.saturating_sub(at) > IDLE_MS);
+        if self.leasing || !idle || self.held == 0 {
+            return None;
+        }
+        let held = std::mem::take(&mut self.held);
+        let (seq, units) = self.last_lease.take()?;
+        Some((seq, units.min(held)))
+    }
+
+    /// Units this bucket gives back to the fleet's window when its lease is returned: added to
+    /// what the headers call the fleet's room.
+    pub fn returned(&mut self, units: u64) {
+        self.fleet_room = (self.fleet_room + units).min(self.limit);
+    }
+
+    /// For the `x-ratelimit-*` headers.
+    pub fn status(&self, now: u64) -> Status {
+        let last = self.last_used.map(|at| at + WINDOW_MS).unwrap_or(0);
+        if self.offline {
+            let remaining = self.offline_share().saturating_sub(self.local_sum(now));
+            return Status { limit: self.limit, remaining, reset_ms: last.saturating_sub(now) };
+        }
+        let room = if now < self.exhausted_until { 0 } else { self.fleet_room };
+        let remaining = (room + self.held).saturating_sub(self.debt).min(self.limit);
+        Status { limit: self.limit, remaining, reset_ms: last.max(self.reset_at).saturating_sub(now) }
+    }
+
+    fn offline_share(&self) -> u64 {
+        (self.limit / self.processes.max(1)).max(1)
+    }
+
+    fn local_add(&mut self, n: u64, now: u64) {
+        let second = now / 1000;
+        let slot = &mut self.local[(second % SLOTS as u64) as usize];
+        if slot.second != second {
+            *slot = Slot { second, units: 0 };
+        }
+        slot.units += n;
+    }
+
+    fn local_sub(&mut self, n: u64, now: u64) {
+        let second = now / 1000;
+        let slot = &mut self.local[(second % SLOTS as u64) as usize];
+        if slot.second == second {
+            slot.units = slot.units.saturating_sub(n);
+        }
+    }
+
+    fn live(&self, now: u64) -> impl Iterator<Item = &Slot> {
+        let second = now / 1000;
+        self.local.iter().filter(move |s| s.units > 0 && s.second + (SLOTS as u64) > second && s.second <= second)
+    }
+
+    fn local_sum(&self, now: u64) -> u64 {
+        self.live(now).map(|s| s.units).sum()
+    }
+
+    /// Units admitted in the last full second and this one, per second.
+    fn local_recent(&self, now: u64) -> u64 {
+        let second = now / 1000;
+        self.live(now).filter(|s| s.second + 1 >= second).map(|s| s.units).sum::<u64>().div_ceil(2)
+    }
+
+    /// Milliseconds until `excess` units of this process's window have left it.
+    fn local_wait(&self, excess: u64, now: u64) -> u64 {
+        let mut slots: Vec<&Slot> = self.live(now).collect();
+        slots.sort_by_key(|s| s.second);
+        let mut freed = 0;
+        for slot in slots {
+            freed += slot.units;
+            if freed >= excess {
+                return ((slot.second + SLOTS as u64) * 1000).saturating_sub(now).max(1);
+            }
+        }
+        WINDOW_MS
+    }
+}
+
+/// Leases up to `want` units from one limit's window. KEYS: the window's leases (sorted set,
+/// score = Redis time in ms), their units (hash), the window's total (string), the tenant's
+/// leasing processes (sorted set). ARGV: limit, window ms, want, need, process, lease seq.
+/// Returns `{granted, wait_ms, room, processes, reset_ms}` ([`LeaseReply`]). Redis's own clock
+/// (`TIME`) dates every lease, so processes' clocks never disagree about the window.
+pub const LEASE_SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local want, need = tonumber(ARGV[3]), tonumber(ARGV[4])
+local cutoff = now - window
+local sum = tonumber(redis.call('GET', KEYS[3]))
+if sum == nil then
+  sum = 0
+  for _, units in ipairs(redis.call('HVALS', KEYS[2])) do sum = sum + tonumber(units) end
+end
+for _, lease in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff)) do
+  sum = sum - (tonumber(redis.call('HGET', KEYS[2], lease)) or 0)
+  redis.call('HDEL', KEYS[2], lease)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
+if sum < 0 or redis.call('ZCARD', KEYS[1]) == 0 then sum = 0 end
+local grant = math.min(want, math.max(limit - sum, 0))
+if grant > 0 then
+  local lease = ARGV[5] .. ':' .. ARGV[6]
+  redis.call('ZADD', KEYS[1], now, lease)
+  redis.call('HSET', KEYS[2], lease, grant)
+  sum = sum + grant
+end
+redis.call('SET', KEYS[3], sum, 'PX', window * 2)
+redis.call('PEXPIRE', KEYS[1], window * 2)
+redis.call('PEXPIRE', KEYS[2], window * 2)
+redis.call('ZADD', KEYS[4], now, ARGV[5])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', cutoff)
+redis.call('PEXPIRE', KEYS[4], window * 2)
+local processes = redis.call('ZCARD', KEYS[4])
+local wait = 0
+if grant < want then
+  wait = window
+  local freed = math.max(limit - sum, 0)
+  local leases = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+  for i = 1, #leases, 2 do
+    freed = freed + (tonumber(redis.call('HGET', KEYS[2], leases[i])) or 0)
+    if freed >= need then
+      wait = tonumber(leases[i + 1]) + window - now
+      break
+    end
+  end
+end
+local reset = 0
+local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if #newest > 0 then reset = tonumber(newest[2]) + window - now end
+return {grant, math.max(wait, 0), math.max(limit - sum, 0), processes, math.max(reset, 0)}
+"#;
+
+/// Gives `units` back to lease `ARGV[1]` (what an idle process did not use). KEYS as
+/// [`LEASE_SCRIPT`]'s first three. A lease that has left the window is gone already.
+pub const GIVE_BACK_SCRIPT: &str = r#"
+local have = tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
+if have == nil then return 0 end
+local back = math.min(have, tonumber(ARGV[2]))
+if back <= 0 then return 0 end
+redis.call('HINCRBY', KEYS[2], ARGV[1], -back)
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('DECRBY', KEYS[3], back) end
+return back
+"#;
+
+#[cfg(test)]
+mod tests;
