@@ -88,7 +88,7 @@ pub mod usage {
 
     /// The counters of a [`UsageRow`], in the order [`counters`] gives them and the merge
     /// script adds them: the script's own list of names is made from this one.
-    pub const COUNTERS: [&str; 11] = [
+    pub const COUNTERS: [&str; 12] = [
         "calls",
         "ok",
         "errors",
@@ -100,11 +100,12 @@ pub mod usage {
         "estimated",
         "stream_broken",
         "stream_resumed",
+        "rate_limited",
     ];
 
     /// The row's counters in [`COUNTERS`] order, as the merge script's argument. An exhaustive
     /// destructuring: a field added to `UsageRow` does not compile here until it is listed.
-    pub fn counters(row: &UsageRow) -> [i64; 11] {
+    pub fn counters(row: &UsageRow) -> [i64; 12] {
         let UsageRow {
             calls,
             ok,
@@ -117,6 +118,7 @@ pub mod usage {
             estimated,
             stream_broken,
             stream_resumed,
+            rate_limited,
         } = *row;
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         [
@@ -131,6 +133,7 @@ pub mod usage {
             n(estimated),
             n(stream_broken),
             n(stream_resumed),
+            n(rate_limited),
         ]
     }
 
@@ -232,6 +235,7 @@ mod tests {
             estimated: 9,
             stream_broken: 10,
             stream_resumed: 11,
+            rate_limited: 12,
         };
         // What the script writes: `{"name":value,...}` over the names it was given.
         let values = usage::counters(&row);

@@ -60,6 +60,10 @@ pub struct UsageRow {
     /// Attempts that resumed a broken stream (`stream_resume`).
     #[serde(default)]
     pub stream_resumed: u64,
+    /// Requests refused by a rate limit before routing (issue 18): never calls. Their row's
+    /// target is empty.
+    #[serde(default)]
+    pub rate_limited: u64,
 }
 
 impl UsageRow {
@@ -75,6 +79,7 @@ impl UsageRow {
         self.estimated += other.estimated;
         self.stream_broken += other.stream_broken;
         self.stream_resumed += other.stream_resumed;
+        self.rate_limited += other.rate_limited;
     }
 }
 

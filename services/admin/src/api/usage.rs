@@ -43,6 +43,9 @@ pub struct UsageDay {
     pub stream_broken: u64,
     /// Attempts that resumed a broken stream (`stream_resume`).
     pub stream_resumed: u64,
+    /// Requests refused by a rate limit before routing (their row's `target` is empty); never
+    /// counted in `calls`.
+    pub rate_limited: u64,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -101,6 +104,7 @@ pub async fn report(state: &AdminState, principal: &Principal, query: &UsageQuer
                 estimated: row.estimated,
                 stream_broken: row.stream_broken,
                 stream_resumed: row.stream_resumed,
+                rate_limited: row.rate_limited,
             });
         }
         match date.succ_opt() {

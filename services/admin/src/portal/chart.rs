@@ -134,6 +134,7 @@ mod tests {
             estimated: 0,
             stream_broken: 0,
             stream_resumed: 0,
+            rate_limited: 0,
         }
     }
 
