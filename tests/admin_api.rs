@@ -32,6 +32,14 @@ fn tenant_endpoints() -> Vec<(Method, &'static str, Scope, Option<Value>)> {
         (Method::GET, "/v1/tenant/me/keys", Scope::ConfigWrite, None),
         (Method::POST, "/v1/tenant/me/keys", Scope::ConfigWrite, Some(json!({"name": "k"}))),
         (Method::DELETE, "/v1/tenant/me/keys/00000000-0000-0000-0000-000000000000", Scope::ConfigWrite, None),
+        (
+            Method::PATCH,
+            "/v1/tenant/me/keys/00000000-0000-0000-0000-000000000000",
+            Scope::ConfigWrite,
+            Some(json!({"limits": {}})),
+        ),
+        (Method::GET, "/v1/tenant/me/limits", Scope::TenantRead, None),
+        (Method::PUT, "/v1/tenant/me/limits", Scope::ConfigWrite, Some(json!({}))),
         (Method::GET, "/v1/tenant/me/guardrails", Scope::TenantRead, None),
         (Method::PUT, "/v1/tenant/me/guardrails", Scope::ConfigWrite, Some(json!({}))),
         (Method::GET, "/v1/tenant/me/audit", Scope::TenantRead, None),
@@ -563,4 +571,194 @@ async fn simulate_explains_the_choice_without_calling_a_model() {
     let (status, body) = admin.post(&path, &token, json!({"prompt": "x"})).await;
     assert_eq!((status, body["error"]["field"].clone()), (StatusCode::UNPROCESSABLE_ENTITY, json!("prompt")));
     assert_eq!(admin.post(&format!("{R}/nope/simulate"), &token, json!({})).await.0, StatusCode::NOT_FOUND);
+}
+
+/// What a key's record in Redis (`gw_key:<sha256>`) says, as the proxy reads it.
+async fn key_record(admin: &Admin, key: &str) -> Value {
+    let dump = shield_e2e::redis_dump(&admin.keys.api_key(&shield_core::snapshot::key_hash(key))).await;
+    serde_json::from_str(&dump[0].1).unwrap()
+}
+
+/// Bodies whose `limits` are wrong in every way a client can get them wrong, and the field the
+/// 422 must name. `at` is where the limits sit in the body ("limits." or "" for the tenant's).
+fn bad_limits(at: &str) -> Vec<(Value, String)> {
+    vec![
+        (json!({"rpm": 0}), format!("{at}rpm")),
+        (json!({"rpm": -1}), format!("{at}rpm")),
+        (json!({"rpm": "x"}), format!("{at}rpm")),
+        (json!({"rpm": 1.5}), format!("{at}rpm")),
+        (json!({"tpm": 0}), format!("{at}tpm")),
+        (json!({"tpm": 10_000_000_001u64}), format!("{at}tpm")),
+        (json!({"rpm": 10, "burst": 1}), format!("{at}burst")),
+    ]
+}
+
+/// Issue 18: keys carry `limits {rpm?, tpm?}`, validated field by field, shown in every answer
+/// (`{}` when none), replaced by PATCH, published in the key's record at once and audited.
+#[actix_web::test]
+async fn key_limits_are_validated_listed_patched_published_and_audited() {
+    let admin = Admin::start().await;
+    let (slug, ..) = admin.tenant().await;
+    let token = admin.owner(&slug);
+    let (status, limited) =
+        admin.post("/v1/tenant/me/keys", &token, json!({"name": "ci", "limits": {"rpm": 600, "tpm": 100_000}})).await;
+    assert_eq!(status, StatusCode::CREATED, "{limited}");
+    assert_eq!(limited["limits"], json!({"rpm": 600, "tpm": 100_000}));
+    let (key, id) = (limited["key"].as_str().unwrap().to_string(), limited["id"].as_str().unwrap().to_string());
+    let (status, plain) = admin.post("/v1/tenant/me/keys", &token, json!({"name": "plain", "limits": null})).await;
+    assert_eq!((status, plain["limits"].clone()), (StatusCode::CREATED, json!({})), "{plain}");
+    let (_, list) = admin.get("/v1/tenant/me/keys", &token).await;
+    let limits: Vec<Value> = list["keys"].as_array().unwrap().iter().map(|k| k["limits"].clone()).collect();
+    assert_eq!(limits, [json!({"rpm": 600, "tpm": 100_000}), json!({})], "{list}");
+
+    let record = key_record(&admin, &key).await;
+    assert_eq!(record["limits"], json!({"rpm": 600, "tpm": 100_000}), "the proxy's record carries them: {record}");
+    let record = key_record(&admin, plain["key"].as_str().unwrap()).await;
+    assert!(record.get("limits").is_none(), "no limits, no field: {record}");
+
+    let path = format!("/v1/tenant/me/keys/{id}");
+    let (status, body) = admin.call(Method::PATCH, &path, Some(&token), Some(json!({"limits": {"rpm": 60}}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!((body["id"].as_str(), body["limits"].clone()), (Some(id.as_str()), json!({"rpm": 60})));
+    assert!(!body.to_string().contains(&key), "the key itself is shown only at creation");
+    assert_eq!(key_record(&admin, &key).await["limits"], json!({"rpm": 60}), "republished at once");
+    assert_eq!(admin.get("/v1/tenant/me/keys", &token).await.1["keys"][0]["limits"], json!({"rpm": 60}));
+
+    for (limits, field) in bad_limits("limits.") {
+        let (status, body) =
+            admin.post("/v1/tenant/me/keys", &token, json!({"name": "bad", "limits": limits.clone()})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "POST {limits}: {body}");
+        assert_eq!(
+            (body["error"]["type"].as_str(), body["error"]["field"].as_str()),
+            (Some("validation_error"), Some(field.as_str())),
+            "POST {limits}: {body}"
+        );
+        assert!(!body["error"]["message"].as_str().unwrap().is_empty());
+        let (status, body) =
+            admin.call(Method::PATCH, &path, Some(&token), Some(json!({"limits": limits.clone()}))).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "PATCH {limits}: {body}");
+        assert_eq!(body["error"]["field"].as_str(), Some(field.as_str()), "PATCH {limits}: {body}");
+    }
+    for (patch, field) in [(json!({}), "limits"), (json!({"limits": {}, "name": "x"}), "name")] {
+        let (status, body) = admin.call(Method::PATCH, &path, Some(&token), Some(patch)).await;
+        assert_eq!(
+            (status, body["error"]["field"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(field)),
+            "{body}"
+        );
+    }
+    assert_eq!(admin.get("/v1/tenant/me/keys", &token).await.1["keys"].as_array().unwrap().len(), 2, "nothing made");
+    assert_eq!(key_record(&admin, &key).await["limits"], json!({"rpm": 60}), "refused patches change nothing");
+
+    let (other, ..) = admin.tenant().await;
+    let (_, foreign) = admin.post("/v1/tenant/me/keys", &admin.owner(&other), json!({"name": "theirs"})).await;
+    let foreign = format!("/v1/tenant/me/keys/{}", foreign["id"].as_str().unwrap());
+    for missing in
+        [foreign.as_str(), "/v1/tenant/me/keys/00000000-0000-0000-0000-000000000000", "/v1/tenant/me/keys/nope"]
+    {
+        let (status, body) =
+            admin.call(Method::PATCH, missing, Some(&token), Some(json!({"limits": {"rpm": 1}}))).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{missing}: {body}");
+    }
+
+    let (status, body) = admin.call(Method::PATCH, &path, Some(&token), Some(json!({"limits": {}}))).await;
+    assert_eq!((status, body["limits"].clone()), (StatusCode::OK, json!({})), "{body}");
+    assert!(key_record(&admin, &key).await.get("limits").is_none(), "cleared in the proxy's record too");
+    let stored: Option<Value> = sqlx::query_scalar("SELECT limits FROM api_keys WHERE id = $1::uuid")
+        .bind(&id)
+        .fetch_one(&admin.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, None, "no limits are stored as NULL");
+
+    let (_, audit) = admin.get("/v1/tenant/me/audit", &token).await;
+    let rows: Vec<(&str, &str, bool)> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .filter(|e| e["object"] == id.as_str())
+        .map(|e| (e["action"].as_str().unwrap(), e["actor"].as_str().unwrap(), e["after_digest"].is_string()))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("key_created", "tester@example.com", true),
+            ("key_limits_set", "tester@example.com", true),
+            ("key_limits_set", "tester@example.com", true)
+        ],
+        "{audit}"
+    );
+    assert!(!audit.to_string().contains(&key), "never the key in the audit log");
+}
+
+/// Issue 18: the tenant's ceiling, `GET/PUT /v1/tenant/me/limits`: validated (fields `rpm`,
+/// `tpm`), a new config version, in the published snapshot, audited; `{}` clears it.
+#[actix_web::test]
+async fn tenant_limits_round_trip_into_the_snapshot() {
+    let admin = Admin::start().await;
+    let (slug, ..) = admin.tenant().await;
+    let token = admin.owner(&slug);
+    let reader = admin.token(Some(&slug), &[Scope::TenantRead]);
+    assert_eq!(admin.get("/v1/tenant/me/limits", &reader).await, (StatusCode::OK, json!({})));
+    let version = shield_e2e::admin::db_version(&admin, &slug).await;
+    let (status, body) = admin.put("/v1/tenant/me/limits", &token, json!({"rpm": 1000, "tpm": 50_000})).await;
+    assert_eq!((status, body.clone()), (StatusCode::OK, json!({"rpm": 1000, "tpm": 50_000})), "{body}");
+    assert_eq!(admin.get("/v1/tenant/me/limits", &reader).await.1, json!({"rpm": 1000, "tpm": 50_000}));
+    let bumped = shield_e2e::admin::db_version(&admin, &slug).await;
+    assert_eq!(bumped, version + 1, "a PUT is a config write");
+    let snapshot = admin.snapshot(&slug).await.expect("published");
+    assert_eq!(
+        (snapshot["version"].as_i64(), snapshot["limits"].clone()),
+        (Some(bumped), json!({"rpm": 1000, "tpm": 50_000}))
+    );
+
+    for (limits, field) in bad_limits("") {
+        let (status, body) = admin.put("/v1/tenant/me/limits", &token, limits.clone()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{limits}: {body}");
+        assert_eq!(
+            (body["error"]["type"].as_str(), body["error"]["field"].as_str()),
+            (Some("validation_error"), Some(field.as_str())),
+            "{limits}: {body}"
+        );
+    }
+    assert_eq!(shield_e2e::admin::db_version(&admin, &slug).await, bumped, "refused writes change nothing");
+    assert_eq!(admin.put("/v1/tenant/me/limits", &reader, json!({})).await.0, StatusCode::FORBIDDEN);
+
+    let (status, body) = admin.put("/v1/tenant/me/limits", &token, json!({"tpm": 7})).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({"tpm": 7})), "a PUT replaces, it does not merge");
+    let (status, body) = admin.put("/v1/tenant/me/limits", &token, json!({})).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({})));
+    assert!(admin.snapshot(&slug).await.unwrap().get("limits").is_none(), "cleared in the snapshot");
+    let (_, audit) = admin.get("/v1/tenant/me/audit", &token).await;
+    let sets = audit["entries"].as_array().unwrap().iter().filter(|e| e["action"] == "tenant_limits_set").count();
+    assert_eq!(sets, 3, "{audit}");
+    assert_eq!(audit["entries"][0]["object"], "limits");
+}
+
+/// Issue 18: a route's `limits` round-trip through PUT/GET into the snapshot, named on refusal.
+#[actix_web::test]
+async fn route_limits_round_trip_and_are_validated() {
+    let admin = Admin::start().await;
+    let (slug, ..) = admin.tenant().await;
+    let token = admin.owner(&slug);
+    admin.put(&format!("{T}/a"), &token, public_target("m")).await;
+    let route = json!({"targets": ["a"], "limits": {"rpm": 100, "tpm": 20_000}});
+    let (status, body) = admin.put(&format!("{R}/smart"), &token, route).await;
+    assert_eq!((status, body["limits"].clone()), (StatusCode::CREATED, json!({"rpm": 100, "tpm": 20_000})), "{body}");
+    assert_eq!(admin.get(&format!("{R}/smart"), &token).await.1["limits"], json!({"rpm": 100, "tpm": 20_000}));
+    let snapshot = admin.snapshot(&slug).await.unwrap();
+    assert_eq!(snapshot["routes"]["smart"]["limits"], json!({"rpm": 100, "tpm": 20_000}));
+    for (limits, field) in bad_limits("limits.") {
+        let (status, body) =
+            admin.put(&format!("{R}/smart"), &token, json!({"targets": ["a"], "limits": limits})).await;
+        assert_eq!(
+            (status, body["error"]["field"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(field.as_str())),
+            "{body}"
+        );
+    }
+    let (status, body) = admin.put(&format!("{R}/smart"), &token, json!({"targets": ["a"]})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.get("limits").is_none(), "no limits, no field: {body}");
 }

@@ -24,6 +24,7 @@ fn committed_openapi_matches_the_code() {
         "/v1/tenant/me/secrets/{name}",
         "/v1/tenant/me/keys",
         "/v1/tenant/me/keys/{id}",
+        "/v1/tenant/me/limits",
         "/v1/tenant/me/guardrails",
         "/v1/tenant/me/audit",
     ] {

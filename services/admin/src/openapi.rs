@@ -8,7 +8,7 @@ use crate::api;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Shield Gateway admin API", description = "Control plane of Shield Gateway: tenants, targets, routes, secrets, keys, guardrails, audit."),
+    info(title = "Shield Gateway admin API", description = "Control plane of Shield Gateway: tenants, targets, routes, secrets, keys, rate limits, guardrails, audit."),
     paths(
         api::ops::healthz, api::ops::readyz,
         api::login::login,
@@ -17,7 +17,8 @@ use crate::api;
         api::routes::list, api::routes::get, api::routes::put, api::routes::delete,
         api::health::get, api::simulate::simulate, api::usage::get,
         api::secrets::list, api::secrets::get, api::secrets::put, api::secrets::delete,
-        api::keys::list, api::keys::create, api::keys::revoke,
+        api::keys::list, api::keys::create, api::keys::patch, api::keys::revoke,
+        api::limits::get, api::limits::put,
         api::guardrails::get, api::guardrails::put,
         api::audit::list,
         api::webhooks::list, api::webhooks::create, api::webhooks::remove, api::webhooks::deliveries,

@@ -1,6 +1,7 @@
 //! Creating tenants and API keys: shared by the admin API and the CLI so both follow one path
 //! (validation, hashing, audit, publishing).
 
+use shield_core::limits::Limits;
 use shield_core::names::check_tenant_slug;
 use shield_core::snapshot::{API_KEY_PREFIX, format_api_key, key_hash};
 use sqlx::PgPool;
@@ -13,7 +14,7 @@ use crate::repo::audit::{self, Action};
 use crate::repo::keys::{self, KeyMeta, NewKey};
 use crate::repo::tenants::{self, Tenant};
 use crate::repo::users;
-use crate::write::ConfigWrite;
+use crate::write::{ConfigWrite, digest_of};
 
 pub struct CreatedTenant {
     pub tenant: Tenant,
@@ -79,25 +80,38 @@ fn check_label(field: &str, value: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-/// Creates an API key for `tenant`, records it in the audit log and publishes it.
+/// What a new API key is made of (`POST /v1/tenant/me/keys`, `shield key create`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeySpec<'a> {
+    pub name: &'a str,
+    pub agent: Option<&'a str>,
+    pub role: Option<&'a str>,
+    /// Issue 18: the key's own rate limits (empty: none).
+    pub limits: Limits,
+}
+
+/// Creates an API key for `tenant`, records it in the audit log (with a digest of its limits
+/// when it has some) and publishes it.
 pub async fn create_key(
     db: &PgPool,
     publisher: &Publisher,
     tenant: &Tenant,
-    name: &str,
-    agent: Option<&str>,
-    role: Option<&str>,
+    spec: KeySpec<'_>,
     actor: &str,
 ) -> Result<CreatedKey, ApiError> {
+    let KeySpec { name, agent, role, limits } = spec;
     check_label("name", Some(name))?;
     check_label("agent", agent)?;
     check_label("role", role)?;
+    limits.validate("limits")?;
     let key = format_api_key(&random::bytes::<32>());
     let hash = key_hash(&key);
     let prefix = &key[..API_KEY_PREFIX.len() + 4];
     let mut write = ConfigWrite::begin(db, publisher, tenant, actor).await?;
-    let meta = keys::insert(write.conn(), tenant.id, NewKey { name, agent, role, key_hash: &hash, prefix }).await?;
-    write.commit(Action::KeyCreated, &meta.id.to_string(), None, None).await?;
+    let new = NewKey { name, agent, role, key_hash: &hash, prefix, limits: &limits };
+    let meta = keys::insert(write.conn(), tenant.id, new).await?;
+    let after = (!limits.is_empty()).then(|| digest_of(&limits));
+    write.commit(Action::KeyCreated, &meta.id.to_string(), None, after).await?;
     publisher.key_changed(tenant.id, &hash, &key_record(&tenant.slug, &meta)).await;
     Ok(CreatedKey { meta, key })
 }

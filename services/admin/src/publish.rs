@@ -69,8 +69,8 @@ impl Publisher {
         }
     }
 
-    /// Publishes a key record after a key was created or revoked, so a revocation reaches
-    /// proxies at once; on failure the tenant is fully republished in the background.
+    /// Publishes a key record after a key was created, revoked or given new limits, so the
+    /// change reaches proxies at once; on failure the tenant is fully republished in the background.
     pub async fn key_changed(&self, tenant_id: i64, key_hash: &str, record: &ApiKeyRecord) {
         let published = match self.redis.get().await {
             Ok(mut conn) => self.set_key(&mut conn, key_hash, record).await,
@@ -141,6 +141,7 @@ impl Publisher {
         let routes: BTreeMap<_, _> =
             config::routes(&mut *tx, tenant_id).await?.into_iter().map(|r| (r.name.clone(), r)).collect();
         let guardrails = config::guardrails(&mut *tx, tenant_id).await?;
+        let limits = tenants::limits(&mut *tx, tenant_id).await?;
         let referenced: BTreeSet<&str> = targets.values().filter_map(|t| t.auth.secret_name()).collect();
         let mut sealed_secrets = BTreeMap::new();
         for row in secrets::sealed(&mut *tx, tenant_id).await? {
@@ -160,7 +161,8 @@ impl Publisher {
         tx.commit().await?;
         let now = chrono::Utc::now().timestamp();
         let snapshot =
-            Snapshot::new(tenant.slug, tenant.config_version, now, targets, routes, guardrails, sealed_secrets);
+            Snapshot::new(tenant.slug, tenant.config_version, now, targets, routes, guardrails, sealed_secrets)
+                .with_limits(limits);
         Ok((snapshot, key_records))
     }
 
@@ -246,6 +248,6 @@ pub fn key_record(tenant_slug: &str, key: &keys::KeyMeta) -> ApiKeyRecord {
         agent: key.agent.clone(),
         role: key.role.clone(),
         revoked: key.revoked_at.is_some(),
-        limits: Default::default(),
+        limits: key.limits,
     }
 }

@@ -175,7 +175,8 @@ async fn seed(settings: &Settings, db: &sqlx::PgPool, jwt_secret: &str) -> anyho
                 stores::redis(&settings.redis_url)?,
                 settings.redis_keys(),
             );
-            provision::create_key(db, &publisher, &tenant, "demo", None, None, "shield up --demo").await?.key
+            let spec = provision::KeySpec { name: "demo", ..Default::default() };
+            provision::create_key(db, &publisher, &tenant, spec, "shield up --demo").await?.key
         }
     };
     write_private(&state_path, &json!({"password": password, "key": key}).to_string())?;

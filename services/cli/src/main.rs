@@ -195,9 +195,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 stores::redis(&settings.redis_url)?,
                 settings.redis_keys(),
             );
-            let created =
-                provision::create_key(&db, &publisher, &tenant_row, &name, agent.as_deref(), role.as_deref(), "cli")
-                    .await?;
+            let spec = provision::KeySpec {
+                name: &name,
+                agent: agent.as_deref(),
+                role: role.as_deref(),
+                limits: Default::default(),
+            };
+            let created = provision::create_key(&db, &publisher, &tenant_row, spec, "cli").await?;
             println!("{}", created.key);
             Ok(())
         }

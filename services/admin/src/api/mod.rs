@@ -5,6 +5,7 @@ pub mod audit;
 pub mod guardrails;
 pub mod health;
 pub mod keys;
+pub mod limits;
 pub mod login;
 pub mod ops;
 pub mod routes;
@@ -74,7 +75,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(secrets::delete)
         .service(keys::list)
         .service(keys::create)
+        .service(keys::patch)
         .service(keys::revoke)
+        .service(limits::get)
+        .service(limits::put)
         .service(guardrails::get)
         .service(guardrails::put)
         .service(audit::list)

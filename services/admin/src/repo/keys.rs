@@ -1,8 +1,11 @@
 //! Tenant API keys: only the SHA-256 of a key is stored, with a short prefix to recognise it.
+//! A key's rate limits are stored as NULL when it has none and read back as `{}`.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use shield_core::limits::Limits;
 use sqlx::PgExecutor;
+use sqlx::types::Json;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -15,14 +18,22 @@ pub struct KeyMeta {
     pub role: Option<String>,
     pub created_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    /// The key's own rate limits; `{}` when it has none.
+    #[sqlx(json)]
+    pub limits: Limits,
     #[serde(skip)]
     pub key_hash: String,
 }
 
 macro_rules! columns {
     () => {
-        "id, name, prefix, agent, role, created_at, revoked_at, key_hash"
+        "id, name, prefix, agent, role, created_at, revoked_at, COALESCE(limits, '{}'::jsonb) AS limits, key_hash"
     };
+}
+
+/// What is stored for a key's limits: NULL when there are none.
+fn stored(limits: &Limits) -> Option<Json<&Limits>> {
+    (!limits.is_empty()).then_some(Json(limits))
 }
 
 pub struct NewKey<'a> {
@@ -31,10 +42,11 @@ pub struct NewKey<'a> {
     pub role: Option<&'a str>,
     pub key_hash: &'a str,
     pub prefix: &'a str,
+    pub limits: &'a Limits,
 }
 
 pub async fn insert(db: impl PgExecutor<'_>, tenant_id: i64, key: NewKey<'_>) -> sqlx::Result<KeyMeta> {
-    sqlx::query_as(concat!("INSERT INTO api_keys (id, tenant_id, name, key_hash, prefix, agent, role) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING ", columns!(), ""))
+    sqlx::query_as(concat!("INSERT INTO api_keys (id, tenant_id, name, key_hash, prefix, agent, role, limits) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ", columns!(), ""))
     .bind(Uuid::new_v4())
     .bind(tenant_id)
     .bind(key.name)
@@ -42,6 +54,7 @@ pub async fn insert(db: impl PgExecutor<'_>, tenant_id: i64, key: NewKey<'_>) ->
     .bind(key.prefix)
     .bind(key.agent)
     .bind(key.role)
+    .bind(stored(key.limits))
     .fetch_one(db)
     .await
 }
@@ -70,6 +83,25 @@ pub async fn revoke(db: impl PgExecutor<'_>, tenant_id: i64, id: Uuid) -> sqlx::
     ))
     .bind(tenant_id)
     .bind(id)
+    .fetch_optional(db)
+    .await
+}
+
+/// Replaces the key's limits (an empty value clears them); `None` when it is not this tenant's key.
+pub async fn set_limits(
+    db: impl PgExecutor<'_>,
+    tenant_id: i64,
+    id: Uuid,
+    limits: &Limits,
+) -> sqlx::Result<Option<KeyMeta>> {
+    sqlx::query_as(concat!(
+        "UPDATE api_keys SET limits = $3 WHERE tenant_id = $1 AND id = $2 RETURNING ",
+        columns!(),
+        ""
+    ))
+    .bind(tenant_id)
+    .bind(id)
+    .bind(stored(limits))
     .fetch_optional(db)
     .await
 }

@@ -1,7 +1,9 @@
-//! Tenants and their config version.
+//! Tenants, their config version and their rate-limit ceiling.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use shield_core::limits::Limits;
+use sqlx::types::Json;
 use sqlx::{PgExecutor, Postgres, Transaction};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -53,4 +55,21 @@ pub async fn begin_write(tx: &mut Transaction<'_, Postgres>, tenant_id: i64) -> 
         .bind(tenant_id)
         .fetch_one(&mut **tx)
         .await
+}
+
+/// The tenant's own limits (issue 18): a ceiling over all its keys and routes; empty when none.
+pub async fn limits(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Limits> {
+    let row: Option<Option<Json<Limits>>> =
+        sqlx::query_scalar("SELECT limits FROM tenants WHERE id = $1").bind(id).fetch_optional(db).await?;
+    Ok(row.flatten().map(|Json(limits)| limits).unwrap_or_default())
+}
+
+/// Replaces the tenant's limits; empty ones are stored as NULL.
+pub async fn set_limits(db: impl PgExecutor<'_>, id: i64, limits: &Limits) -> sqlx::Result<()> {
+    sqlx::query("UPDATE tenants SET limits = $2 WHERE id = $1")
+        .bind(id)
+        .bind((!limits.is_empty()).then_some(Json(limits)))
+        .execute(db)
+        .await?;
+    Ok(())
 }
