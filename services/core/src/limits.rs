@@ -269,6 +269,16 @@ impl Bucket {
         self.held
     }
 
+    /// Nothing held, nothing owed: the bucket can be forgotten once idle.
+    pub fn is_settled(&self) -> bool {
+        self.held == 0 && self.debt == 0 && !self.leasing
+    }
+
+    /// Milliseconds since the bucket last admitted anything (all of them if it never did).
+    pub fn idle_for(&self, now: u64) -> u64 {
+        self.last_used.map_or(now, |at| now.saturating_sub(at))
+    }
+
     /// May `n` units be admitted now?
     pub fn check(&self, n: u64, now: u64) -> Result<(), Refused> {
         if n > self.limit {
@@ -328,20 +338,26 @@ impl Bucket {
         self.held += back - repaid;
     }
 
-    /// The lease this bucket needs now, if any (marks it in flight).
-    pub fn lease_wanted(&mut self, now: u64) -> Option<LeaseAsk> {
+    /// Whether [`Bucket::lease_wanted`] would ask for a lease now (the request path's cue to
+    /// wake the leaser).
+    pub fn needs_lease(&self, now: u64) -> bool {
         if self.leasing {
-            return None;
+            return false;
         }
         if self.offline {
             if now < self.next_probe {
-                return None;
+                return false;
             }
         } else if now < self.exhausted_until {
-            return None;
+            return false;
         }
         let active = self.last_used.is_some_and(|at| now.saturating_sub(at) <= IDLE_MS);
-        if self.debt == 0 && !(active && self.held < self.block.div_ceil(2)) {
+        self.debt > 0 || (active && self.held < self.block.div_ceil(2))
+    }
+
+    /// The lease this bucket needs now, if any (marks it in flight).
+    pub fn lease_wanted(&mut self, now: u64) -> Option<LeaseAsk> {
+        if !self.needs_lease(now) {
             return None;
         }
         // About one second of this process's own traffic, within [1, max_block].

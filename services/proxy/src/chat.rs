@@ -4,6 +4,7 @@
 //! RBAC (once, on the answer returned) → respond with the routing record. [`pipeline`] is the
 //! part shared with the Shield-native endpoint; the rest renders OpenAI's shapes.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use actix_web::http::StatusCode;
@@ -11,9 +12,11 @@ use actix_web::http::header::{ContentType, HeaderMap as InboundHeaders};
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, ResponseError, post, web};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
+use shield_core::limits::Limits;
 use shield_core::money::Usd;
 use shield_core::plan::Excluded;
 use shield_core::plan::Facts;
+use shield_core::route::Route;
 use shield_core::run::{Attempt, Halt};
 use shield_core::usage::{TokenUsage, budget_state};
 
@@ -25,6 +28,7 @@ use crate::dispatch::{Call, Committed, HOP_HEADER, Routed, RoutedResult, dispatc
 use crate::egress::Egress;
 use crate::error::{ProxyError, openai_error};
 use crate::guard::{self, StreamGuard};
+use crate::limits::Admission;
 use crate::resume::Resumer;
 use crate::tenant::TenantConfig;
 use crate::usage::Paid;
@@ -47,12 +51,13 @@ pub async fn chat_completions(
         let raw = body::read(payload).await?;
         let request = ChatRequest::parse(&raw)?;
         let ingress = Ingress { stream: true, default_path: true };
-        Ok::<_, ProxyError>(match pipeline(&req, caller, raw, &request, &state, &egress, ingress).await? {
+        let served = pipeline(&req, caller, raw, &request, &state, &egress, ingress).await?;
+        Ok::<_, ProxyError>(served.render(|outcome| match outcome {
             Outcome::Relayed(response) => response,
             Outcome::Stream(start) => start.respond(Box::new(OpenAiWire { client_wants_usage: request.wants_usage() })),
             Outcome::InputBlocked { reason, guardrails } => refusal(&request, &reason, None, guardrails),
             Outcome::Routed { routed, guardrails } => respond(routed, &request, guardrails),
-        })
+        }))
     };
     result.await.unwrap_or_else(|err| err.error_response())
 }
@@ -79,6 +84,55 @@ pub enum Outcome {
     Routed { routed: Routed, guardrails: Vec<Value> },
 }
 
+/// What the shared request path came to, and the rate limits it was admitted under.
+pub struct Served {
+    pub outcome: Outcome,
+    pub admission: Option<Arc<Admission>>,
+}
+
+impl Served {
+    /// The endpoint's response for the outcome, with the `x-ratelimit-*` headers of the
+    /// limits that applied (read now: after a non-streamed request has settled its tokens).
+    pub fn render(self, render: impl FnOnce(Outcome) -> HttpResponse) -> HttpResponse {
+        let streaming = matches!(self.outcome, Outcome::Stream(_));
+        let mut response = render(self.outcome);
+        if let Some(admission) = self.admission {
+            crate::limits::apply(&mut response, &admission.headers(streaming));
+        }
+        response
+    }
+}
+
+/// Rate-limit admission (issue 18), before routing: the key's, the tenant's and the route's
+/// limits, counted from memory. A refusal is counted as `rate_limited` (usage when a route
+/// was named, and metrics), never as a call.
+fn admit_limits(
+    state: &ProxyState,
+    caller: &shield_core::snapshot::ApiKeyRecord,
+    tenant: Option<&TenantConfig>,
+    route: Option<&Route>,
+    request: &ChatRequest,
+) -> Result<Option<Arc<Admission>>, ProxyError> {
+    let none = Limits::default();
+    let tenant_limits = tenant.map_or(&none, |t| &t.snapshot.limits);
+    let tokens = (
+        (request.prompt_chars() as u64).div_ceil(4),
+        request.max_output_tokens().unwrap_or(shield_core::limits::DEFAULT_OUTPUT_TOKENS),
+    );
+    let key = (caller.key_id.as_str(), caller.name.as_str(), &caller.limits);
+    match state.limiter.admit(&caller.tenant, key, tenant_limits, route.map(|r| (r.name.as_str(), &r.limits)), tokens) {
+        Ok(admission) => Ok(admission.map(Arc::new)),
+        Err(limited) => {
+            let route = route.map_or("", |r| r.name.as_str());
+            state.metrics.rate_limited(&caller.tenant, route, limited.scope.as_str(), limited.kind.as_str());
+            if !route.is_empty() {
+                state.usage.rate_limited(&caller.tenant, route);
+            }
+            Err(ProxyError::RateLimited(Box::new(limited)))
+        }
+    }
+}
+
 /// The loop check and the caller's key, before the body is read: who may be answered at all.
 pub async fn admit(req: &HttpRequest, state: &ProxyState) -> Result<Caller, ProxyError> {
     let hop = inbound_hop(req.headers(), state.config.max_hops)?;
@@ -102,31 +156,42 @@ pub async fn pipeline(
     state: &ProxyState,
     egress: &Egress,
     ingress: Ingress,
-) -> Result<Outcome, ProxyError> {
+) -> Result<Served, ProxyError> {
     let (started, hop, caller) = (caller.arrived, caller.hop, caller.key);
     let tenant = state.tenant_config(&caller.tenant).await;
     let tenant_arc = tenant.clone();
+
+    let routing = tenant.as_deref().filter(|_| state.config.routing_enabled);
+    let resolved = routing.and_then(|t| t.snapshot.routes.get(&request.model).filter(|r| r.enabled).map(|r| (t, r)));
+    if resolved.is_some() {
+        request.check_routable()?;
+        if request.stream() && !ingress.stream {
+            return Err(ProxyError::BadRequest("this endpoint does not stream; send stream: false".into()));
+        }
+    } else if !ingress.default_path {
+        return Err(ProxyError::ModelNotFound(request.model.clone()));
+    }
+    let admission = admit_limits(state, &caller, tenant.as_deref(), resolved.map(|(_, r)| r), request)?;
+    let served = |outcome| Served { outcome, admission: admission.clone() };
 
     // Seed §5: input guardrails run once, before routing, whatever path the call takes.
     let input = tenant.as_deref().map(|t| t.snapshot.guardrails.check(&request.prompt_text())).unwrap_or_default();
     let mut guardrails = guard::results_json("input", &input.results);
     if let Some(name) = input.blocked_by {
-        return Ok(Outcome::InputBlocked { reason: guard::blocked_reason("input", name), guardrails });
+        // Refused before any upstream: no tokens were used.
+        if let Some(admission) = &admission {
+            admission.settle(0);
+        }
+        return Ok(served(Outcome::InputBlocked { reason: guard::blocked_reason("input", name), guardrails }));
     }
 
-    let routing = tenant.as_deref().filter(|_| state.config.routing_enabled);
-    let Some((tenant, route)) =
-        routing.and_then(|t| t.snapshot.routes.get(&request.model).filter(|r| r.enabled).map(|r| (t, r)))
-    else {
-        if !ingress.default_path {
-            return Err(ProxyError::ModelNotFound(request.model.clone()));
-        }
-        return default_path::forward(state, egress, &request.model, raw, hop + 1).await.map(Outcome::Relayed);
+    let Some((tenant, route)) = resolved else {
+        // The default path relays the body as sent and reads no usage: a token reservation
+        // stands as the request's count.
+        return default_path::forward(state, egress, &request.model, raw, hop + 1)
+            .await
+            .map(|response| served(Outcome::Relayed(response)));
     };
-    request.check_routable()?;
-    if request.stream() && !ingress.stream {
-        return Err(ProxyError::BadRequest("this endpoint does not stream; send stream: false".into()));
-    }
     let facts = Facts {
         flagged: input.flagged.iter().map(|f| f.to_string()).collect(),
         data_class: req.headers().get(DATA_CLASS_HEADER).and_then(|v| v.to_str().ok()).map(|v| v.trim().to_string()),
@@ -154,10 +219,11 @@ pub async fn pipeline(
         request.stream(),
         state.usage.clone(),
         state.metrics.clone(),
-    );
+    )
+    .admitted(admission.clone());
 
     if request.stream() {
-        return Ok(match dispatch_stream(egress, &state.health, call).await {
+        return Ok(served(match dispatch_stream(egress, &state.health, call).await {
             Ok(committed) => {
                 let output = StreamGuard::new(tenant.snapshot.guardrails.clone(), caller.role.clone());
                 let health = state.health.clone();
@@ -180,7 +246,7 @@ pub async fn pipeline(
                 context.end(Ending::of(routed.halt, &routed.attempts, &routed.excluded));
                 Outcome::Routed { routed, guardrails }
             }
-        });
+        }));
     }
     let mut routed = dispatch(egress, &state.health, call).await;
     let paid = paid(tenant, request, &routed);
@@ -203,7 +269,7 @@ pub async fn pipeline(
         answered: paid.as_ref().map(|paid| paid.answered(false)).into_iter().collect(),
         ..Ending::of(routed.halt, &routed.attempts, &routed.excluded)
     });
-    Ok(Outcome::Routed { routed, guardrails })
+    Ok(served(Outcome::Routed { routed, guardrails }))
 }
 
 /// What a non-streaming answer cost: the tokens the upstream reported (estimated at 4

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use shield_core::plan::Excluded;
 use shield_core::run::{Attempt, Halt};
 
+use crate::limits::Admission;
 use crate::metrics::{Metrics, Observed};
 use crate::usage::{Answered, UsageBuffer};
 
@@ -24,6 +25,8 @@ pub struct RequestContext {
     stream: bool,
     usage: Arc<UsageBuffer>,
     metrics: Arc<Metrics>,
+    /// The rate limits it was admitted under: token reservations settle at the end.
+    admission: Option<Arc<Admission>>,
 }
 
 /// How a routed request ended.
@@ -60,7 +63,21 @@ impl RequestContext {
         usage: Arc<UsageBuffer>,
         metrics: Arc<Metrics>,
     ) -> RequestContext {
-        RequestContext { tenant: tenant.to_string(), route: route.to_string(), arrived, stream, usage, metrics }
+        RequestContext {
+            tenant: tenant.to_string(),
+            route: route.to_string(),
+            arrived,
+            stream,
+            usage,
+            metrics,
+            admission: None,
+        }
+    }
+
+    /// The request was admitted under these rate limits.
+    pub fn admitted(mut self, admission: Option<Arc<Admission>>) -> RequestContext {
+        self.admission = admission;
+        self
     }
 
     pub fn tenant(&self) -> &str {
@@ -78,6 +95,10 @@ impl RequestContext {
         let tokens: Vec<(u64, u64, i64)> =
             answered.iter().map(|a| (a.input_tokens, a.output_tokens, a.cost_micros)).collect();
         self.usage.record(&self.tenant, &self.route, attempts, &answered);
+        if let Some(admission) = &self.admission {
+            // Issue 18: token limits settle to the reported usage of every answer produced.
+            admission.settle(answered.iter().map(|a| a.input_tokens + a.output_tokens).sum());
+        }
         let (until, upstream) = match answered_at {
             Some((at, upstream)) => (at, upstream),
             None => (Instant::now(), Duration::from_millis(attempts.iter().map(|a| a.ms).sum())),

@@ -22,6 +22,9 @@ pub enum ProxyError {
     LoopDetected(u32),
     #[error("the default upstream failed: {0}")]
     DefaultUpstream(String),
+    /// Over a rate limit (issue 18): refused before routing, no upstream called.
+    #[error("{}", .0.message())]
+    RateLimited(Box<crate::limits::RateLimited>),
 }
 
 impl ProxyError {
@@ -34,6 +37,8 @@ impl ProxyError {
             ProxyError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             ProxyError::LoopDetected(_) => ("invalid_request_error", "loop_detected"),
             ProxyError::DefaultUpstream(_) => ("upstream_error", "upstream_error"),
+            // OpenAI's own shape: `type` is what ran out, `code` says it was a rate limit.
+            ProxyError::RateLimited(limited) => (limited.kind.as_str(), "rate_limit_exceeded"),
         }
     }
 }
@@ -48,6 +53,7 @@ impl ResponseError for ProxyError {
             ProxyError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ProxyError::LoopDetected(_) => StatusCode::LOOP_DETECTED,
             ProxyError::DefaultUpstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -57,7 +63,26 @@ impl ResponseError for ProxyError {
             ProxyError::ModelNotFound(_) => json!("model"),
             _ => Value::Null,
         };
-        HttpResponse::build(self.status_code()).json(openai_error(&self.to_string(), kind, code, param))
+        let mut body = openai_error(&self.to_string(), kind, code, param);
+        if let ProxyError::RateLimited(limited) = self {
+            body["error"]["limit"] = json!({"scope": limited.scope, "kind": limited.kind, "limit": limited.limit});
+        }
+        let mut response = HttpResponse::build(self.status_code()).json(body);
+        self.decorate(&mut response);
+        response
+    }
+}
+
+impl ProxyError {
+    /// Headers an error carries in every endpoint's shape: a rate limit's `Retry-After` and
+    /// `x-ratelimit-*`.
+    pub fn decorate(&self, response: &mut HttpResponse) {
+        if let ProxyError::RateLimited(limited) = self {
+            crate::limits::apply(response, &limited.headers);
+            if let Ok(value) = actix_web::http::header::HeaderValue::try_from(limited.retry_after_s.to_string()) {
+                response.headers_mut().insert(actix_web::http::header::RETRY_AFTER, value);
+            }
+        }
     }
 }
 

@@ -21,6 +21,7 @@ pub mod error;
 pub mod flush;
 pub mod guard;
 pub mod health;
+pub mod limits;
 pub mod messages;
 pub mod metrics;
 pub mod models;
@@ -52,6 +53,8 @@ pub struct ProxyState {
     pub health: Arc<health::Health>,
     pub metrics: Arc<metrics::Metrics>,
     pub usage: Arc<usage::UsageBuffer>,
+    /// Rate-limit buckets, filled by the leaser ([`limits::lease`]).
+    pub limiter: Arc<limits::Limiter>,
     /// Unix second of the last "taking the default path because the config is unavailable"
     /// log line (seed §7: logged once per minute).
     default_path_logged: AtomicU64,
@@ -66,7 +69,9 @@ impl ProxyState {
         let caches =
             Arc::new(Caches::new(redis, config.redis_keys.clone(), config.keyring.clone(), config.cache_every));
         let metrics = Arc::new(metrics::Metrics::new(config.metrics_tenant_labels));
+        let limiter = Arc::new(limits::Limiter::new(config.redis_keys.clone()));
         ProxyState {
+            limiter,
             config,
             caches,
             health: Arc::new(health::Health::new(events)),
@@ -214,6 +219,11 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
     let (events, pending_events) = tokio::sync::mpsc::channel(1024);
     let state = web::Data::new(ProxyState::new(config.clone(), redis.clone(), events));
     sync::spawn(state.caches.clone(), state.health.clone(), config.redis_url.clone(), config.cache_every);
+    limits::lease::spawn(
+        state.limiter.clone(),
+        limits::lease::RedisLeases::new(redis.clone(), config.redis_keys.clone()),
+        flush::process_id(),
+    );
     let flusher = flush::Flusher {
         health: state.health.clone(),
         usage: state.usage.clone(),

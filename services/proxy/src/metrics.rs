@@ -31,6 +31,7 @@ pub struct Metrics {
     circuit_state: IntGaugeVec,
     stream_broken: IntCounterVec,
     malformed_events: IntCounter,
+    rate_limited: IntCounterVec,
     snapshot_age: IntGaugeVec,
     pub usage_buffer_dropped: IntCounter,
 }
@@ -98,6 +99,11 @@ impl Metrics {
                 &["tenant", "route", "target"],
             ),
             malformed_events: single("shield_malformed_events_total", "Malformed upstream stream events dropped."),
+            rate_limited: counter(
+                "shield_rate_limited_total",
+                "Requests refused by a rate limit before routing, by whose limit (key, tenant, route) and what ran out.",
+                &["tenant", "route", "scope", "kind"],
+            ),
             snapshot_age: gauge(
                 "shield_config_snapshot_age_seconds",
                 "Age of the cached configuration snapshot.",
@@ -137,6 +143,10 @@ impl Metrics {
             self.stream_broken.with_label_values(&[self.id(tenant), self.id(route), self.id(target)]).inc();
         }
         self.malformed_events.inc_by(u64::from(malformed));
+    }
+
+    pub fn rate_limited(&self, tenant: &str, route: &str, scope: &str, kind: &str) {
+        self.rate_limited.with_label_values(&[self.id(tenant), self.id(route), scope, kind]).inc();
     }
 
     pub fn circuit(&self, tenant: &str, target: &str, state: &str) {

@@ -29,7 +29,8 @@ pub async fn chat(
         let fields = native_to_messages(&raw)?;
         let raw = web::Bytes::from(serde_json::to_vec(&fields).unwrap_or_default());
         let request = ChatRequest::parse(&raw)?;
-        Ok::<_, ProxyError>(render(pipeline(&req, caller, raw.clone(), &request, &state, &egress, INGRESS).await?))
+        let served = pipeline(&req, caller, raw.clone(), &request, &state, &egress, INGRESS).await?;
+        Ok::<_, ProxyError>(served.render(render))
     };
     result.await.unwrap_or_else(|err| err.error_response())
 }

@@ -100,6 +100,22 @@ impl Rows {
 }
 
 impl UsageBuffer {
+    /// Records a request a rate limit refused before routing (issue 18): a `rate_limited` row
+    /// with no target, never a call.
+    pub fn rate_limited(&self, tenant: &str, route: &str) {
+        let row = UsageRow { rate_limited: 1, ..UsageRow::default() };
+        let day = today();
+        let key = (tenant.to_string(), day, route.to_string(), String::new());
+        let mut state = self.rows.lock();
+        match state.map.get_mut(&key) {
+            Some(existing) => existing.add(&row),
+            None => {
+                state.order.push(key.clone());
+                state.map.insert(key, row);
+            }
+        }
+    }
+
     /// Records one routed call: every attempt counts a call to its target; a failed attempt
     /// followed by another is a failover from it; the answering target gets tokens and cost.
     pub fn record(&self, tenant: &str, route: &str, attempts: &[Attempt], answered: &[Answered<'_>]) {

@@ -208,7 +208,7 @@ proptest! {
                 // A quiet spell from `pause_at` for 5 s exercises idle give-backs.
                 let quiet = step >= pause_at && step < pause_at + 500;
                 rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-                let arrivals = if quiet { 0 } else if rate == 0 { 0 } else { rng % (rate / 10 + 2) };
+                let arrivals = if quiet || rate == 0 { 0 } else { rng % (rate / 10 + 2) };
                 for _ in 0..arrivals {
                     match bucket.check(1, now) {
                         Ok(()) => { bucket.take(1, now); admitted.push(now); }

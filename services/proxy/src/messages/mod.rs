@@ -35,12 +35,13 @@ pub async fn messages(
         let raw = body::read(payload).await?;
         let beta = request::allowed_beta(req.headers().get("anthropic-beta").and_then(|v| v.to_str().ok()));
         let request = request::normalise(&raw, beta, false)?;
-        Ok::<_, ProxyError>(match pipeline(&req, caller, raw, &request, &state, &egress, INGRESS).await? {
+        let served = pipeline(&req, caller, raw, &request, &state, &egress, INGRESS).await?;
+        Ok::<_, ProxyError>(served.render(|outcome| match outcome {
             Outcome::Relayed(response) => response,
             Outcome::Stream(start) => start.respond(Box::new(wire::AnthropicWire::new(&request.model))),
             Outcome::InputBlocked { reason, .. } => response::refusal(HttpResponse::Ok(), &request, &reason),
             Outcome::Routed { routed, guardrails } => response::respond(routed, &request, guardrails),
-        })
+        }))
     };
     result.await.unwrap_or_else(|err| response::proxy_error(&err))
 }

@@ -37,7 +37,9 @@ pub fn error_body(status: StatusCode, message: &str) -> Value {
 /// A refusal of the data plane itself (bad key, bad body, unknown route, …).
 pub fn proxy_error(err: &ProxyError) -> HttpResponse {
     let status = err.status_code();
-    HttpResponse::build(status).json(error_body(status, &err.to_string()))
+    let mut response = HttpResponse::build(status).json(error_body(status, &err.to_string()));
+    err.decorate(&mut response);
+    response
 }
 
 /// `stop_reason` from `finish_reason`.

@@ -1,0 +1,335 @@
+//! Rate-limit admission (issue 18), before routing: the caller's key, its tenant and the route
+//! it named may each set `{rpm?, tpm?}`. [`Limiter::admit`] checks every applicable limit
+//! against this process's [`Bucket`] for it and admits all or none — with no Redis call: the
+//! buckets are filled by the background leaser ([`lease`]). A token limit reserves the
+//! estimated prompt plus `max_tokens` (or 256) and [`Admission::settle`] corrects it to the
+//! reported usage when the request ends. [`Admission::headers`] renders OpenAI's
+//! `x-ratelimit-*` headers for the tightest applicable limits.
+//!
+//! Never blocks on I/O and never panics: locks are `parking_lot` (no poisoning), held for a
+//! few arithmetic steps, always taken in one order (key, tenant, route; requests, tokens).
+
+pub mod lease;
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+use std::time::Instant;
+
+use actix_web::http::header::{HeaderName, HeaderValue};
+use parking_lot::{Mutex, RwLock};
+use shield_core::keys::RedisKeys;
+use shield_core::limits::{Bucket, Kind, Limits, Scope, Status};
+
+/// Milliseconds of this process's monotonic clock (the buckets' time).
+pub fn now_ms() -> u64 {
+    static START: LazyLock<Instant> = LazyLock::new(Instant::now);
+    u64::try_from(START.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One limit's bucket and where its window lives in Redis.
+pub struct Entry {
+    pub tenant: String,
+    /// `gw_rl:{tenant}:<scope>:<rpm|tpm>` (with the prefix): the window's key, and this
+    /// entry's name in the registry.
+    pub window: String,
+    pub bucket: Mutex<Bucket>,
+}
+
+/// Every bucket this process has used, by its window's key.
+pub struct Limiter {
+    keys: RedisKeys,
+    entries: RwLock<HashMap<String, Arc<Entry>>>,
+    /// Wakes the leaser when a bucket runs low.
+    pub wake: tokio::sync::Notify,
+}
+
+/// A limit that applies to a request.
+struct Applicable {
+    scope: Scope,
+    kind: Kind,
+    limit: u64,
+    /// `key:<id>`, `tenant` or `route:<name>`.
+    id: String,
+}
+
+/// A request over a limit: which one, and when to come back.
+#[derive(Debug, Clone)]
+pub struct RateLimited {
+    pub scope: Scope,
+    pub kind: Kind,
+    pub limit: u64,
+    /// The name of the key or route, for the message (never the key itself).
+    pub name: String,
+    pub retry_after_s: u64,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl RateLimited {
+    pub fn message(&self) -> String {
+        let whose = match self.scope {
+            Scope::Key => format!("API key `{}`", self.name),
+            Scope::Tenant => "this tenant".to_string(),
+            Scope::Route => format!("route `{}`", self.name),
+        };
+        format!(
+            "Rate limit reached for {whose}: {} {} per minute. Retry in {} s.",
+            self.limit,
+            self.kind.as_str(),
+            self.retry_after_s
+        )
+    }
+}
+
+/// What one admitted request holds: its grants, to settle and to report.
+pub struct Admission {
+    grants: Vec<Grant>,
+    /// The prompt's share of a token reservation (the rest is `max_tokens` or 256).
+    prompt_tokens: u64,
+}
+
+struct Grant {
+    entry: Arc<Entry>,
+    kind: Kind,
+    reserved: u64,
+}
+
+impl Limiter {
+    pub fn new(keys: RedisKeys) -> Limiter {
+        Limiter { keys, entries: RwLock::new(HashMap::new()), wake: tokio::sync::Notify::new() }
+    }
+
+    /// The limits that apply: the key's, the tenant's, the route's (in this order).
+    fn applicable(key_id: &str, key: &Limits, tenant: &Limits, route: Option<(&str, &Limits)>) -> Vec<Applicable> {
+        let mut out = Vec::new();
+        let mut add = |scope: Scope, id: &dyn Fn() -> String, limits: &Limits| {
+            for kind in Kind::ALL {
+                if let Some(limit) = limits.get(kind) {
+                    out.push(Applicable { scope, kind, limit, id: id() });
+                }
+            }
+        };
+        add(Scope::Key, &|| format!("key:{key_id}"), key);
+        add(Scope::Tenant, &|| "tenant".to_string(), tenant);
+        if let Some((name, limits)) = route {
+            add(Scope::Route, &|| format!("route:{name}"), limits);
+        }
+        out
+    }
+
+    fn entry(&self, tenant: &str, applicable: &Applicable) -> Arc<Entry> {
+        let window = self.keys.rate_window(tenant, &applicable.id, applicable.kind.per_minute());
+        if let Some(entry) = self.entries.read().get(&window) {
+            return entry.clone();
+        }
+        self.entries
+            .write()
+            .entry(window.clone())
+            .or_insert_with(|| {
+                Arc::new(Entry {
+                    tenant: tenant.to_string(),
+                    window,
+                    bucket: Mutex::new(Bucket::new(applicable.limit)),
+                })
+            })
+            .clone()
+    }
+
+    /// Admits a request of `tokens` estimated tokens against every applicable limit, or names
+    /// the one it is over. `None` when no limit applies.
+    pub fn admit(
+        &self,
+        tenant: &str,
+        key: (&str, &str, &Limits),
+        tenant_limits: &Limits,
+        route: Option<(&str, &Limits)>,
+        (prompt_tokens, output_tokens): (u64, u64),
+    ) -> Result<Option<Admission>, RateLimited> {
+        let tokens = prompt_tokens + output_tokens;
+        let (key_id, key_name, key_limits) = key;
+        if key_limits.is_empty() && tenant_limits.is_empty() && route.is_none_or(|(_, l)| l.is_empty()) {
+            return Ok(None);
+        }
+        let applicable = Self::applicable(key_id, key_limits, tenant_limits, route);
+        let entries: Vec<Arc<Entry>> = applicable.iter().map(|a| self.entry(tenant, a)).collect();
+        let now = now_ms();
+        let mut buckets: Vec<_> = entries.iter().map(|e| e.bucket.lock()).collect();
+        let units = |kind: Kind| if kind == Kind::Tokens { tokens } else { 1 };
+        let mut worst: Option<(usize, u64)> = None;
+        for (i, (bucket, a)) in buckets.iter_mut().zip(&applicable).enumerate() {
+            if bucket.limit() != a.limit {
+                bucket.set_limit(a.limit);
+            }
+            if let Err(refused) = bucket.check(units(a.kind), now) {
+                bucket.refused(units(a.kind));
+                if worst.is_none_or(|(_, ms)| refused.retry_after_ms > ms) {
+                    worst = Some((i, refused.retry_after_ms));
+                }
+            }
+        }
+        if let Some((i, ms)) = worst {
+            let a = &applicable[i];
+            let statuses: Vec<(Kind, Status)> =
+                buckets.iter().zip(&applicable).map(|(b, a)| (a.kind, b.status(now))).collect();
+            let name = match a.scope {
+                Scope::Key => key_name.to_string(),
+                Scope::Tenant => tenant.to_string(),
+                Scope::Route => route.map(|(name, _)| name.to_string()).unwrap_or_default(),
+            };
+            let retry_after_s = shield_core::limits::Refused { retry_after_ms: ms }.retry_after_s();
+            return Err(RateLimited {
+                scope: a.scope,
+                kind: a.kind,
+                limit: a.limit,
+                name,
+                retry_after_s,
+                headers: headers(&statuses),
+            });
+        }
+        let mut low = false;
+        for (bucket, a) in buckets.iter_mut().zip(&applicable) {
+            bucket.take(units(a.kind), now);
+            low |= bucket.needs_lease(now);
+        }
+        drop(buckets);
+        if low {
+            self.wake.notify_one();
+        }
+        let grants = entries
+            .into_iter()
+            .zip(&applicable)
+            .map(|(entry, a)| Grant { entry, kind: a.kind, reserved: units(a.kind) })
+            .collect();
+        Ok(Some(Admission { grants, prompt_tokens }))
+    }
+
+    /// A snapshot of the registry, for the leaser.
+    pub fn entries(&self) -> Vec<Arc<Entry>> {
+        self.entries.read().values().cloned().collect()
+    }
+
+    /// Forgets buckets nobody used for two windows (they hold nothing by then).
+    pub fn forget_idle(&self, idle: impl Fn(&Bucket) -> bool) {
+        self.entries.write().retain(|_, entry| !idle(&entry.bucket.lock()));
+    }
+
+    pub fn keys(&self) -> &RedisKeys {
+        &self.keys
+    }
+}
+
+impl Admission {
+    /// The request's end: token reservations become the tokens reported (`actual`).
+    pub fn settle(&self, actual: u64) {
+        let now = now_ms();
+        for grant in self.grants.iter().filter(|g| g.kind == Kind::Tokens) {
+            grant.entry.bucket.lock().settle(grant.reserved, actual, now);
+        }
+    }
+
+    /// `x-ratelimit-*` for the tightest applicable limit of each kind: what is counted against
+    /// each limit when the headers are written. A non-streamed answer has settled its tokens by
+    /// then; a stream's head goes out before its output is known, so it counts the prompt
+    /// (estimated) but not the reservation for output still to come — the headers a caller
+    /// reads therefore only go down within a window, as it would read them from OpenAI.
+    pub fn headers(&self, streaming: bool) -> Vec<(HeaderName, HeaderValue)> {
+        let now = now_ms();
+        let statuses: Vec<(Kind, Status)> = self
+            .grants
+            .iter()
+            .map(|g| {
+                let mut status = g.entry.bucket.lock().status(now);
+                if streaming && g.kind == Kind::Tokens {
+                    let pending = g.reserved.saturating_sub(self.prompt_tokens);
+                    status.remaining = (status.remaining + pending).min(status.limit);
+                }
+                (g.kind, status)
+            })
+            .collect();
+        headers(&statuses)
+    }
+}
+
+/// OpenAI's names: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`; the tightest limit
+/// of a kind is the one with the least remaining.
+fn headers(statuses: &[(Kind, Status)]) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = Vec::with_capacity(6);
+    for kind in Kind::ALL {
+        let Some(status) = statuses.iter().filter(|(k, _)| *k == kind).map(|(_, s)| *s).min_by_key(|s| s.remaining)
+        else {
+            continue;
+        };
+        let suffix = kind.as_str();
+        let name = |what: &str| HeaderName::try_from(format!("x-ratelimit-{what}-{suffix}")).ok();
+        for (what, value) in [
+            ("limit", status.limit.to_string()),
+            ("remaining", status.remaining.to_string()),
+            ("reset", reset_text(status.reset_ms)),
+        ] {
+            if let (Some(name), Ok(value)) = (name(what), HeaderValue::try_from(value)) {
+                out.push((name, value));
+            }
+        }
+    }
+    out
+}
+
+/// A reset time as OpenAI writes it: `250ms`, `1.5s`, `59s`, `1m0s`.
+pub fn reset_text(ms: u64) -> String {
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    if ms >= 60_000 {
+        return format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1000);
+    }
+    let text = format!("{:.3}", ms as f64 / 1000.0);
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}s")
+}
+
+/// Inserts headers into a response (rate-limit headers, `Retry-After`).
+pub fn apply(response: &mut actix_web::HttpResponse, headers: &[(HeaderName, HeaderValue)]) {
+    for (name, value) in headers {
+        response.headers_mut().insert(name.clone(), value.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resets_read_like_openais() {
+        assert_eq!(reset_text(250), "250ms");
+        assert_eq!(reset_text(1500), "1.5s");
+        assert_eq!(reset_text(59_000), "59s");
+        assert_eq!(reset_text(60_000), "1m0s");
+    }
+
+    #[test]
+    fn all_or_nothing_and_the_tightest_limit_named() {
+        let limiter = Limiter::new(RedisKeys::new("t:"));
+        let key = Limits { rpm: Some(1000), tpm: None };
+        let route = Limits { rpm: None, tpm: Some(80) };
+        // 80 tpm: one block of credit is 1 token, but a first request may owe its own size.
+        let admitted = limiter.admit("acme", ("7", "ci", &key), &Limits::default(), Some(("smart", &route)), (10, 40));
+        let admission = admitted.unwrap().unwrap();
+        let refused = limiter
+            .admit("acme", ("7", "ci", &key), &Limits::default(), Some(("smart", &route)), (10, 40))
+            .err()
+            .unwrap();
+        assert_eq!((refused.scope, refused.kind, refused.limit), (Scope::Route, Kind::Tokens, 80));
+        assert!(refused.message().contains("route `smart`"), "{}", refused.message());
+        // The refused request took nothing from the key's bucket.
+        let entry = limiter.entry("acme", &Limiter::applicable("7", &key, &Limits::default(), None)[0]);
+        assert_eq!(entry.bucket.lock().status(now_ms()).remaining, 1000 - 1);
+        let names: Vec<String> = admission.headers(false).iter().map(|(n, _)| n.to_string()).collect();
+        assert!(names.contains(&"x-ratelimit-remaining-requests".to_string()), "{names:?}");
+        assert!(names.contains(&"x-ratelimit-reset-tokens".to_string()), "{names:?}");
+        assert!(
+            limiter
+                .admit("acme", ("8", "other", &Limits::default()), &Limits::default(), None, (5, 0))
+                .unwrap()
+                .is_none()
+        );
+    }
+}
