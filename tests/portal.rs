@@ -220,6 +220,7 @@ async fn a_new_tenant_is_told_what_to_do_next_on_every_tab() {
         ("/portal/routes", "No routes yet", "/portal/targets/new"),
         ("/portal/simulate", "Nothing to simulate yet", "/portal/routes/new"),
         ("/portal/usage", "No usage in this period", "/v1/chat/completions"),
+        ("/portal/keys", "No keys yet", "/v1/tenant/me/keys"),
     ];
     for (path, headline, next) in expectations {
         let page = browser.get(path).await;
@@ -244,6 +245,8 @@ async fn every_user_supplied_text_renders_as_text() {
     let route = json!({"targets": ["evil"], "rules": [{"when": {"role": ["<b>r</b>"]}, "deny": "<img src=y onerror=alert(3)>"}]});
     let (status, body) = admin.put("/v1/tenant/me/gateway/routes/smart", &token, route).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+    let key = json!({"name": xss, "agent": "<img src=x>", "role": "<b>r</b>"});
+    assert_eq!(admin.post("/v1/tenant/me/keys", &token, key).await.0, StatusCode::CREATED);
 
     let mut browser = Browser::with_session(&admin, token);
     let mut pages = Vec::new();
@@ -255,6 +258,7 @@ async fn every_user_supplied_text_renders_as_text() {
         .post("/portal/simulate", &[("csrf", CSRF), ("route", "smart"), ("sample", sample), ("role", "<b>r</b>")])
         .await;
     pages.push(("simulate".into(), simulated));
+    pages.push(("/portal/keys".into(), browser.get("/portal/keys").await));
     for (path, page) in &pages {
         assert_eq!(page.status, StatusCode::OK, "{path}");
         for raw in ["<script>alert", "<img src=x", "<img src=y", "<b>r</b>", "</textarea><script>"] {
@@ -381,7 +385,12 @@ async fn no_page_shows_a_secret_value() {
     {
         bodies.push(browser.get(path).await.body);
     }
+    let (_, key) = admin.post("/v1/tenant/me/keys", &admin.owner(&tenant), json!({"name": "k"})).await;
+    let key = key["key"].as_str().unwrap().to_string();
+    let keys = browser.get("/portal/keys").await.body;
+    assert!(keys.contains(&key[..14]) && !keys.contains(&key), "the prefix, never the key: {keys}");
     bodies.push(browser.post("/portal/simulate", &[("csrf", CSRF), ("route", "r"), ("sample", "hi")]).await.body);
+    bodies.push(keys);
     assert!(bodies[0].contains("vault (openai_prod)"), "the reference is shown: {}", bodies[0]);
     assert!(bodies[5].contains("tried 1st"), "{}", bodies[5]);
     for body in bodies {
@@ -563,4 +572,256 @@ async fn the_target_form_knows_the_flavor() {
     let (_, target) = admin.get("/v1/tenant/me/gateway/targets/claude", &token).await;
     assert_eq!((target["flavor"].clone(), target["auth"]["header"].clone()), (json!("openai"), json!("Authorization")));
     assert!(target.get("anthropic").is_none(), "Anthropic's options went with the flavor: {target}");
+}
+
+/// The `<p class="field-error">` the API's message for `body` at `path` renders as.
+async fn api_message(
+    admin: &Admin,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: serde_json::Value,
+) -> String {
+    let (status, api) = admin.call(method, path, Some(token), Some(body)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{api}");
+    html_escape(api["error"]["message"].as_str().unwrap().split_once(": ").map_or("", |(_, m)| m))
+}
+
+/// One key's limits form on the keys page.
+fn key_form<'a>(id: &'a str, rpm: &'a str, tpm: &'a str) -> [(&'a str, &'a str); 4] {
+    [("csrf", CSRF), ("id", id), ("limits.rpm", rpm), ("limits.tpm", tpm)]
+}
+
+/// Issue 18: the keys page lists every key (never the key itself) with its limits and a form
+/// per live key; the form saves through the API (audited, published) and shows its messages.
+#[actix_web::test]
+async fn the_keys_page_edits_each_keys_limits() {
+    let admin = Admin::start().await;
+    let (tenant, _, _) = admin.tenant().await;
+    let token = admin.owner(&tenant);
+    let (_, ci) = admin
+        .post("/v1/tenant/me/keys", &token, json!({"name": "ci", "agent": "builder", "limits": {"rpm": 600}}))
+        .await;
+    let (_, bot) = admin.post("/v1/tenant/me/keys", &token, json!({"name": "bot", "role": "contractor"})).await;
+    let (_, old) = admin.post("/v1/tenant/me/keys", &token, json!({"name": "old", "limits": {"tpm": 9}})).await;
+    let id = |k: &serde_json::Value| k["id"].as_str().unwrap().to_string();
+    let (ci_id, bot_id, old_id) = (id(&ci), id(&bot), id(&old));
+    admin.delete(&format!("/v1/tenant/me/keys/{old_id}"), &token).await;
+
+    let mut browser = Browser::with_session(&admin, token.clone());
+    let page = browser.get("/portal/keys").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains(r#"<a href="/portal/keys" aria-current="page">Keys</a>"#), "in the nav");
+    let row = |body: &str, id: &str| {
+        body.split(&format!("id=\"key-{id}\""))
+            .nth(1)
+            .unwrap_or_default()
+            .split("</tr>")
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let ci_row = row(&page.body, &ci_id);
+    assert!(ci_row.contains("<b>ci</b>") && ci_row.contains("builder"), "{ci_row}");
+    assert!(
+        ci_row.contains(r#"name="limits.rpm" value="600""#) && ci_row.contains(r#"name="limits.tpm" value="""#),
+        "{ci_row}"
+    );
+    assert!(row(&page.body, &bot_id).contains("contractor"));
+    let old_row = row(&page.body, &old_id);
+    assert!(old_row.contains("revoked") && old_row.contains(">9<") && !old_row.contains("<form"), "{old_row}");
+    for key in [&ci, &bot, &old] {
+        assert!(!page.body.contains(key["key"].as_str().unwrap()), "never a key itself");
+    }
+
+    let saved = browser.post("/portal/keys/limits", &key_form(&bot_id, "120", "100 000")).await;
+    assert_eq!((saved.status, saved.location()), (StatusCode::SEE_OTHER, "/portal/keys?saved=bot"), "{}", saved.body);
+    let (_, list) = admin.get("/v1/tenant/me/keys", &token).await;
+    assert_eq!(list["keys"][1]["limits"], json!({"rpm": 120, "tpm": 100_000}));
+    let record =
+        shield_e2e::redis_dump(&admin.keys.api_key(&shield_core::snapshot::key_hash(bot["key"].as_str().unwrap())))
+            .await;
+    assert!(record[0].1.contains(r#""limits":{"rpm":120,"tpm":100000}"#), "published: {}", record[0].1);
+    let (_, audit) = admin.get("/v1/tenant/me/audit", &token).await;
+    assert_eq!(
+        (audit["entries"][0]["action"].as_str(), audit["entries"][0]["object"].as_str()),
+        (Some("key_limits_set"), Some(bot_id.as_str()))
+    );
+    assert!(browser.get("/portal/keys?saved=bot").await.body.contains("Saved the limits of key <b>bot</b>"));
+
+    let expected = api_message(
+        &admin,
+        &token,
+        reqwest::Method::PATCH,
+        &format!("/v1/tenant/me/keys/{ci_id}"),
+        json!({"limits": {"rpm": 0}}),
+    )
+    .await;
+    for (rpm, tpm, field, message) in [
+        ("0", "", "limits.rpm", expected.as_str()),
+        ("lots", "", "limits.rpm", "a whole number above 0"),
+        ("", "-5", "limits.tpm", "a whole number above 0"),
+    ] {
+        let page = browser.post("/portal/keys/limits", &key_form(&ci_id, rpm, tpm)).await;
+        assert_eq!(page.status, StatusCode::UNPROCESSABLE_ENTITY, "{rpm} {tpm}");
+        let ci_row = row(&page.body, &ci_id);
+        let error = format!("<p class=\"field-error\" id=\"error-{field}-{ci_id}\">{message}");
+        assert!(ci_row.contains(&error), "{error} in {ci_row}");
+        assert!(ci_row.contains(&format!(r#"name="limits.rpm" value="{}""#, html_escape(rpm))), "what was typed stays");
+        assert!(!row(&page.body, &bot_id).contains("field-error"), "only on the key it was for");
+    }
+    assert_eq!(admin.get("/v1/tenant/me/keys", &token).await.1["keys"][0]["limits"], json!({"rpm": 600}), "unchanged");
+
+    assert_eq!(browser.post("/portal/keys/limits", &key_form(&ci_id, "", "")).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        admin.get("/v1/tenant/me/keys", &token).await.1["keys"][0]["limits"],
+        json!({}),
+        "empty inputs: no limit"
+    );
+
+    let page = browser
+        .post(
+            "/portal/keys/limits",
+            &[("csrf", CSRF), ("id", "00000000-0000-0000-0000-000000000000"), ("limits.rpm", "5")],
+        )
+        .await;
+    assert_eq!(page.status, StatusCode::NOT_FOUND);
+    assert!(page.body.contains("id=\"form-errors\"") && page.body.contains("does not exist"), "{}", page.body);
+    let forged = browser
+        .post("/portal/keys/limits", &[("csrf", "another-value-0123456789abcdef"), ("id", &ci_id), ("limits.rpm", "5")])
+        .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+
+    let mut reader = Browser::with_session(&admin, admin.token(Some(&tenant), &[Scope::TenantRead]));
+    let page = reader.get("/portal/keys").await;
+    assert_eq!(page.status, StatusCode::FORBIDDEN, "listing keys needs config:write, as in the API");
+    assert!(page.body.contains("config:write"), "{}", page.body);
+    assert_eq!(admin.get("/v1/tenant/me/keys", &token).await.1["keys"][0]["limits"], json!({}));
+}
+
+/// Issue 18: the tenant's limits form saves through the API into the snapshot, shows the API's
+/// messages beside the fields, and a reader sees the limits but cannot change them.
+#[actix_web::test]
+async fn the_tenant_limits_form_saves_through_the_api() {
+    let admin = Admin::start().await;
+    let (tenant, _, _) = admin.tenant().await;
+    let token = admin.owner(&tenant);
+    let mut browser = Browser::with_session(&admin, token.clone());
+    let page = browser.get("/portal/limits").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains(r#"name="rpm" value="""#) && page.body.contains(r#"aria-current="page">Limits</a>"#));
+
+    let saved = browser.post("/portal/limits", &[("csrf", CSRF), ("rpm", "1000"), ("tpm", "50,000")]).await;
+    assert_eq!((saved.status, saved.location()), (StatusCode::SEE_OTHER, "/portal/limits?saved=1"), "{}", saved.body);
+    assert_eq!(admin.get("/v1/tenant/me/limits", &token).await.1, json!({"rpm": 1000, "tpm": 50_000}));
+    assert_eq!(admin.snapshot(&tenant).await.unwrap()["limits"], json!({"rpm": 1000, "tpm": 50_000}), "published");
+    let page = browser.get("/portal/limits?saved=1").await;
+    assert!(
+        page.body.contains("Saved the tenant") && page.body.contains(r#"name="tpm" value="50000""#),
+        "{}",
+        page.body
+    );
+
+    let expected = api_message(&admin, &token, reqwest::Method::PUT, "/v1/tenant/me/limits", json!({"rpm": 0})).await;
+    let page = browser.post("/portal/limits", &[("csrf", CSRF), ("rpm", "0"), ("tpm", "")]).await;
+    assert_eq!(page.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(page.body.contains(&format!("<p class=\"field-error\" id=\"error-rpm\">{expected}")), "{}", page.body);
+    let page = browser.post("/portal/limits", &[("csrf", CSRF), ("rpm", ""), ("tpm", "x")]).await;
+    assert_eq!(page.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(page.body.contains("id=\"error-tpm\"") && page.body.contains(r#"name="tpm" value="x""#), "{}", page.body);
+    assert_eq!(admin.get("/v1/tenant/me/limits", &token).await.1, json!({"rpm": 1000, "tpm": 50_000}), "unchanged");
+    assert_eq!(browser.post("/portal/limits", &[("rpm", "1")]).await.status, StatusCode::FORBIDDEN, "no CSRF value");
+
+    let mut reader = Browser::with_session(&admin, admin.token(Some(&tenant), &[Scope::TenantRead]));
+    let page = reader.get("/portal/limits").await;
+    assert!(page.status == StatusCode::OK && page.body.contains(r#"value="1000""#), "a reader sees them");
+    let page = reader.post("/portal/limits", &[("csrf", CSRF), ("rpm", ""), ("tpm", "")]).await;
+    assert_eq!(page.status, StatusCode::FORBIDDEN);
+    assert!(page.body.contains("config:write"), "{}", page.body);
+
+    assert_eq!(
+        browser.post("/portal/limits", &[("csrf", CSRF), ("rpm", ""), ("tpm", "")]).await.status,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(admin.get("/v1/tenant/me/limits", &token).await.1, json!({}), "empty inputs clear them");
+    let (_, audit) = admin.get("/v1/tenant/me/audit", &token).await;
+    assert_eq!(audit["entries"].as_array().unwrap().iter().filter(|e| e["action"] == "tenant_limits_set").count(), 2);
+}
+
+/// Issue 18: the route editor has inputs for the route's limits; they round-trip through the
+/// API, show on the routes page and carry the API's messages.
+#[actix_web::test]
+async fn the_route_editor_sets_rate_limits() {
+    let admin = Admin::start().await;
+    let (tenant, _, _) = admin.tenant().await;
+    let token = admin.owner(&tenant);
+    admin.put("/v1/tenant/me/gateway/targets/a", &token, public_target("m")).await;
+    let mut browser = Browser::with_session(&admin, token.clone());
+    let new = browser.get("/portal/routes/new").await;
+    assert!(new.body.contains(r#"name="limits.rpm""#) && new.body.contains(r#"name="limits.tpm""#));
+
+    let body = r#"{"targets": ["a"]}"#;
+    let fields = [
+        ("csrf", CSRF),
+        ("name", "smart"),
+        ("editing", "0"),
+        ("body", body),
+        ("limits.rpm", "100"),
+        ("limits.tpm", "2000"),
+    ];
+    let page = browser.post("/portal/routes", &fields).await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    let (_, route) = admin.get("/v1/tenant/me/gateway/routes/smart", &token).await;
+    assert_eq!(route["limits"], json!({"rpm": 100, "tpm": 2000}));
+    let routes = browser.get("/portal/routes").await.body;
+    assert!(routes.contains("Rate limits: 100 requests/min · 2000 tokens/min"), "{routes}");
+    let edit = browser.get("/portal/routes/edit?name=smart").await.body;
+    assert!(
+        edit.contains(r#"name="limits.rpm" value="100""#) && edit.contains(r#"name="limits.tpm" value="2000""#),
+        "{edit}"
+    );
+    let json_part = edit.split("<textarea").nth(1).unwrap().split("</textarea>").next().unwrap();
+    assert!(!json_part.contains("limits"), "the limits are in their inputs, not the JSON: {json_part}");
+
+    let expected = api_message(
+        &admin,
+        &token,
+        reqwest::Method::PUT,
+        "/v1/tenant/me/gateway/routes/smart",
+        json!({"targets": ["a"], "limits": {"rpm": 0}}),
+    )
+    .await;
+    let fields =
+        [("csrf", CSRF), ("name", "smart"), ("editing", "1"), ("body", body), ("limits.rpm", "0"), ("limits.tpm", "")];
+    let page = browser.post("/portal/routes", &fields).await;
+    assert_eq!(page.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        page.body.contains(&format!("<p class=\"field-error\" id=\"error-limits.rpm\">{expected}")),
+        "{}",
+        page.body
+    );
+    let fields = [
+        ("csrf", CSRF),
+        ("name", "smart"),
+        ("editing", "1"),
+        ("body", body),
+        ("limits.rpm", ""),
+        ("limits.tpm", "many"),
+    ];
+    let page = browser.post("/portal/routes", &fields).await;
+    assert!(
+        page.status == StatusCode::UNPROCESSABLE_ENTITY && page.body.contains("id=\"error-limits.tpm\""),
+        "{}",
+        page.body
+    );
+    assert_eq!(
+        admin.get("/v1/tenant/me/gateway/routes/smart", &token).await.1["limits"],
+        json!({"rpm": 100, "tpm": 2000})
+    );
+
+    let fields =
+        [("csrf", CSRF), ("name", "smart"), ("editing", "1"), ("body", body), ("limits.rpm", ""), ("limits.tpm", "")];
+    assert_eq!(browser.post("/portal/routes", &fields).await.status, StatusCode::SEE_OTHER);
+    let (_, route) = admin.get("/v1/tenant/me/gateway/routes/smart", &token).await;
+    assert!(route.get("limits").is_none(), "both inputs emptied: no limits: {route}");
 }

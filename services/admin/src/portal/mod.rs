@@ -9,6 +9,8 @@
 
 mod chart;
 mod form;
+mod keys;
+mod limits;
 mod login;
 mod routes;
 mod simulate;
@@ -59,6 +61,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route("/routes/new", web::get().to(routes::new))
             .route("/routes/edit", web::get().to(routes::edit))
             .route("/routes", web::post().to(routes::save))
+            .route("/keys", web::get().to(keys::list))
+            .route("/keys/limits", web::post().to(keys::save_limits))
+            .route("/limits", web::get().to(limits::page))
+            .route("/limits", web::post().to(limits::save))
             .route("/simulate", web::get().to(simulate::page))
             .route("/simulate", web::post().to(simulate::run))
             .route("/usage", web::get().to(usage::page))

@@ -1,11 +1,13 @@
-//! Routes: each with its targets in order, the strategy, the rules in plain words and the
-//! month's budget bar; edited as JSON (the API's body) with the API's errors shown inline.
+//! Routes: each with its targets in order, the strategy, the rules in plain words, its rate
+//! limits and the month's budget bar; edited as JSON (the API's body) with the API's errors
+//! shown inline, and the limits in two inputs of their own.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use shield_core::route::{Route, Strategy};
 
+use super::limits::{self, LimitInputs};
 use super::targets::{health_label, urlencode};
 use super::{Ctx, Form, PortalError, Problems, Session, check_csrf, redirect, render, usd};
 use crate::AdminState;
@@ -40,6 +42,8 @@ pub struct RouteView {
     pub strategy: &'static str,
     pub targets: Vec<RouteTarget>,
     pub rules: Vec<String>,
+    /// The route's rate limits in words; empty when it has none.
+    pub limits: String,
     pub budget: Option<BudgetBar>,
     pub month_spend: String,
     pub incomplete: bool,
@@ -124,6 +128,7 @@ fn view(route: &Route, health: &std::collections::BTreeMap<String, String>) -> R
             })
             .collect(),
         rules: route.rules.iter().map(|r| r.describe()).collect(),
+        limits: limits::describe(&route.limits),
         budget,
         month_spend: usd(spent),
         incomplete,
@@ -137,8 +142,12 @@ struct RouteForm {
     editing: bool,
     name: String,
     body: String,
+    limits: LimitInputs,
     problems: Problems,
 }
+
+/// The fields the form shows next to their inputs (the API's paths for them).
+const FORM_FIELDS: &[&str] = &["name", "limits.rpm", "limits.tpm"];
 
 #[allow(clippy::expect_used, reason = "serialising a JSON value cannot fail")]
 pub async fn new(
@@ -157,6 +166,7 @@ pub async fn new(
         editing: false,
         name: String::new(),
         body,
+        limits: LimitInputs::default(),
         problems: Problems::default(),
     };
     Ok(render(StatusCode::OK, &page.ctx, &page))
@@ -175,20 +185,38 @@ pub async fn edit(
         editing: true,
         name,
         body: editable_json(&route),
+        limits: LimitInputs::of(&route.limits),
         problems: Problems::default(),
     };
     Ok(render(StatusCode::OK, &page.ctx, &page))
 }
 
-/// The route as the API takes it: without the name (it is the path) and the server's fields.
+/// The route as the API takes it: without the name (it is the path), the server's fields and
+/// the limits (they have inputs of their own).
 fn editable_json(route: &Route) -> String {
     let mut value = serde_json::to_value(route).unwrap_or_default();
     if let Some(map) = value.as_object_mut() {
-        for field in ["name", "updated_at", "updated_by", "budget_state"] {
+        for field in ["name", "updated_at", "updated_by", "budget_state", "limits"] {
             map.remove(field);
         }
     }
     serde_json::to_string_pretty(&value).unwrap_or_default()
+}
+
+/// The editor's JSON with the limits inputs in it: when either input is filled they are the
+/// route's `limits` (replacing any the JSON has); when both are empty the JSON goes as typed.
+/// JSON that does not parse goes as typed too, for the API to name the problem.
+fn with_limits(body: &str, limits: serde_json::Value) -> String {
+    if limits.as_object().is_none_or(|l| l.is_empty()) {
+        return body.to_string();
+    }
+    match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(mut route)) => {
+            route.insert("limits".into(), limits);
+            serde_json::Value::Object(route).to_string()
+        }
+        _ => body.to_string(),
+    }
 }
 
 pub async fn save(
@@ -201,17 +229,35 @@ pub async fn save(
     let name = form.get("name").trim().to_string();
     let body = form.get("body").to_string();
     let editing = form.get("editing") == "1";
-    let problems = if name.is_empty() {
-        let mut problems = Problems::default();
+    let inputs = LimitInputs::read(&form, "limits.");
+    let mut problems = Problems::default();
+    let limits = inputs.to_json("limits.", &mut problems);
+    if name.is_empty() {
         problems.field("name", "required: the name callers send as model, such as smart or shield/cheap");
-        problems
-    } else {
-        match crate::api::routes::save(&state, &session.principal, &name, body.as_bytes()).await {
+    }
+    if problems.is_empty() {
+        let sent = with_limits(&body, limits);
+        match crate::api::routes::save(&state, &session.principal, &name, sent.as_bytes()).await {
             Ok(_) => return Ok(redirect(&format!("/portal/routes?saved={}", urlencode(&name)))),
-            Err(err) => Problems::from_api(err, &["name"])?,
+            Err(err) => problems = Problems::from_api(err, FORM_FIELDS)?,
         }
-    };
+    }
     let status = problems.status.unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
-    let page = RouteForm { ctx: session.ctx(&req, "routes"), editing, name, body, problems };
+    let page = RouteForm { ctx: session.ctx(&req, "routes"), editing, name, body, limits: inputs, problems };
     Ok(render(status, &page.ctx, &page))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_inputs_are_the_limits_when_filled() {
+        let sent = with_limits(r#"{"targets": ["a"], "limits": {"tpm": 5}}"#, json!({"rpm": 60}));
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&sent).unwrap()["limits"], json!({"rpm": 60}));
+        let typed = r#"{"targets": ["a"], "limits": {"tpm": 5}}"#;
+        assert_eq!(with_limits(typed, json!({})), typed, "both empty: the JSON as typed");
+        assert_eq!(with_limits("{nope", json!({"rpm": 1})), "{nope", "broken JSON is the API's to name");
+    }
 }
