@@ -13,9 +13,15 @@ const R: &str = "/v1/tenant/me/gateway/routes";
 /// Everything B's own token can see.
 async fn state_of(admin: &Admin, token: &str) -> Value {
     let mut out = serde_json::Map::new();
-    for path in
-        [T, R, "/v1/tenant/me/secrets", "/v1/tenant/me/keys", "/v1/tenant/me/guardrails", "/v1/tenant/me/webhooks"]
-    {
+    for path in [
+        T,
+        R,
+        "/v1/tenant/me/secrets",
+        "/v1/tenant/me/keys",
+        "/v1/tenant/me/guardrails",
+        "/v1/tenant/me/webhooks",
+        "/v1/tenant/me/limits",
+    ] {
         out.insert(path.to_string(), admin.get(path, token).await.1);
     }
     Value::Object(out)
@@ -44,8 +50,9 @@ async fn tenant_a_cannot_read_or_write_tenant_b() {
         admin.put(&format!("{R}/b-route"), &token_b, json!({"targets": ["b-target"]})).await.0,
         StatusCode::CREATED
     );
-    let (_, key) = admin.post("/v1/tenant/me/keys", &token_b, json!({"name": "b-key"})).await;
+    let (_, key) = admin.post("/v1/tenant/me/keys", &token_b, json!({"name": "b-key", "limits": {"rpm": 7}})).await;
     let b_key_id = key["id"].as_str().unwrap().to_string();
+    admin.put("/v1/tenant/me/limits", &token_b, json!({"rpm": 77})).await;
     admin.put("/v1/tenant/me/guardrails", &token_b, json!({"pii_detection": {"mode": "block"}})).await;
     let (_, hook) = admin
         .post(
@@ -93,6 +100,11 @@ async fn tenant_a_cannot_read_or_write_tenant_b() {
     assert_eq!(admin.delete(&format!("{R}/b-route"), &token_a).await.0, StatusCode::NOT_FOUND);
     assert_eq!(admin.delete("/v1/tenant/me/secrets/b-secret", &token_a).await.0, StatusCode::NOT_FOUND);
     assert_eq!(admin.delete(&format!("/v1/tenant/me/keys/{b_key_id}"), &token_a).await.0, StatusCode::NOT_FOUND);
+    let patch = json!({"limits": {"rpm": 1}});
+    let path = format!("/v1/tenant/me/keys/{b_key_id}");
+    assert_eq!(admin.call(reqwest::Method::PATCH, &path, Some(&token_a), Some(patch)).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(admin.get("/v1/tenant/me/limits", &token_a).await.1, json!({}), "B's limits are B's");
+    assert_eq!(admin.put("/v1/tenant/me/limits", &token_a, json!({"rpm": 1})).await.0, StatusCode::OK);
     // A route in A naming B's target: the target does not exist for A.
     let (status, body) = admin.put(&format!("{R}/b-route"), &token_a, json!({"targets": ["b-target"]})).await;
     assert_eq!((status, body["error"]["field"].clone()), (StatusCode::UNPROCESSABLE_ENTITY, json!("targets[0]")));
@@ -130,6 +142,7 @@ async fn tenant_a_cannot_read_or_write_tenant_b() {
     assert_eq!(snapshot["tenant"], b.as_str());
     assert_eq!(snapshot["targets"]["b-target"]["model"], "b-model");
     assert!(snapshot["secrets"]["shield://b-secret"].is_object());
+    assert_eq!(snapshot["limits"], json!({"rpm": 77}));
     let snapshot_a = admin.snapshot(&a).await.expect("A published");
     assert!(snapshot_a["targets"].as_object().unwrap().is_empty());
 }
