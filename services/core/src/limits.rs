@@ -166,6 +166,15 @@ pub struct LeaseAsk {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refused {
     pub retry_after_ms: u64,
+    /// Not a full window: this process used its block of credit and its lease is in flight.
+    /// The caller may wait briefly for the lease instead of refusing.
+    pub pending: bool,
+}
+
+impl Refused {
+    fn after(retry_after_ms: u64) -> Refused {
+        Refused { retry_after_ms, pending: false }
+    }
 }
 
 impl Refused {
@@ -216,6 +225,8 @@ pub struct Bucket {
     last_used: Option<u64>,
     /// The largest single request refused since the last lease.
     need: u64,
+    /// The largest single request admitted while the bucket has been busy.
+    largest: u64,
     seq: u64,
     /// The last lease with units still held: where an idle give-back goes.
     last_lease: Option<(u64, u64)>,
@@ -238,6 +249,7 @@ impl Bucket {
             processes: 1,
             last_used: None,
             need: 0,
+            largest: 0,
             seq: 0,
             last_lease: None,
             leasing: false,
@@ -283,7 +295,7 @@ impl Bucket {
     pub fn check(&self, n: u64, now: u64) -> Result<(), Refused> {
         if n > self.limit {
             // Never fits: the whole window is smaller than this one request.
-            return Err(Refused { retry_after_ms: WINDOW_MS });
+            return Err(Refused::after(WINDOW_MS));
         }
         if n <= self.held {
             return Ok(());
@@ -294,11 +306,11 @@ impl Bucket {
             return if used + n <= share {
                 Ok(())
             } else {
-                Err(Refused { retry_after_ms: self.local_wait(used + n - share, now) })
+                Err(Refused::after(self.local_wait(used + n - share, now)))
             };
         }
         if now < self.exhausted_until {
-            return Err(Refused { retry_after_ms: self.exhausted_until - now });
+            return Err(Refused::after(self.exhausted_until - now));
         }
         let owed = self.debt + (n - self.held);
         let allowance = if self.debt == 0 { self.max_block().max(n) } else { self.max_block() };
@@ -306,7 +318,7 @@ impl Bucket {
             Ok(())
         } else {
             // Waiting for the lease in flight: the fleet had room when last asked.
-            Err(Refused { retry_after_ms: 1000 })
+            Err(Refused { retry_after_ms: 1000, pending: true })
         }
     }
 
@@ -318,6 +330,8 @@ impl Bucket {
     /// Admits `n` units (after [`Bucket::check`]; settlements call it unchecked).
     pub fn take(&mut self, n: u64, now: u64) {
         self.local_add(n, now);
+        self.largest =
+            if self.last_used.is_some_and(|at| now.saturating_sub(at) <= IDLE_MS) { self.largest.max(n) } else { n };
         self.last_used = Some(now);
         let from_held = n.min(self.held);
         self.held -= from_held;
@@ -360,8 +374,10 @@ impl Bucket {
         if !self.needs_lease(now) {
             return None;
         }
-        // About one second of this process's own traffic, within [1, max_block].
-        let rate = self.local_recent(now);
+        // About one second of this process's own traffic, and at least two of its largest
+        // recent requests (a token lease that covers less than a request is no lease), within
+        // [1, max_block].
+        let rate = self.local_recent(now).max(2 * self.largest);
         self.block = rate.clamp(1, self.max_block());
         self.leasing = true;
         self.seq += 1;

@@ -106,7 +106,7 @@ impl Served {
 /// Rate-limit admission (issue 18), before routing: the key's, the tenant's and the route's
 /// limits, counted from memory. A refusal is counted as `rate_limited` (usage when a route
 /// was named, and metrics), never as a call.
-fn admit_limits(
+async fn admit_limits(
     state: &ProxyState,
     caller: &shield_core::snapshot::ApiKeyRecord,
     tenant: Option<&TenantConfig>,
@@ -120,7 +120,8 @@ fn admit_limits(
         request.max_output_tokens().unwrap_or(shield_core::limits::DEFAULT_OUTPUT_TOKENS),
     );
     let key = (caller.key_id.as_str(), caller.name.as_str(), &caller.limits);
-    match state.limiter.admit(&caller.tenant, key, tenant_limits, route.map(|r| (r.name.as_str(), &r.limits)), tokens) {
+    let route_limits = route.map(|r| (r.name.as_str(), &r.limits));
+    match state.limiter.admit_waiting(&caller.tenant, key, tenant_limits, route_limits, tokens).await {
         Ok(admission) => Ok(admission.map(Arc::new)),
         Err(limited) => {
             let route = route.map_or("", |r| r.name.as_str());
@@ -171,7 +172,7 @@ pub async fn pipeline(
     } else if !ingress.default_path {
         return Err(ProxyError::ModelNotFound(request.model.clone()));
     }
-    let admission = admit_limits(state, &caller, tenant.as_deref(), resolved.map(|(_, r)| r), request)?;
+    let admission = admit_limits(state, &caller, tenant.as_deref(), resolved.map(|(_, r)| r), request).await?;
     let served = |outcome| Served { outcome, admission: admission.clone() };
 
     // Seed §5: input guardrails run once, before routing, whatever path the call takes.

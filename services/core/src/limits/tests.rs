@@ -87,7 +87,7 @@ fn a_fresh_bucket_admits_one_block_on_credit_then_waits_for_its_lease() {
         bucket.check(1, 0).unwrap();
         bucket.take(1, 0);
     }
-    assert_eq!(bucket.check(1, 0), Err(Refused { retry_after_ms: 1000 }));
+    assert_eq!(bucket.check(1, 0), Err(Refused { retry_after_ms: 1000, pending: true }));
     let ask = bucket.lease_wanted(0).unwrap();
     // Ten a second so far: the block is half that (about one second's traffic, over two).
     assert_eq!(ask.want, 10 + 5, "the debt plus a block");
@@ -114,7 +114,7 @@ fn a_full_window_refuses_until_the_script_says_there_is_room() {
 #[test]
 fn a_request_larger_than_the_whole_limit_never_fits() {
     let bucket = Bucket::new(1000);
-    assert_eq!(bucket.check(1001, 0), Err(Refused { retry_after_ms: WINDOW_MS }));
+    assert_eq!(bucket.check(1001, 0), Err(Refused { retry_after_ms: WINDOW_MS, pending: false }));
     bucket.check(1000, 0).unwrap();
 }
 

@@ -164,6 +164,9 @@ pub fn spawn<S: LeaseStore>(limiter: Arc<Limiter>, store: S, process: String) {
                     }
                 }
             }
+            if !asks.is_empty() {
+                limiter.leased.notify_waiters();
+            }
             for (entry, seq, units) in returns {
                 if let Ok(Ok(back)) =
                     tokio::time::timeout(STORE_TIMEOUT, store.give_back(&process, &entry, seq, units)).await

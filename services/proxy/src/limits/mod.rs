@@ -41,7 +41,13 @@ pub struct Limiter {
     entries: RwLock<HashMap<String, Arc<Entry>>>,
     /// Wakes the leaser when a bucket runs low.
     pub wake: tokio::sync::Notify,
+    /// The leaser finished a round of leases (requests waiting on one retry).
+    pub leased: tokio::sync::Notify,
 }
+
+/// How long a request that outran its process's block waits for the lease in flight before
+/// it is refused (the fleet had room when last asked: refusing would be a false 429).
+pub const LEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A limit that applies to a request.
 struct Applicable {
@@ -62,6 +68,8 @@ pub struct RateLimited {
     pub name: String,
     pub retry_after_s: u64,
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Only waiting for a lease in flight: worth a short wait ([`Limiter::admit_waiting`]).
+    pub pending: bool,
 }
 
 impl RateLimited {
@@ -95,7 +103,12 @@ struct Grant {
 
 impl Limiter {
     pub fn new(keys: RedisKeys) -> Limiter {
-        Limiter { keys, entries: RwLock::new(HashMap::new()), wake: tokio::sync::Notify::new() }
+        Limiter {
+            keys,
+            entries: RwLock::new(HashMap::new()),
+            wake: tokio::sync::Notify::new(),
+            leased: tokio::sync::Notify::new(),
+        }
     }
 
     /// The limits that apply: the key's, the tenant's, the route's (in this order).
@@ -155,12 +168,14 @@ impl Limiter {
         let mut buckets: Vec<_> = entries.iter().map(|e| e.bucket.lock()).collect();
         let units = |kind: Kind| if kind == Kind::Tokens { tokens } else { 1 };
         let mut worst: Option<(usize, u64)> = None;
+        let mut pending = true;
         for (i, (bucket, a)) in buckets.iter_mut().zip(&applicable).enumerate() {
             if bucket.limit() != a.limit {
                 bucket.set_limit(a.limit);
             }
             if let Err(refused) = bucket.check(units(a.kind), now) {
                 bucket.refused(units(a.kind));
+                pending &= refused.pending;
                 if worst.is_none_or(|(_, ms)| refused.retry_after_ms > ms) {
                     worst = Some((i, refused.retry_after_ms));
                 }
@@ -175,7 +190,7 @@ impl Limiter {
                 Scope::Tenant => tenant.to_string(),
                 Scope::Route => route.map(|(name, _)| name.to_string()).unwrap_or_default(),
             };
-            let retry_after_s = shield_core::limits::Refused { retry_after_ms: ms }.retry_after_s();
+            let retry_after_s = shield_core::limits::Refused { retry_after_ms: ms, pending }.retry_after_s();
             return Err(RateLimited {
                 scope: a.scope,
                 kind: a.kind,
@@ -183,6 +198,7 @@ impl Limiter {
                 name,
                 retry_after_s,
                 headers: headers(&statuses),
+                pending,
             });
         }
         let mut low = false;
@@ -200,6 +216,35 @@ impl Limiter {
             .map(|(entry, a)| Grant { entry, kind: a.kind, reserved: units(a.kind) })
             .collect();
         Ok(Some(Admission { grants, prompt_tokens }))
+    }
+
+    /// [`Limiter::admit`], waiting up to [`LEASE_WAIT`] when the only obstacle is a lease in
+    /// flight: a burst that outruns this process's block is admitted once its lease lands,
+    /// instead of being refused while the fleet has room. A full window or a spent offline
+    /// share is refused at once.
+    pub async fn admit_waiting(
+        &self,
+        tenant: &str,
+        key: (&str, &str, &Limits),
+        tenant_limits: &Limits,
+        route: Option<(&str, &Limits)>,
+        tokens: (u64, u64),
+    ) -> Result<Option<Admission>, RateLimited> {
+        let deadline = tokio::time::Instant::now() + LEASE_WAIT;
+        loop {
+            let leased = self.leased.notified();
+            tokio::pin!(leased);
+            leased.as_mut().enable();
+            match self.admit(tenant, key, tenant_limits, route, tokens) {
+                Err(limited) if limited.pending && tokio::time::Instant::now() < deadline => {
+                    self.wake.notify_one();
+                    if tokio::time::timeout_at(deadline, leased).await.is_err() {
+                        return self.admit(tenant, key, tenant_limits, route, tokens);
+                    }
+                }
+                other => return other,
+            }
+        }
     }
 
     /// A snapshot of the registry, for the leaser.
