@@ -34,7 +34,7 @@ const CONCURRENT_EVENTS: usize = 64;
 
 pub struct Deliverer {
     pub db: PgPool,
-    pub redis: deadpool_redis::Pool,
+    pub redis: shield_store::Pool,
     pub keys: RedisKeys,
     pub keyring: Keyring,
     client: reqwest::Client,
@@ -56,7 +56,7 @@ struct Event {
 
 impl Deliverer {
     #[allow(clippy::expect_used, reason = "startup: a client with these static settings always builds")]
-    pub fn new(db: PgPool, redis: deadpool_redis::Pool, keys: RedisKeys, keyring: Keyring) -> Deliverer {
+    pub fn new(db: PgPool, redis: shield_store::Pool, keys: RedisKeys, keyring: Keyring) -> Deliverer {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
@@ -116,7 +116,7 @@ impl Deliverer {
             .arg(GROUP)
             .arg("0")
             .arg("MKSTREAM")
-            .query_async(&mut *conn)
+            .query_async(&mut conn)
             .await;
         if let Err(err) = created
             && err.code() != Some("BUSYGROUP")
@@ -128,7 +128,7 @@ impl Deliverer {
             // Short enough to stay under the connection's response timeout.
             options = options.block(250);
         }
-        let reply: StreamReadReply = redis::AsyncCommands::xread_options(&mut *conn, &[&stream], &[from], &options)
+        let reply: StreamReadReply = redis::AsyncCommands::xread_options(&mut conn, &[&stream], &[from], &options)
             .await
             .map_err(|e| e.to_string())?;
         let mut events = Vec::new();
@@ -172,7 +172,7 @@ impl Deliverer {
                 .arg(self.keys.events())
                 .arg(GROUP)
                 .arg(&event.stream_id)
-                .query_async(&mut *conn)
+                .query_async(&mut conn)
                 .await;
         }
     }

@@ -40,13 +40,13 @@ pub struct AdminState {
     pub login_limiter: rate_limit::LoginLimiter,
     pub login_token_ttl: Duration,
     /// For reads of what the data plane writes (health; usage and spend later).
-    pub redis: deadpool_redis::Pool,
+    pub redis: shield_store::Pool,
     pub redis_keys: shield_core::keys::RedisKeys,
     pub metrics: metrics::AdminMetrics,
 }
 
 impl AdminState {
-    pub fn new(db: PgPool, redis: deadpool_redis::Pool, config: &AdminConfig) -> Result<AdminState, String> {
+    pub fn new(db: PgPool, redis: shield_store::Pool, config: &AdminConfig) -> Result<AdminState, String> {
         Ok(AdminState {
             publisher: Arc::new(publish::Publisher::new(db.clone(), redis.clone(), config.redis_keys.clone())),
             redis,
@@ -66,20 +66,10 @@ pub async fn connect_db(url: &str) -> sqlx::Result<PgPool> {
     PgPoolOptions::new().max_connections(10).acquire_timeout(Duration::from_secs(3)).connect(url).await
 }
 
-/// A Redis pool that never blocks a request for long; connections are made lazily, so the
-/// admin starts while Redis is down.
-pub fn redis_pool(url: &str) -> Result<deadpool_redis::Pool, String> {
-    let mut cfg = deadpool_redis::Config::from_url(url);
-    cfg.pool = Some(deadpool_redis::PoolConfig {
-        max_size: 16,
-        timeouts: deadpool_redis::Timeouts {
-            wait: Some(Duration::from_secs(2)),
-            create: Some(Duration::from_secs(2)),
-            recycle: Some(Duration::from_secs(2)),
-        },
-        ..Default::default()
-    });
-    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1)).map_err(|e| format!("invalid REDIS_URL: {e}"))
+/// A Redis pool (one server, or a cluster: `redis+cluster://h:p,h:p`) that never blocks a
+/// request for long; connections are made lazily, so the admin starts while Redis is down.
+pub fn redis_pool(url: &str) -> Result<shield_store::Pool, String> {
+    shield_store::Pool::open(url, 16)
 }
 
 /// Runs the admin service until the process is stopped.

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use std::time::Duration;
 
-use deadpool_redis::Pool as RedisPool;
 use redis::AsyncCommands;
 use shield_core::keys::RedisKeys;
 use shield_core::snapshot::{ApiKeyRecord, ConfigMessage, Snapshot, SnapshotSecret};
+use shield_store::Pool as RedisPool;
 use sqlx::PgPool;
 
 use crate::repo::{config, keys, secrets, tenants};
@@ -24,7 +24,7 @@ use crate::repo::{config, keys, secrets, tenants};
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     #[error("Redis is unreachable: {0}")]
-    RedisPool(#[from] deadpool_redis::PoolError),
+    RedisPool(#[from] shield_store::PoolError),
     #[error("Redis refused the write: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("could not read the configuration: {0}")]
@@ -101,7 +101,7 @@ impl Publisher {
             .arg(body)
             .arg(self.keys.config_channel())
             .arg(message)
-            .invoke_async(&mut *conn)
+            .invoke_async(&mut conn)
             .await?;
         for (hash, record) in key_records {
             self.set_key(&mut conn, &hash, &record).await?;
@@ -112,20 +112,16 @@ impl Publisher {
     #[allow(clippy::expect_used, reason = "serialising derived structs of strings and numbers cannot fail")]
     async fn set_key(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut shield_store::Connection,
         key_hash: &str,
         record: &ApiKeyRecord,
     ) -> Result<(), PublishError> {
         let body = serde_json::to_string(record).expect("key record serialises");
         let message = serde_json::to_string(&ConfigMessage::Key { key_hash: key_hash.to_string() })
             .expect("config message serialises");
-        let _: () = redis::pipe()
-            .set(self.keys.api_key(key_hash), body)
-            .ignore()
-            .publish(self.keys.config_channel(), message)
-            .ignore()
-            .query_async(&mut **conn)
-            .await?;
+        // Two commands, not one pipeline: the key and the channel hash to different cluster slots.
+        let _: () = conn.set(self.keys.api_key(key_hash), body).await?;
+        let _: i64 = conn.publish(self.keys.config_channel(), message).await?;
         Ok(())
     }
 
@@ -197,11 +193,10 @@ impl Publisher {
         }
     }
 
-    /// The Redis server's `run_id`: it changes when Redis restarts (and may have lost data).
+    /// The Redis server's `run_id` (in a cluster, every master's): it changes when Redis
+    /// restarts or a replica takes over a master (and may have lost data).
     async fn redis_run_id(&self) -> Option<String> {
-        let mut conn = self.redis.get().await.ok()?;
-        let info: String = redis::cmd("INFO").arg("server").query_async(&mut *conn).await.ok()?;
-        info.lines().find_map(|l| l.strip_prefix("run_id:")).map(|id| id.trim().to_string())
+        self.redis.identity().await
     }
 
     /// Runs until the process ends. Every second: retry dirty tenants, and when Redis was away

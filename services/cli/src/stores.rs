@@ -84,6 +84,6 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
     shield_admin::MIGRATOR.run(db).await.map_err(|e| anyhow!("migrations failed: {e}"))
 }
 
-pub fn redis(url: &str) -> anyhow::Result<deadpool_redis::Pool> {
+pub fn redis(url: &str) -> anyhow::Result<shield_store::Pool> {
     shield_admin::redis_pool(url).map_err(anyhow::Error::msg)
 }

@@ -53,7 +53,7 @@ enum TenantEntry {
 type MonthSpend = (String, HashMap<String, i64>);
 
 pub struct Caches {
-    redis: deadpool_redis::Pool,
+    redis: shield_store::Pool,
     pub redis_keys: RedisKeys,
     keyring: Keyring,
     every: Duration,
@@ -68,7 +68,7 @@ pub struct Caches {
 }
 
 impl Caches {
-    pub fn new(redis: deadpool_redis::Pool, redis_keys: RedisKeys, keyring: Keyring, every: Duration) -> Caches {
+    pub fn new(redis: shield_store::Pool, redis_keys: RedisKeys, keyring: Keyring, every: Duration) -> Caches {
         Caches {
             redis,
             redis_keys,
@@ -152,7 +152,7 @@ impl Caches {
             let mut conn = self.redis.get().await.ok()?;
             redis::cmd("HGETALL")
                 .arg(self.redis_keys.spend(tenant, &month))
-                .query_async::<Vec<(String, String)>>(&mut *conn)
+                .query_async::<Vec<(String, String)>>(&mut conn)
                 .await
                 .ok()
                 .map(shield_core::records::spend::decode)
@@ -303,7 +303,7 @@ impl Caches {
     pub async fn ping(&self) -> bool {
         let ping = async {
             let mut conn = self.redis.get().await.ok()?;
-            redis::cmd("PING").query_async::<String>(&mut *conn).await.ok()
+            redis::cmd("PING").query_async::<String>(&mut conn).await.ok()
         };
         let ok = tokio::time::timeout(STORE_TIMEOUT, ping).await.ok().flatten().is_some();
         if ok {

@@ -33,7 +33,7 @@ pub struct Flusher {
     pub usage: Arc<crate::usage::UsageBuffer>,
     pub caches: Arc<crate::cache::Caches>,
     pub metrics: Arc<crate::metrics::Metrics>,
-    pub redis: deadpool_redis::Pool,
+    pub redis: shield_store::Pool,
     pub keys: RedisKeys,
 }
 
@@ -71,14 +71,19 @@ impl Flusher {
     }
 }
 
-pub async fn flush_health(health: &Health, redis: &deadpool_redis::Pool, keys: &RedisKeys) -> Result<(), String> {
+pub async fn flush_health(health: &Health, redis: &shield_store::Pool, keys: &RedisKeys) -> Result<(), String> {
     let process = process_id();
     let rows = health.rows(&process);
     if rows.is_empty() {
         return Ok(());
     }
-    let mut pipe = redis::pipe();
+    // One pipeline to a single server; in a cluster one per tenant, so each stays in its slot.
+    let mut pipes: Vec<redis::Pipeline> = Vec::new();
     for (tenant, targets) in rows {
+        if pipes.is_empty() || redis.is_cluster() {
+            pipes.push(redis::pipe());
+        }
+        let Some(pipe) = pipes.last_mut() else { continue };
         let key = keys.health(&tenant);
         for (target, row) in targets {
             pipe.hset(&key, records::health::field(&target, &process), row.encode()).ignore();
@@ -86,10 +91,13 @@ pub async fn flush_health(health: &Health, redis: &deadpool_redis::Pool, keys: &
         pipe.expire(&key, HEALTH_TTL_S).ignore();
     }
     let mut conn = redis.get().await.map_err(|e| e.to_string())?;
-    pipe.query_async::<()>(&mut *conn).await.map_err(|e| e.to_string())
+    for pipe in pipes {
+        pipe.query_async::<()>(&mut conn).await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
-async fn write_event(down: &TargetDown, redis: &deadpool_redis::Pool, keys: &RedisKeys) -> Result<(), String> {
+async fn write_event(down: &TargetDown, redis: &shield_store::Pool, keys: &RedisKeys) -> Result<(), String> {
     let data = json!({"target": down.target, "process": process_id(), "failures": down.failures, "last_error": down.last_error});
     write_event_of(&down.tenant, "gateway_target_down", data, redis, keys).await
 }
@@ -99,7 +107,7 @@ pub async fn write_event_of(
     tenant: &str,
     kind: &str,
     data: serde_json::Value,
-    redis: &deadpool_redis::Pool,
+    redis: &shield_store::Pool,
     keys: &RedisKeys,
 ) -> Result<(), String> {
     let id = uuid::Uuid::new_v4().to_string();
@@ -121,7 +129,7 @@ pub async fn write_event_of(
         .arg(at)
         .arg("data")
         .arg(data.to_string())
-        .query_async::<String>(&mut *conn)
+        .query_async::<String>(&mut conn)
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
@@ -135,7 +143,7 @@ const SPEND_TTL_S: i64 = 400 * 24 * 3600;
 /// (0 when it has none).
 pub async fn flush_usage(
     buffer: &crate::usage::UsageBuffer,
-    redis: &deadpool_redis::Pool,
+    redis: &shield_store::Pool,
     keys: &RedisKeys,
     budgets: &(dyn Fn(&str, &str) -> i64 + Sync),
 ) -> Result<usize, String> {
@@ -190,7 +198,7 @@ pub async fn flush_usage(
             invocation.key(key);
         }
         invocation.arg(args.to_string());
-        match invocation.invoke_async::<Vec<(String, String, String)>>(&mut *conn).await {
+        match invocation.invoke_async::<Vec<(String, String, String)>>(&mut conn).await {
             Ok(winners) => {
                 flushed += rows.len();
                 for (route, total, month) in winners {

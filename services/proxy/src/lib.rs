@@ -63,7 +63,7 @@ pub struct ProxyState {
 impl ProxyState {
     pub fn new(
         config: ProxyConfig,
-        redis: deadpool_redis::Pool,
+        redis: shield_store::Pool,
         events: tokio::sync::mpsc::Sender<health::TargetDown>,
     ) -> ProxyState {
         let caches =
@@ -191,26 +191,15 @@ pub fn no_delay(connection: &dyn std::any::Any, _: &mut actix_web::dev::Extensio
     }
 }
 
-/// `redis://user:pass@host:port/db` → `host:port`, for log lines.
+/// `redis://user:pass@host:port/db` → `host:port` (a cluster: `cluster host:port,...`), for
+/// log lines.
 pub fn redacted(url: &str) -> String {
-    url::Url::parse(url)
-        .ok()
-        .map(|u| format!("{}:{}", u.host_str().unwrap_or("?"), u.port().unwrap_or(6379)))
-        .unwrap_or_else(|| "?".into())
+    shield_store::redacted(url)
 }
 
-pub fn redis_pool(url: &str) -> Result<deadpool_redis::Pool, String> {
-    let mut cfg = deadpool_redis::Config::from_url(url);
-    cfg.pool = Some(deadpool_redis::PoolConfig {
-        max_size: 32,
-        timeouts: deadpool_redis::Timeouts {
-            wait: Some(Duration::from_secs(2)),
-            create: Some(Duration::from_secs(2)),
-            recycle: Some(Duration::from_secs(2)),
-        },
-        ..Default::default()
-    });
-    cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1)).map_err(|e| format!("invalid REDIS_URL: {e}"))
+/// The Redis pool for `REDIS_URL`: one server, or a cluster (`redis+cluster://h:p,h:p`).
+pub fn redis_pool(url: &str) -> Result<shield_store::Pool, String> {
+    shield_store::Pool::open(url, 32)
 }
 
 /// Runs the proxy until the process is stopped. Starts whether or not Redis is up.
@@ -218,7 +207,13 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
     let redis = redis_pool(&config.redis_url).map_err(std::io::Error::other)?;
     let (events, pending_events) = tokio::sync::mpsc::channel(1024);
     let state = web::Data::new(ProxyState::new(config.clone(), redis.clone(), events));
-    sync::spawn(state.caches.clone(), state.health.clone(), config.redis_url.clone(), config.cache_every);
+    sync::spawn(
+        state.caches.clone(),
+        state.health.clone(),
+        redis.clone(),
+        config.redis_url.clone(),
+        config.cache_every,
+    );
     limits::lease::spawn(
         state.limiter.clone(),
         limits::lease::RedisLeases::new(redis.clone(), config.redis_keys.clone()),

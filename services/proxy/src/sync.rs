@@ -1,6 +1,8 @@
 //! Background work that keeps the caches fresh: a refresher every `SHIELD_LLM_ROUTING_CACHE_S`
 //! and a `gw_config` subscriber for immediate invalidation. Both survive Redis outages: they
-//! log once when Redis goes away, retry, and log once when it is back.
+//! log once when Redis goes away, retry, and log once when it is back. In a Redis Cluster the
+//! subscriber listens on one node (classic PUBLISH reaches every node) and moves to another
+//! when that node goes away; what it missed meanwhile is re-read when it subscribes again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,9 +13,9 @@ use shield_core::snapshot::ConfigMessage;
 use crate::cache::Caches;
 use crate::health::Health;
 
-pub fn spawn(caches: Arc<Caches>, health: Arc<Health>, redis_url: String, every: Duration) {
-    tokio::spawn(refresher(caches.clone(), redis_url.clone(), every));
-    tokio::spawn(subscriber(caches, health, redis_url));
+pub fn spawn(caches: Arc<Caches>, health: Arc<Health>, redis: shield_store::Pool, redis_url: String, every: Duration) {
+    tokio::spawn(refresher(caches.clone(), redis_url, every));
+    tokio::spawn(subscriber(caches, health, redis));
 }
 
 async fn refresher(caches: Arc<Caches>, redis_url: String, every: Duration) {
@@ -37,19 +39,26 @@ async fn refresher(caches: Arc<Caches>, redis_url: String, every: Duration) {
     }
 }
 
-async fn subscriber(caches: Arc<Caches>, health: Arc<Health>, redis_url: String) {
+async fn subscriber(caches: Arc<Caches>, health: Arc<Health>, redis: shield_store::Pool) {
     let channel = caches.redis_keys.config_channel();
+    // In a cluster any node hears every PUBLISH; when the one listened to goes away (or never
+    // answered), the next attempt takes the next node.
+    let mut attempt = 0usize;
     loop {
-        match listen(&caches, &health, &redis_url, &channel).await {
-            Ok(()) => tracing::info!("gw_config subscription ended; resubscribing"),
-            Err(err) => tracing::debug!(error = %err, "gw_config subscription failed; retrying"),
+        let nodes = redis.subscribe_urls().await;
+        if let Some(node) = nodes.get(attempt % nodes.len().max(1)) {
+            match listen(&caches, &health, node, &channel).await {
+                Ok(()) => tracing::info!("gw_config subscription ended; resubscribing"),
+                Err(err) => tracing::debug!(error = %err, "gw_config subscription failed; retrying"),
+            }
         }
+        attempt = attempt.wrapping_add(1);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
-async fn listen(caches: &Caches, health: &Health, redis_url: &str, channel: &str) -> redis::RedisResult<()> {
-    let client = redis::Client::open(redis_url)?;
+async fn listen(caches: &Caches, health: &Health, node: &str, channel: &str) -> redis::RedisResult<()> {
+    let client = redis::Client::open(node)?;
     let mut pubsub = tokio::time::timeout(Duration::from_secs(2), client.get_async_pubsub())
         .await
         .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "connect timed out")))??;

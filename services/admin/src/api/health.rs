@@ -41,7 +41,7 @@ pub async fn get(state: State, principal: Principal) -> ApiResult<HttpResponse> 
     let mut conn = state.redis.get().await.map_err(|_| ApiError::RedisUnavailable)?;
     let fields: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(state.redis_keys.health(&tenant.slug))
-        .query_async(&mut *conn)
+        .query_async(&mut conn)
         .await
         .map_err(|_| ApiError::RedisUnavailable)?;
     let mut targets: Vec<TargetHealth> = fields
@@ -69,7 +69,7 @@ pub async fn get(state: State, principal: Principal) -> ApiResult<HttpResponse> 
 pub async fn worst_states(state: &AdminState, tenant: &str) -> BTreeMap<String, String> {
     let Ok(mut conn) = state.redis.get().await else { return BTreeMap::new() };
     let fields: Vec<(String, String)> =
-        redis::cmd("HGETALL").arg(state.redis_keys.health(tenant)).query_async(&mut *conn).await.unwrap_or_default();
+        redis::cmd("HGETALL").arg(state.redis_keys.health(tenant)).query_async(&mut conn).await.unwrap_or_default();
     let mut worst: BTreeMap<String, HealthRecord> = BTreeMap::new();
     for (field, value) in fields {
         let (Some((target, _)), Some(record)) = (health::parse_field(&field), HealthRecord::decode(&value)) else {

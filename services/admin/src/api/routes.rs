@@ -133,7 +133,7 @@ pub async fn month_spend(state: &AdminState, tenant: &str, month: &str) -> std::
     let Ok(mut conn) = state.redis.get().await else { return Default::default() };
     redis::cmd("HGETALL")
         .arg(state.redis_keys.spend(tenant, month))
-        .query_async::<Vec<(String, String)>>(&mut *conn)
+        .query_async::<Vec<(String, String)>>(&mut conn)
         .await
         .map(shield_core::records::spend::decode)
         .unwrap_or_default()

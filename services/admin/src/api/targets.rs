@@ -128,7 +128,7 @@ pub async fn reset(state: State, principal: Principal, id: web::Path<String>) ->
     let _: i64 = redis::cmd("PUBLISH")
         .arg(state.redis_keys.config_channel())
         .arg(message)
-        .query_async(&mut *conn)
+        .query_async(&mut conn)
         .await
         .map_err(|_| ApiError::RedisUnavailable)?;
     audit::record(&state.db, tenant.id, principal.actor(), Action::TargetReset, &id, None, None).await?;

@@ -81,7 +81,7 @@ pub async fn report(state: &AdminState, principal: &Principal, query: &UsageQuer
     while date <= to {
         let key = state.redis_keys.usage(&tenant.slug, &date.format("%Y%m%d").to_string());
         let fields: Vec<(String, String)> =
-            redis::cmd("HGETALL").arg(key).query_async(&mut *conn).await.map_err(|_| ApiError::RedisUnavailable)?;
+            redis::cmd("HGETALL").arg(key).query_async(&mut conn).await.map_err(|_| ApiError::RedisUnavailable)?;
         for (field, value) in fields {
             let Some((route, target)) = records::usage::parse_field(&field) else { continue };
             if query.route.as_deref().is_some_and(|wanted| wanted != route) {

@@ -1,9 +1,9 @@
 //! The leaser: a background task that keeps every active bucket supplied from the fleet's
 //! windows in Redis and gives back what idle buckets hold. It wakes when a request leaves a
 //! bucket low, and every 100 ms for expiries, probes and give-backs. All the leases it needs
-//! go out in one pipelined round trip, one script call each ([`LeaseStore`]); a store that
-//! fails or does not answer within 500 ms puts those buckets offline (they admit their share
-//! of the limit from memory until a probe succeeds).
+//! go out in one pipelined round trip (one per tenant in a Redis Cluster), one script call
+//! each ([`LeaseStore`]); a store that fails or does not answer within 500 ms puts those
+//! buckets offline (they admit their share of the limit from memory until a probe succeeds).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +22,8 @@ pub struct LeaseCall<'a> {
     pub limit: u64,
 }
 
-/// Where the fleet's windows live. One implementation per backend (single Redis today).
+/// Where the fleet's windows live. One implementation per backend ([`RedisLeases`]: a single
+/// Redis or a Redis Cluster, behind [`shield_store::Pool`]).
 pub trait LeaseStore: Send + Sync + 'static {
     /// Every lease in `calls`, in order; `Err` when the store did not answer.
     fn lease(
@@ -41,16 +42,17 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<u64, String>> + Send;
 }
 
-/// The windows in one Redis (or one Redis behind a proxy that keeps a tenant's keys together).
+/// The windows in Redis: one server, or a Redis Cluster where each tenant's windows share the
+/// tenant's slot (the `{tenant}` hash tag).
 pub struct RedisLeases {
-    pub pool: deadpool_redis::Pool,
+    pub pool: shield_store::Pool,
     lease: redis::Script,
     give_back: redis::Script,
     keys: shield_core::keys::RedisKeys,
 }
 
 impl RedisLeases {
-    pub fn new(pool: deadpool_redis::Pool, keys: shield_core::keys::RedisKeys) -> RedisLeases {
+    pub fn new(pool: shield_store::Pool, keys: shield_core::keys::RedisKeys) -> RedisLeases {
         RedisLeases {
             pool,
             lease: redis::Script::new(LEASE_SCRIPT),
@@ -58,21 +60,24 @@ impl RedisLeases {
             keys,
         }
     }
-}
 
-fn window_keys(entry: &Entry) -> [String; 3] {
-    [entry.window.clone(), format!("{}:units", entry.window), format!("{}:sum", entry.window)]
-}
-
-impl LeaseStore for RedisLeases {
-    async fn lease(&self, process: &str, calls: &[LeaseCall<'_>]) -> Result<Vec<LeaseReply>, String> {
-        let mut conn = self.pool.get().await.map_err(|e| e.to_string())?;
+    /// One pipeline: the script loaded, then one call per lease of `group` (indexes in `calls`).
+    async fn lease_pipeline(
+        &self,
+        conn: &mut shield_store::Connection,
+        process: &str,
+        calls: &[LeaseCall<'_>],
+        group: &[usize],
+    ) -> Result<Vec<LeaseReply>, String> {
         let mut pipe = redis::pipe();
         // Loaded every time: cheap beside the round trip, and a flushed script cache (a
-        // restarted or failed-over Redis) never fails a lease.
+        // restarted or failed-over Redis) never fails a lease. `SCRIPT LOAD` names no key, so
+        // in a cluster the pipeline goes to the node of the calls' slot: the script is loaded
+        // where it runs (a `SCRIPT LOAD` alone would go to any node).
         pipe.load_script(&self.lease).ignore();
-        let invocations: Vec<redis::ScriptInvocation<'_>> = calls
+        let invocations: Vec<redis::ScriptInvocation<'_>> = group
             .iter()
+            .filter_map(|&i| calls.get(i))
             .map(|call| {
                 let mut invocation = self.lease.prepare_invoke();
                 for key in window_keys(call.entry) {
@@ -92,8 +97,47 @@ impl LeaseStore for RedisLeases {
         for invocation in &invocations {
             pipe.invoke_script(invocation);
         }
-        let replies: Vec<Vec<i64>> = pipe.query_async(&mut *conn).await.map_err(|e| e.to_string())?;
+        let replies: Vec<Vec<i64>> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
         replies.iter().map(|r| LeaseReply::decode(r).ok_or_else(|| "malformed lease reply".to_string())).collect()
+    }
+}
+
+fn window_keys(entry: &Entry) -> [String; 3] {
+    [entry.window.clone(), format!("{}:units", entry.window), format!("{}:sum", entry.window)]
+}
+
+/// Which calls share a pipeline: all of them on a single server; one tenant's in a cluster,
+/// where a pipeline must stay within one slot.
+fn pipeline_groups(calls: &[LeaseCall<'_>], cluster: bool) -> Vec<Vec<usize>> {
+    if !cluster {
+        return vec![(0..calls.len()).collect()];
+    }
+    let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (i, call) in calls.iter().enumerate() {
+        match groups.iter_mut().find(|(tenant, _)| *tenant == call.entry.tenant) {
+            Some((_, group)) => group.push(i),
+            None => groups.push((&call.entry.tenant, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+impl LeaseStore for RedisLeases {
+    async fn lease(&self, process: &str, calls: &[LeaseCall<'_>]) -> Result<Vec<LeaseReply>, String> {
+        let mut conn = self.pool.get().await.map_err(|e| e.to_string())?;
+        let mut replies: Vec<Option<LeaseReply>> = calls.iter().map(|_| None).collect();
+        for group in pipeline_groups(calls, self.pool.is_cluster()) {
+            let answers = self.lease_pipeline(&mut conn, process, calls, &group).await?;
+            if answers.len() != group.len() {
+                return Err("short reply".into());
+            }
+            for (i, reply) in group.into_iter().zip(answers) {
+                if let Some(slot) = replies.get_mut(i) {
+                    *slot = Some(reply);
+                }
+            }
+        }
+        replies.into_iter().map(|r| r.ok_or_else(|| "short reply".to_string())).collect()
     }
 
     async fn give_back(&self, process: &str, entry: &Entry, seq: u64, units: u64) -> Result<u64, String> {
@@ -105,7 +149,7 @@ impl LeaseStore for RedisLeases {
             .key(sum)
             .arg(format!("{process}:{seq}"))
             .arg(units)
-            .invoke_async(&mut *conn)
+            .invoke_async(&mut conn)
             .await
             .map_err(|e| e.to_string())
     }
