@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use shield_e2e::eventually;
+use shield_e2e::evidence::Evidence;
 use shield_e2e::process::PrivateRedis;
 use shield_e2e::stack::{Stack, StackOptions, chat_body};
 
@@ -30,7 +31,8 @@ struct Answer {
     body: Value,
 }
 
-async fn call(client: &reqwest::Client, proxy: &str, key: &str, body: &Value) -> Answer {
+/// A chat call to `proxy`, kept for the whole-suite leak scan.
+async fn call(evidence: &Evidence, client: &reqwest::Client, proxy: &str, key: &str, body: &Value) -> Answer {
     let response = client
         .post(format!("http://{proxy}/v1/chat/completions"))
         .bearer_auth(key)
@@ -40,6 +42,7 @@ async fn call(client: &reqwest::Client, proxy: &str, key: &str, body: &Value) ->
         .expect("the proxy answers");
     let (status, headers) = (response.status(), response.headers().clone());
     let text = response.text().await.unwrap_or_default();
+    evidence.response("POST proxy /v1/chat/completions (rate limits)", status, &headers, &text);
     Answer { status, headers, body: serde_json::from_str(&text).unwrap_or(Value::String(text)) }
 }
 
@@ -71,7 +74,7 @@ async fn two_proxies_admit_a_keys_limit_once_for_the_fleet() {
     let proxies = [stack.proxy.clone(), second];
     // Both proxies know the key and the route before the clock starts.
     for proxy in &proxies {
-        let warm = call(&stack.client, proxy, &free, &chat_body("smart")).await;
+        let warm = call(&stack.evidence, &stack.client, proxy, &free, &chat_body("smart")).await;
         assert_eq!(warm.status, StatusCode::OK, "{}", warm.body);
     }
 
@@ -83,10 +86,11 @@ async fn two_proxies_admit_a_keys_limit_once_for_the_fleet() {
     let mut tasks = Vec::new();
     for i in 0..total {
         let (client, proxy, key) = (stack.client.clone(), proxies[(i % 2) as usize].clone(), limited.clone());
+        let evidence = stack.evidence.clone();
         let at = start + Duration::from_micros(i * seconds * 1_000_000 / total);
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
-            let answer = call(&client, &proxy, &key, &chat_body("smart")).await;
+            let answer = call(&evidence, &client, &proxy, &key, &chat_body("smart")).await;
             (at.duration_since(start), answer)
         }));
     }
@@ -94,7 +98,7 @@ async fn two_proxies_admit_a_keys_limit_once_for_the_fleet() {
     let mut bystanders = 0;
     for _ in 0..20 {
         for key in [&free, &other] {
-            let answer = call(&stack.client, &proxies[bystanders % 2], key, &chat_body("smart")).await;
+            let answer = call(&stack.evidence, &stack.client, &proxies[bystanders % 2], key, &chat_body("smart")).await;
             assert_eq!(answer.status, if key == &other { StatusCode::NOT_FOUND } else { StatusCode::OK });
             bystanders += 1;
         }
@@ -173,7 +177,7 @@ async fn token_limits_settle_to_reported_usage_and_headers_only_go_down() {
         let stream = i % 3 == 2;
         let mut body = body.clone();
         body["stream"] = json!(stream);
-        let answer = call(&stack.client, &stack.proxy, &key, &body).await;
+        let answer = call(&stack.evidence, &stack.client, &stack.proxy, &key, &body).await;
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
         let tokens = header(&answer.headers, "x-ratelimit-remaining-tokens").expect("remaining tokens");
         let requests = header(&answer.headers, "x-ratelimit-remaining-requests").expect("remaining requests");
@@ -192,7 +196,7 @@ async fn token_limits_settle_to_reported_usage_and_headers_only_go_down() {
     let before = stack.received("a").await.len();
     let mut huge = chat_body("tok");
     huge["max_tokens"] = json!(30000);
-    let answer = call(&stack.client, &stack.proxy, &key, &huge).await;
+    let answer = call(&stack.evidence, &stack.client, &stack.proxy, &key, &huge).await;
     assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS, "{}", answer.body);
     assert_eq!(answer.body["error"]["type"], "tokens");
     assert_eq!(answer.body["error"]["limit"]["scope"], "route");
@@ -207,10 +211,10 @@ async fn each_endpoint_refuses_in_its_own_shape() {
     stack.mock_target("a", "", json!({})).await;
     stack.put_route("one", json!({"targets": ["a"], "limits": {"rpm": 1}})).await;
     let (key, _) = stack.key(None).await;
-    let answer = call(&stack.client, &stack.proxy, &key, &chat_body("one")).await;
+    let answer = call(&stack.evidence, &stack.client, &stack.proxy, &key, &chat_body("one")).await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(header(&answer.headers, "x-ratelimit-remaining-requests"), Some(0));
-    let answer = call(&stack.client, &stack.proxy, &key, &chat_body("one")).await;
+    let answer = call(&stack.evidence, &stack.client, &stack.proxy, &key, &chat_body("one")).await;
     assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
     let retry = header(&answer.headers, "retry-after").unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
@@ -222,9 +226,12 @@ async fn each_endpoint_refuses_in_its_own_shape() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert!(response.headers().get("retry-after").is_some());
-    let body: Value = response.json().await.unwrap();
+    let (status, headers) = (response.status(), response.headers().clone());
+    let text = response.text().await.unwrap();
+    stack.evidence.response("POST proxy /v1/messages (rate limits)", status, &headers, &text);
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(headers.get("retry-after").is_some());
+    let body: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(body["type"], "error");
     assert_eq!(body["error"]["type"], "rate_limit_error");
     assert!(body["error"]["message"].as_str().unwrap().contains("route `one`"), "{body}");
@@ -246,14 +253,18 @@ async fn with_redis_stopped_limits_still_bound_admission_and_usage_is_exact() {
         other => panic!("unexpected {other}"),
     };
     for _ in 0..10 {
-        tally(call(&stack.client, &stack.proxy, &key, &chat_body("smart")).await.status, &mut admitted, &mut refused);
+        tally(
+            call(&stack.evidence, &stack.client, &stack.proxy, &key, &chat_body("smart")).await.status,
+            &mut admitted,
+            &mut refused,
+        );
     }
     assert_eq!(admitted, 10);
     redis.stop();
     // 100 more within a few seconds: this process alone leased, so its share is the limit.
     let mut statuses = Vec::new();
     for _ in 0..100 {
-        statuses.push(call(&stack.client, &stack.proxy, &key, &chat_body("smart")).await.status);
+        statuses.push(call(&stack.evidence, &stack.client, &stack.proxy, &key, &chat_body("smart")).await.status);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let admitted_offline = statuses.iter().filter(|s| **s == StatusCode::OK).count() as u64;

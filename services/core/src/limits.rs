@@ -49,9 +49,11 @@ pub const DEFAULT_OUTPUT_TOKENS: u64 = 256;
 pub struct Limits {
     /// Requests per minute (sliding 60 s window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 10_000_000)]
     pub rpm: Option<u64>,
     /// Tokens per minute: prompt (estimated at admission, reported at the end) plus output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 10_000_000_000_u64)]
     pub tpm: Option<u64>,
 }
 
