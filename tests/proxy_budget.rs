@@ -6,7 +6,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use shield_e2e::eventually;
-use shield_e2e::stack::{Stack, chat_body};
+use shield_e2e::stack::{Stack, StackOptions, chat_body};
 
 /// 10 prompt + 20 completion tokens at 2.5 / 10 USD per million: 225 micro-USD a call.
 async fn priced(stack: &Stack, id: &str, extra: Value) {
@@ -81,7 +81,19 @@ async fn fallback_narrows_to_the_fallback_targets() {
 
 #[tokio::test]
 async fn budget_exceeded_is_claimed_once_with_two_processes_flushing() {
-    let mut stack = Stack::start().await;
+    budget_exceeded_once(StackOptions::default()).await;
+}
+
+/// The same on a Redis Cluster (issue 20): the HSETNX claim inside the tenant's merge script,
+/// the event on `gw_events` in its own slot.
+#[tokio::test]
+async fn budget_exceeded_is_claimed_once_on_a_redis_cluster() {
+    budget_exceeded_once(StackOptions::on_cluster()).await;
+}
+
+async fn budget_exceeded_once(options: StackOptions) {
+    let redis_url = options.redis_url.clone();
+    let mut stack = Stack::start_with(options).await;
     priced(&stack, "a", json!({})).await;
     stack.put_route("shared", json!({"targets": ["a"], "budget": {"monthly": 0.001, "at_limit": "warn"}})).await;
     let (key, _) = stack.key(None).await;
@@ -93,19 +105,16 @@ async fn budget_exceeded_is_claimed_once_with_two_processes_flushing() {
         assert_eq!(response.status(), StatusCode::OK);
     }
     // 12 × 225 = 2,700 micro-USD ≥ 1,000: both processes' flushes cross the limit.
-    let client = redis::Client::open(shield_e2e::redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = shield_e2e::redis_conn(&redis_url).await;
     let events_key = format!("{}gw_events", stack.prefix);
     let spend_key = format!("{}gw_spend:{{{}}}:{}", stack.prefix, stack.tenant, month());
-    eventually(10, "both processes to flush", || {
-        let mut conn = conn.clone();
-        let key = spend_key.clone();
-        async move {
-            (redis::cmd("HGET").arg(key).arg("shared").query_async::<Option<i64>>(&mut conn).await.ok()?? == 2_700)
-                .then_some(())
-        }
-    })
-    .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while redis::cmd("HGET").arg(&spend_key).arg("shared").query_async::<Option<i64>>(&mut conn).await.ok().flatten()
+        != Some(2_700)
+    {
+        assert!(std::time::Instant::now() < deadline, "both processes to flush");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await; // one more flush round from each
     let entries: Vec<(String, Vec<(String, String)>)> =
         redis::cmd("XRANGE").arg(&events_key).arg("-").arg("+").query_async(&mut conn).await.unwrap();

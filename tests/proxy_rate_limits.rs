@@ -207,7 +207,25 @@ async fn token_limits_settle_to_reported_usage_and_headers_only_go_down() {
 
 #[tokio::test]
 async fn each_endpoint_refuses_in_its_own_shape() {
-    let stack = Stack::start().await;
+    refusal_shapes(StackOptions::default()).await;
+}
+
+/// The same on a Redis Cluster (issue 20): the lease scripts run on the tenant's slot, and
+/// the window they keep is there.
+#[tokio::test]
+async fn each_endpoint_refuses_in_its_own_shape_on_a_redis_cluster() {
+    let options = StackOptions::on_cluster();
+    let redis_url = options.redis_url.clone();
+    let stack = refusal_shapes(options).await;
+    let window = format!("{}gw_rl:{{{}}}:route:one:rpm", stack.prefix, stack.tenant);
+    let mut conn = shield_e2e::redis_conn(&redis_url).await;
+    let exists: bool = redis::cmd("EXISTS").arg(&window).query_async(&mut conn).await.unwrap();
+    assert!(exists, "the lease script kept the route's window in the cluster");
+    assert!(!stack.all_logs().contains("rate-limit leases failed"), "every lease was answered");
+}
+
+async fn refusal_shapes(options: StackOptions) -> Stack {
+    let stack = Stack::start_with(options).await;
     stack.mock_target("a", "", json!({})).await;
     stack.put_route("one", json!({"targets": ["a"], "limits": {"rpm": 1}})).await;
     let (key, _) = stack.key(None).await;
@@ -236,6 +254,7 @@ async fn each_endpoint_refuses_in_its_own_shape() {
     assert_eq!(body["error"]["type"], "rate_limit_error");
     assert!(body["error"]["message"].as_str().unwrap().contains("route `one`"), "{body}");
     assert_eq!(stack.received("a").await.len(), 1, "refusals never reach the upstream");
+    stack
 }
 
 #[tokio::test]

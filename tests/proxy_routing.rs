@@ -12,7 +12,17 @@ fn header<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> &'a str {
 
 #[tokio::test]
 async fn first_target_503_is_answered_by_the_second_with_one_failover() {
-    let stack = Stack::start().await;
+    first_target_503_fails_over(StackOptions::default()).await;
+}
+
+/// The same deployment on a Redis Cluster (issue 20): keys, snapshots and health through it.
+#[tokio::test]
+async fn first_target_503_fails_over_on_a_redis_cluster() {
+    first_target_503_fails_over(StackOptions::on_cluster()).await;
+}
+
+async fn first_target_503_fails_over(options: StackOptions) {
+    let stack = Stack::start_with(options).await;
     stack.mock_target("primary", "status:503", json!({})).await;
     stack.mock_target("secondary", "", json!({})).await;
     stack.put_route("smart", json!({"targets": ["primary", "secondary"]})).await;

@@ -26,7 +26,18 @@ fn row<'a>(rows: &'a [Value], target: &str) -> &'a Value {
 
 #[tokio::test]
 async fn costs_and_usage_are_exact_and_flushed() {
-    let stack = Stack::start().await;
+    costs_and_usage(StackOptions::default()).await;
+}
+
+/// The same on a Redis Cluster (issue 20): the merge script runs on the tenant's slot.
+#[tokio::test]
+async fn costs_and_usage_are_exact_and_flushed_on_a_redis_cluster() {
+    costs_and_usage(StackOptions::on_cluster()).await;
+}
+
+async fn costs_and_usage(options: StackOptions) {
+    let redis_url = options.redis_url.clone();
+    let stack = Stack::start_with(options).await;
     priced_route(&stack).await;
     let (key, _) = stack.key(None).await;
     let mut reported = 0;
@@ -72,8 +83,7 @@ async fn costs_and_usage_are_exact_and_flushed() {
     let received = stack.received("down").await.len() + stack.received("up").await.len();
     assert_eq!(down["calls"].as_u64().unwrap() + up["calls"].as_u64().unwrap(), received as u64);
 
-    let client = redis::Client::open(shield_e2e::redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = shield_e2e::redis_conn(&redis_url).await;
     let month = chrono_month();
     let spend: i64 = redis::cmd("HGET")
         .arg(format!("{}gw_spend:{{{}}}:{month}", stack.prefix, stack.tenant))

@@ -10,7 +10,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::Sha256;
 use shield_e2e::eventually;
-use shield_e2e::stack::{Stack, chat_body};
+use shield_e2e::stack::{Stack, StackOptions, chat_body};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 #[derive(Debug, Clone)]
@@ -85,7 +85,18 @@ fn hex(bytes: &[u8]) -> String {
 
 #[tokio::test]
 async fn a_signed_budget_exceeded_reaches_localhost_once_after_a_retry() {
-    let stack = Stack::start().await;
+    budget_exceeded_delivered(StackOptions::default()).await;
+}
+
+/// The same on a Redis Cluster (issue 20): the deliverer's consumer group (XGROUP,
+/// XREADGROUP, XACK) on the `gw_events` stream's node.
+#[tokio::test]
+async fn a_signed_budget_exceeded_is_delivered_from_a_redis_cluster() {
+    budget_exceeded_delivered(StackOptions::on_cluster()).await;
+}
+
+async fn budget_exceeded_delivered(options: StackOptions) {
+    let stack = Stack::start_with(options).await;
     let (url, received) = receiver(1).await;
     let (status, hook) = stack
         .admin_call(

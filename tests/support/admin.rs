@@ -219,8 +219,8 @@ impl Admin {
 
     /// The snapshot currently in Redis for `tenant`.
     pub async fn snapshot(&self, tenant: &str) -> Option<Value> {
-        let client = redis::Client::open(self.redis.as_str()).ok()?;
-        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        let pool = shield_store::Pool::open(&self.redis, 1).ok()?;
+        let mut conn = pool.get().await.ok()?;
         let text: Option<String> =
             redis::cmd("GET").arg(self.keys.snapshot(tenant)).query_async(&mut conn).await.ok()?;
         text.and_then(|t| serde_json::from_str(&t).ok())

@@ -3,6 +3,7 @@
 //! server over real HTTP. Everything is safe to run in parallel and twice in a row.
 
 pub mod admin;
+pub mod cluster;
 pub mod evidence;
 pub mod logs;
 pub mod process;
@@ -115,10 +116,29 @@ pub async fn redis_dump(prefix: &str) -> Vec<(String, String)> {
     redis_dump_from(&redis_url(), prefix).await.expect("Redis must be running for the tests")
 }
 
-/// [`redis_dump`] from the Redis at `url`.
+/// A connection to the Redis at `url`: one server, or a cluster (`redis+cluster://…`), where
+/// each command goes to the node of its key.
+pub async fn redis_conn(url: &str) -> shield_store::Connection {
+    let pool = shield_store::Pool::open(url, 2).expect("a valid Redis URL");
+    pool.get().await.expect("Redis answers")
+}
+
+/// A pub/sub connection subscribed to `channel` at `url` (in a cluster, on one node: every
+/// node hears every PUBLISH).
+pub async fn redis_subscribe(url: &str, channel: &str) -> redis::aio::PubSub {
+    let pool = shield_store::Pool::open(url, 2).expect("a valid Redis URL");
+    let node = pool.subscribe_urls().await.into_iter().next().expect("a node");
+    let mut pubsub = redis::Client::open(node).unwrap().get_async_pubsub().await.expect("Redis answers");
+    pubsub.subscribe(channel).await.unwrap();
+    pubsub
+}
+
+/// [`redis_dump`] from the Redis at `url` (a cluster: `KEYS` on every master, combined).
 pub async fn redis_dump_from(url: &str, prefix: &str) -> redis::RedisResult<Vec<(String, String)>> {
-    let client = redis::Client::open(url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
+    let pool =
+        shield_store::Pool::open(url, 2).map_err(|e| redis::RedisError::from((redis::ErrorKind::Io, "pool", e)))?;
+    let mut conn =
+        pool.get().await.map_err(|e| redis::RedisError::from((redis::ErrorKind::Io, "pool", e.to_string())))?;
     let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await?;
     let mut out = Vec::new();
     for key in keys {

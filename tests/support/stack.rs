@@ -23,6 +23,9 @@ pub struct StackOptions {
     pub routing: bool,
     pub start_admin: bool,
     pub flush_s: u64,
+    /// `SHIELD_LLM_ROUTING_CACHE_S`: 1 s here, so a test sees a change within a second; a
+    /// long one leaves `gw_config` as the only fast path.
+    pub cache_s: u64,
     /// A Postgres server other than the shared one (e.g. a private one the test stops).
     pub postgres_base: Option<String>,
 }
@@ -35,8 +38,16 @@ impl Default for StackOptions {
             routing: true,
             start_admin: true,
             flush_s: 1,
+            cache_s: 1,
             postgres_base: None,
         }
+    }
+}
+
+impl StackOptions {
+    /// The defaults, against this test binary's shared Redis Cluster ([`crate::cluster`]).
+    pub fn on_cluster() -> StackOptions {
+        StackOptions { redis_url: crate::cluster::shared().url(), ..Default::default() }
     }
 }
 
@@ -82,7 +93,7 @@ impl Stack {
             ("SHIELD_PROXY_ADDR", proxy.clone()),
             ("SHIELD_JWT_SECRET", JWT_SECRET.to_string()),
             ("SHIELD_VAULT_KEY", vault_key()),
-            ("SHIELD_LLM_ROUTING_CACHE_S", "1".into()),
+            ("SHIELD_LLM_ROUTING_CACHE_S", options.cache_s.to_string()),
             ("SHIELD_LLM_ROUTING_FLUSH_S", options.flush_s.to_string()),
             ("SHIELD_LLM_ROUTING", if options.routing { "1" } else { "0" }.into()),
             ("RUST_LOG", "info".into()),
