@@ -122,8 +122,16 @@ async fn main() -> ExitCode {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,actix_server=warn"));
+    // The redis crate's cluster client logs every reconnect attempt while a lost master is
+    // being replaced (hundreds of lines a second per process); Shield says once that Redis is
+    // away. Its errors stay, and RUST_LOG naming `redis` shows everything it says.
+    if !std::env::var("RUST_LOG").is_ok_and(|v| v.contains("redis"))
+        && let Ok(quiet) = "redis=error".parse()
+    {
+        filter = filter.add_directive(quiet);
+    }
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
