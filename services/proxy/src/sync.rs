@@ -59,10 +59,11 @@ async fn subscriber(caches: Arc<Caches>, health: Arc<Health>, redis: shield_stor
 
 async fn listen(caches: &Caches, health: &Health, node: &str, channel: &str) -> redis::RedisResult<()> {
     let client = redis::Client::open(node)?;
-    let mut pubsub = tokio::time::timeout(Duration::from_secs(2), client.get_async_pubsub())
-        .await
-        .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "connect timed out")))??;
-    pubsub.subscribe(channel).await?;
+    let timed_out = || redis::RedisError::from((redis::ErrorKind::Io, "connect timed out"));
+    let mut pubsub =
+        tokio::time::timeout(Duration::from_secs(2), client.get_async_pubsub()).await.map_err(|_| timed_out())??;
+    // A node that accepts the connection but never confirms is as good as gone.
+    tokio::time::timeout(Duration::from_secs(2), pubsub.subscribe(channel)).await.map_err(|_| timed_out())??;
     // Messages may have been missed while unsubscribed.
     caches.refresh_all().await;
     let mut messages = pubsub.on_message();
