@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use regex::Regex;
+use regex::{Regex, RegexSet};
 
 /// What a detector found: kind → count. Never the text.
 pub type Findings = BTreeMap<&'static str, usize>;
@@ -20,89 +20,118 @@ fn re(pattern: &str) -> Regex {
     Regex::new(pattern).expect("detector patterns are static and valid")
 }
 
-static EMAIL: LazyLock<Regex> = LazyLock::new(|| re(r"(?i)\b[a-z0-9._%+-]+@([a-z0-9-]+\.)+([a-z]{2,24})\b(:?)"));
-static PHONE: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?x)
+#[allow(
+    clippy::expect_used,
+    reason = "the patterns are literals in this file, compiled by the tests; a bad one fails every test"
+)]
+fn set(patterns: &[&str]) -> RegexSet {
+    RegexSet::new(patterns).expect("detector patterns are static and valid")
+}
+
+const EMAIL_PATTERN: &str = r"(?i)\b[a-z0-9._%+-]+@([a-z0-9-]+\.)+([a-z]{2,24})\b(:?)";
+static EMAIL: LazyLock<Regex> = LazyLock::new(|| re(EMAIL_PATTERN));
+const PHONE_PATTERN: &str = r"(?x)
         (?:^|[^\w+])(
             \+[1-9]\d{0,2}[\s.-]?(?:\(?\d{1,4}\)?[\s.-]?){2,5}\d{2,4}   # +CC …
           | \(\d{3}\)\s?\d{3}[\s.-]\d{4}                              # (555) 123-4567
           | \b\d{3}[.-]\d{3}[.-]\d{4}\b                               # 555-123-4567
-        )(?:$|[^\w])")
-});
-static SSN: LazyLock<Regex> = LazyLock::new(|| re(r"\b(\d{3})-(\d{2})-(\d{4})\b"));
-static CARD: LazyLock<Regex> = LazyLock::new(|| re(r"\b(?:\d[ -]?){12,18}\d\b"));
-static IBAN: LazyLock<Regex> = LazyLock::new(|| re(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"));
+        )(?:$|[^\w])";
+static PHONE: LazyLock<Regex> = LazyLock::new(|| re(PHONE_PATTERN));
+const SSN_PATTERN: &str = r"\b(\d{3})-(\d{2})-(\d{4})\b";
+static SSN: LazyLock<Regex> = LazyLock::new(|| re(SSN_PATTERN));
+const CARD_PATTERN: &str = r"\b(?:\d[ -]?){12,18}\d\b";
+static CARD: LazyLock<Regex> = LazyLock::new(|| re(CARD_PATTERN));
+const IBAN_PATTERN: &str = r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b";
+static IBAN: LazyLock<Regex> = LazyLock::new(|| re(IBAN_PATTERN));
 
-static PROVIDER_KEY: LazyLock<Regex> =
-    LazyLock::new(|| re(r"\bsk-(?:proj-|ant-(?:api\d{2}-)?|live-|or-v1-)?[A-Za-z0-9_-]{20,}\b"));
-static AWS_KEY: LazyLock<Regex> = LazyLock::new(|| re(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"));
-static GITHUB_TOKEN: LazyLock<Regex> =
-    LazyLock::new(|| re(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})\b"));
-static PRIVATE_KEY: LazyLock<Regex> = LazyLock::new(|| re(r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----"));
-static BEARER: LazyLock<Regex> = LazyLock::new(|| re(r"(?i)\bbearer\s+([A-Za-z0-9._~+/=-]{24,})"));
+const PROVIDER_KEY_PATTERN: &str = r"\bsk-(?:proj-|ant-(?:api\d{2}-)?|live-|or-v1-)?[A-Za-z0-9_-]{20,}\b";
+static PROVIDER_KEY: LazyLock<Regex> = LazyLock::new(|| re(PROVIDER_KEY_PATTERN));
+const AWS_KEY_PATTERN: &str = r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b";
+static AWS_KEY: LazyLock<Regex> = LazyLock::new(|| re(AWS_KEY_PATTERN));
+const GITHUB_TOKEN_PATTERN: &str = r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})\b";
+static GITHUB_TOKEN: LazyLock<Regex> = LazyLock::new(|| re(GITHUB_TOKEN_PATTERN));
+const PRIVATE_KEY_PATTERN: &str = r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----";
+static PRIVATE_KEY: LazyLock<Regex> = LazyLock::new(|| re(PRIVATE_KEY_PATTERN));
+const BEARER_PATTERN: &str = r"(?i)\bbearer\s+([A-Za-z0-9._~+/=-]{24,})";
+static BEARER: LazyLock<Regex> = LazyLock::new(|| re(BEARER_PATTERN));
+
+/// One pass per family first: for text with nothing in it (nearly all of it), a single scan of
+/// the union of the family's patterns replaces one scan per pattern. A pattern the set did not
+/// match cannot match alone, so the findings are the same.
+static PII_SET: LazyLock<RegexSet> =
+    LazyLock::new(|| set(&[EMAIL_PATTERN, PHONE_PATTERN, SSN_PATTERN, CARD_PATTERN, IBAN_PATTERN]));
+static SECRETS_SET: LazyLock<RegexSet> = LazyLock::new(|| {
+    set(&[PROVIDER_KEY_PATTERN, AWS_KEY_PATTERN, GITHUB_TOKEN_PATTERN, PRIVATE_KEY_PATTERN, BEARER_PATTERN])
+});
 
 /// File and code suffixes that look like top-level domains in `name@2x.png` or `pkg@v1.ts`.
 const NOT_TLDS: [&str; 12] = ["png", "jpg", "jpeg", "gif", "svg", "webp", "js", "ts", "py", "rs", "go", "json"];
 
 pub fn pii(text: &str) -> Findings {
     let mut found = Findings::new();
+    let hits = PII_SET.matches(text);
     let mut add = |kind, n: usize| {
         if n > 0 {
             *found.entry(kind).or_insert(0) += n;
         }
     };
-    add(
-        "email",
-        EMAIL
-            .captures_iter(text)
-            .filter(|c| {
-                // `git@github.com:org/repo` is an SSH remote, not a mailbox.
-                let tld = c.get(2).map(|m| m.as_str().to_ascii_lowercase()).unwrap_or_default();
-                c.get(3).is_none_or(|colon| colon.as_str().is_empty()) && !NOT_TLDS.contains(&tld.as_str())
-            })
-            .count(),
-    );
-    add(
-        "phone",
-        PHONE.captures_iter(text).filter(|c| c.get(1).is_some_and(|m| digits(m.as_str()).len() >= 10)).count(),
-    );
-    add("us_ssn", SSN.captures_iter(text).filter(|c| valid_ssn(&c[1], &c[2], &c[3])).count());
-    add(
-        "payment_card",
-        CARD.find_iter(text)
-            .filter(|m| {
-                let d = digits(m.as_str());
-                (13..=19).contains(&d.len()) && card_prefix(&d) && luhn(&d) && standalone(text, m.start(), m.end())
-            })
-            .count(),
-    );
-    add("iban", IBAN.find_iter(text).filter(|m| iban_valid(m.as_str())).count());
+    if hits.matched(0) {
+        let emails = EMAIL.captures_iter(text).filter(|c| {
+            // `git@github.com:org/repo` is an SSH remote, not a mailbox.
+            let tld = c.get(2).map(|m| m.as_str().to_ascii_lowercase()).unwrap_or_default();
+            c.get(3).is_none_or(|colon| colon.as_str().is_empty()) && !NOT_TLDS.contains(&tld.as_str())
+        });
+        add("email", emails.count());
+    }
+    if hits.matched(1) {
+        let phones = PHONE.captures_iter(text).filter(|c| c.get(1).is_some_and(|m| digits(m.as_str()).len() >= 10));
+        add("phone", phones.count());
+    }
+    if hits.matched(2) {
+        add("us_ssn", SSN.captures_iter(text).filter(|c| valid_ssn(&c[1], &c[2], &c[3])).count());
+    }
+    if hits.matched(3) {
+        let cards = CARD.find_iter(text).filter(|m| {
+            let d = digits(m.as_str());
+            (13..=19).contains(&d.len()) && card_prefix(&d) && luhn(&d) && standalone(text, m.start(), m.end())
+        });
+        add("payment_card", cards.count());
+    }
+    if hits.matched(4) {
+        add("iban", IBAN.find_iter(text).filter(|m| iban_valid(m.as_str())).count());
+    }
     found
 }
 
 pub fn secrets(text: &str) -> Findings {
     let mut found = Findings::new();
-    for (kind, regex) in [
+    let hits = SECRETS_SET.matches(text);
+    for (i, (kind, regex)) in [
         ("provider_api_key", &*PROVIDER_KEY),
         ("aws_access_key", &*AWS_KEY),
         ("github_token", &*GITHUB_TOKEN),
         ("private_key", &*PRIVATE_KEY),
-    ] {
-        let n = regex.find_iter(text).count();
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let n = if hits.matched(i) { regex.find_iter(text).count() } else { 0 };
         if n > 0 {
             found.insert(kind, n);
         }
     }
-    // A bearer token is a credential when it looks random: letters and digits mixed.
-    let bearer = BEARER
-        .captures_iter(text)
-        .filter(|c| {
-            let token = &c[1];
-            token.bytes().any(|b| b.is_ascii_digit()) && token.bytes().any(|b| b.is_ascii_alphabetic())
-        })
-        .count();
-    if bearer > 0 {
-        found.insert("bearer_token", bearer);
+    if hits.matched(4) {
+        // A bearer token is a credential when it looks random: letters and digits mixed.
+        let bearer = BEARER
+            .captures_iter(text)
+            .filter(|c| {
+                let token = &c[1];
+                token.bytes().any(|b| b.is_ascii_digit()) && token.bytes().any(|b| b.is_ascii_alphabetic())
+            })
+            .count();
+        if bearer > 0 {
+            found.insert("bearer_token", bearer);
+        }
     }
     found
 }
@@ -180,6 +209,32 @@ fn iban_valid(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The one-pass prefilter never hides a match: for any text, the set says a pattern
+        /// matched exactly when that pattern alone matches.
+        #[test]
+        fn the_family_sets_agree_with_each_pattern(
+            parts in proptest::collection::vec(prop_oneof![
+                Just("jane.doe@example.com".to_string()), Just("+1 415 555 2671".to_string()),
+                Just("123-45-6789".to_string()), Just("4111 1111 1111 1111".to_string()),
+                Just("GB82WEST12345698765432".to_string()), Just("sk-proj-abcdefghijklmnopqrstuvwx".to_string()),
+                Just("AKIAABCDEFGHIJKLMNOP".to_string()), Just("-----BEGIN RSA PRIVATE KEY-----".to_string()),
+                Just("Bearer abc123def456ghi789jkl012mno".to_string()), "[ -~]{0,24}", "\\PC{0,8}",
+            ], 0..6)
+        ) {
+            let text = parts.join(" ");
+            let pii_set = PII_SET.matches(&text);
+            for (i, regex) in [&*EMAIL, &*PHONE, &*SSN, &*CARD, &*IBAN].into_iter().enumerate() {
+                prop_assert_eq!(pii_set.matched(i), regex.is_match(&text), "pii pattern {} on {:?}", i, text);
+            }
+            let secrets_set = SECRETS_SET.matches(&text);
+            for (i, regex) in [&*PROVIDER_KEY, &*AWS_KEY, &*GITHUB_TOKEN, &*PRIVATE_KEY, &*BEARER].into_iter().enumerate() {
+                prop_assert_eq!(secrets_set.matched(i), regex.is_match(&text), "secrets pattern {} on {:?}", i, text);
+            }
+        }
+    }
 
     fn kinds(found: Findings) -> Vec<&'static str> {
         found.into_keys().collect()
