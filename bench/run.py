@@ -21,6 +21,18 @@ own cost). For each gateway process the CPU it used per request over the c20 win
 SHIELD_BENCH_BASELINE=/path/to/an/older/shield adds that binary's proxy (same admin, Redis and
 routes) as the "base" paths, so a change is measured before and after in one run.
 
+Every Shield route runs with what a production route has on (issue 19): a rule (that does not
+match), PII and secrets guardrails in monitor mode on input and output, a monthly budget with
+priced targets (cost per call), usage and metrics. A third route, `bench-limited`, is the static
+route with rate limits set far above the load (10M requests and 10G tokens a minute): the
+`s-limits` path against `s-shield` in the same run is what admission, leases and the
+`x-ratelimit-*` headers cost (issue 18: at most 2 %).
+
+Paced latency uses oha when it is installed (`cargo install oha`): a fixed offered rate
+(`-q`, default 5,000 requests/s; SHIELD_BENCH_RATE) over 20 connections, each request timed from
+its scheduled send (`--latency-correction`), so a stall is not hidden by the load generator
+waiting (coordinated omission). Without oha it falls back to wrk with 2-6 ms pauses.
+
 Usage: bench/run.sh [seconds per run, default 10]
 """
 import json
@@ -42,6 +54,9 @@ DURATION = int(sys.argv[1]) if len(sys.argv) > 1 else 10
 CONCURRENCY = 20
 MOCK_BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
 STATIC_BODY = json.dumps({"model": "bench-static", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
+LIMITED_BODY = json.dumps({"model": "bench-limited", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
+RATE = int(os.environ.get("SHIELD_BENCH_RATE", "5000"))
+OHA = shutil.which("oha") or (os.path.expanduser("~/.cargo/bin/oha") if os.path.exists(os.path.expanduser("~/.cargo/bin/oha")) else None)
 BODY = MOCK_BODY
 # What the static backend answers to every request: a fixed chat completion of ~700 bytes.
 STATIC_COMPLETION = json.dumps({
@@ -118,11 +133,22 @@ def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None, pid
 
 
 def paced(url, headers, pid=None):
-    """p50/p99 at a moderate, spread-out load: CONCURRENCY keep-alive connections, each waiting
-    2-6 ms (random, so connections do not move in step) before its next request; about
-    CONCURRENCY / 4 ms = 5,000 requests/s in all. wrk times each request from send to answer,
-    without the pause."""
-    return wrk(url, headers, pause_ms=(2, 6), pid=pid)
+    """p50/p99 at a fixed offered rate every path serves (RATE requests/s over CONCURRENCY
+    keep-alive connections), each request timed from its scheduled send (oha
+    --latency-correction). Without oha: wrk with each connection pausing 2-6 ms."""
+    if not OHA:
+        return wrk(url, headers, pause_ms=(2, 6), pid=pid)
+    args = [OHA, "--no-tui", "--output-format", "json", "-c", str(CONCURRENCY), "-q", str(RATE), "--latency-correction",
+            "-m", "POST", "-d", BODY]
+    for name, value in headers.items():
+        args += ["-H", f"{name}: {value}"]
+    subprocess.run(args + ["-z", "2s", url], capture_output=True)  # warm-up
+    out = subprocess.run(args + ["-z", f"{DURATION}s", url], capture_output=True, text=True).stdout
+    report = json.loads(out)
+    codes = report.get("statusCodeDistribution", {})
+    ok = sum(v for k, v in codes.items() if k.startswith("2"))
+    return {"rps": report["summary"]["requestsPerSec"], "p50": report["latencyPercentiles"]["p50"] * 1000,
+            "p99": report["latencyPercentiles"]["p99"] * 1000, "non_2xx": sum(codes.values()) - ok, "cpu_us": None}
 
 
 def ttft(port, path, headers, n=300):
@@ -205,12 +231,21 @@ def main():
         wait_http(f"http://127.0.0.1:{ports['admin']}/healthz")
         wait_http(f"http://127.0.0.1:{ports['proxy']}/healthz")
         admin = f"http://127.0.0.1:{ports['admin']}/v1/tenant/me"
+        price = {"input_per_mtok": 2.5, "output_per_mtok": 10}
         request("PUT", f"{admin}/gateway/targets/mock", token, {
-            "base_url": f"http://127.0.0.1:{ports['mock']}/v1", "model": "mock-1", "allow_private": True, "auth": {"mode": "none"}})
-        request("PUT", f"{admin}/gateway/routes/bench", token, {"targets": ["mock"]})
+            "base_url": f"http://127.0.0.1:{ports['mock']}/v1", "model": "mock-1", "allow_private": True, "auth": {"mode": "none"},
+            "price": price})
         request("PUT", f"{admin}/gateway/targets/static", token, {
-            "base_url": f"http://127.0.0.1:{ports['static']}/v1", "model": "static-1", "allow_private": True, "auth": {"mode": "none"}})
-        request("PUT", f"{admin}/gateway/routes/bench-static", token, {"targets": ["static"]})
+            "base_url": f"http://127.0.0.1:{ports['static']}/v1", "model": "static-1", "allow_private": True, "auth": {"mode": "none"},
+            "price": price})
+        # What a production route has on: a rule (that does not match), a budget, guardrails.
+        production = {"rules": [{"when": {"role": ["contractor"]}, "deny": "Contractors cannot use this route"}],
+                      "budget": {"monthly": 1000000, "at_limit": "warn"}}
+        request("PUT", f"{admin}/guardrails", token, {"pii_detection": {"mode": "monitor"}, "secrets_detection": {"mode": "monitor"}})
+        request("PUT", f"{admin}/gateway/routes/bench", token, {"targets": ["mock"], **production})
+        request("PUT", f"{admin}/gateway/routes/bench-static", token, {"targets": ["static"], **production})
+        request("PUT", f"{admin}/gateway/routes/bench-limited", token, {
+            "targets": ["static"], **production, "limits": {"rpm": 10_000_000, "tpm": 10_000_000_000}})
         key = request("POST", f"{admin}/keys", token, {"name": "bench"})["key"]
 
         conf = os.path.join(work, "nginx.conf")
@@ -254,11 +289,13 @@ http {{
             "s-direct": (f"http://127.0.0.1:{ports['static']}{chat}", plain, None),
             "s-nginx": (f"http://127.0.0.1:{ports['nginx_static']}{chat}", plain, None),
             "s-shield": (f"http://127.0.0.1:{ports['proxy']}{chat}", keyed, pids["shield"]),
+            "s-limits": (f"http://127.0.0.1:{ports['proxy']}{chat}", keyed, pids["shield"]),
         })
         if baseline:
             targets["s-base"] = (f"http://127.0.0.1:{ports['base']}{chat}", keyed, pids["base"])
         global BODY
         bodies = {name: STATIC_BODY if name.startswith("s-") else MOCK_BODY for name in targets}
+        bodies["s-limits"] = LIMITED_BODY
 
         def each(measure):
             global BODY
@@ -268,6 +305,17 @@ http {{
                 out[name] = measure(url, headers, pid)
             return out
 
+        perf_out = os.environ.get("SHIELD_BENCH_PERF")
+        if perf_out:
+            # A CPU profile of the proxy over one static-backend c20 window (for `perf report`).
+            BODY = STATIC_BODY
+            url, headers, pid = targets["s-shield"]
+            recorder = subprocess.Popen(["perf", "record", "-F", "1999", "-p", str(pid),
+                                         "-o", perf_out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wrk(url, headers, pid=pid)
+            recorder.send_signal(signal.SIGINT)
+            recorder.wait(timeout=120)
+            print(f"profile of the proxy (s-shield, c{CONCURRENCY}) in {perf_out}")
         results = each(lambda url, headers, pid: wrk(url, headers, pid=pid))
         # Unloaded latency: one connection, so the cores are not saturated and the difference
         # is what one pass through the gateway costs.
@@ -315,13 +363,18 @@ http {{
                 line += (f"; shield / base {s_['rps'] / b_['rps']:.1%}; CPU us/req shield {s_['cpu_us']:.1f} "
                          f"vs base {b_['cpu_us']:.1f}")
             print(line)
+        lim, unl = results["s-limits"], results["s-shield"]
+        print(f"rate limits on the static route (s-limits vs s-shield): throughput {lim['rps'] / unl['rps']:.1%}, "
+              f"CPU us/req {lim['cpu_us']:.1f} vs {unl['cpu_us']:.1f} (issue 18: drop <= 2 %)")
         print(f"\nunloaded (wrk -t1 -c1): one request at a time")
         print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}")
         for name, r in serial.items():
             print(f"{name:<10}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}")
         sd, ss = serial["direct"], serial["shield"]
         print(f"\nunloaded: shield added p50 {ss['p50'] - sd['p50']:+.3f} ms, added p99 {ss['p99'] - sd['p99']:+.3f} ms")
-        print(f"\npaced (wrk -c{CONCURRENCY}, each connection pausing 2-6 ms between requests: ~5,000 requests/s)")
+        how = (f"oha -c{CONCURRENCY} -q {RATE} --latency-correction: a fixed offered rate, timed from each scheduled send"
+               if OHA else f"wrk -c{CONCURRENCY}, each connection pausing 2-6 ms between requests: ~5,000 requests/s")
+        print(f"\npaced ({how})")
         print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}")
         for name, r in fixed.items():
             print(f"{name:<10}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}")
