@@ -18,10 +18,18 @@ async fn first_target_503_is_answered_by_the_second_with_one_failover() {
 /// The same deployment on a Redis Cluster (issue 20): keys, snapshots and health through it.
 #[tokio::test]
 async fn first_target_503_fails_over_on_a_redis_cluster() {
-    first_target_503_fails_over(StackOptions::on_cluster()).await;
+    let stack = first_target_503_fails_over(StackOptions::on_cluster()).await;
+    // The health flush (one pipeline per tenant in a cluster) reached the tenant's node.
+    let health = shield_e2e::eventually(10, "the flushed health", || async {
+        let (status, body) = stack.admin_call(reqwest::Method::GET, "/v1/tenant/me/gateway/health", None).await;
+        (status == StatusCode::OK && body["targets"].as_array().is_some_and(|t| t.len() == 2)).then_some(body)
+    })
+    .await;
+    let primary = health["targets"].as_array().unwrap().iter().find(|t| t["target"] == "primary").cloned();
+    assert_eq!(primary.map(|p| p["failures"].clone()), Some(json!(1)), "{health}");
 }
 
-async fn first_target_503_fails_over(options: StackOptions) {
+async fn first_target_503_fails_over(options: StackOptions) -> Stack {
     let stack = Stack::start_with(options).await;
     stack.mock_target("primary", "status:503", json!({})).await;
     stack.mock_target("secondary", "", json!({})).await;
@@ -51,6 +59,7 @@ async fn first_target_503_fails_over(options: StackOptions) {
     let sent: Value = serde_json::from_str(secondary[0]["body"].as_str().unwrap()).unwrap();
     assert_eq!(sent["model"], "model-secondary", "model rewritten to the target's");
     assert_eq!(secondary[0]["headers"]["x-shield-hop"], "1");
+    stack
 }
 
 #[tokio::test]

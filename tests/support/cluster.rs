@@ -55,6 +55,17 @@ extern "C" fn kill_nodes_at_exit() {
     }
 }
 
+/// A free port no cluster of this process was given yet (clusters may start concurrently).
+fn draw_port() -> u16 {
+    static GIVEN: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = free_port();
+        if GIVEN.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
+}
+
 type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
 
 /// Starts `command` from the keeper thread (see the module doc).
@@ -99,6 +110,15 @@ fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The pid a Redis server on `port` reports; `None` for no server (or not Redis) there.
+fn server_pid(port: u16) -> Option<u32> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_millis(500)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    let info: String = redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
+    field(&info, "process_id")?.parse().ok()
+}
+
 fn field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':'))).map(str::trim)
 }
@@ -110,18 +130,14 @@ impl Cluster {
         let dir = std::env::temp_dir().join(unique("shield-cluster-"));
         std::fs::create_dir_all(&dir).unwrap();
         DIRS.lock().unwrap().push(dir.clone());
-        let mut taken = std::collections::BTreeSet::new();
-        let mut draw = || loop {
-            let port = free_port();
-            if taken.insert(port) {
-                return port;
+        let mut cluster = Cluster { ports: Vec::new(), dir, bus: BTreeMap::new(), nodes: Mutex::new(BTreeMap::new()) };
+        while cluster.ports.len() < 6 {
+            let (port, bus) = (draw_port(), draw_port());
+            cluster.bus.insert(port, bus);
+            // A port taken since it was drawn (by another process) fails the start: draw again.
+            if cluster.try_start_node(port) {
+                cluster.ports.push(port);
             }
-        };
-        let ports: Vec<u16> = (0..6).map(|_| draw()).collect();
-        let bus = ports.iter().map(|&p| (p, draw())).collect();
-        let cluster = Cluster { ports, dir, bus, nodes: Mutex::new(BTreeMap::new()) };
-        for &port in &cluster.ports {
-            cluster.start_node(port);
         }
         let started = Instant::now();
         let mut nodes: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -136,6 +152,11 @@ impl Cluster {
     }
 
     fn start_node(&self, port: u16) {
+        assert!(self.try_start_node(port), "redis-server on {port} did not start");
+    }
+
+    /// Starts the node on `port`; false when it exited instead (its port or bus port taken).
+    fn try_start_node(&self, port: u16) -> bool {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--cluster-enabled", "yes"])
             .args(["--cluster-port", &self.bus[&port].to_string()])
@@ -145,13 +166,19 @@ impl Cluster {
             .args(["--logfile", &self.dir.join(format!("{port}.log")).to_string_lossy()])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let child = spawn_kept(cmd);
-        self.nodes.lock().unwrap().insert(port, child);
+        let mut child = spawn_kept(cmd);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server on {port} did not start");
+        // Ours answers with our child's pid (another server may hold the port).
+        while server_pid(port) != Some(child.id()) {
+            if child.try_wait().ok().flatten().is_some() || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.nodes.lock().unwrap().insert(port, child);
+        true
     }
 
     /// Waits until every running node sees the whole cluster healthy and replicas are in sync.
