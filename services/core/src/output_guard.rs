@@ -48,11 +48,21 @@ pub fn check_answer(
     role: Option<&str>,
     body: &Map<String, Value>,
 ) -> (Verdict, Result<(), String>) {
-    let verdict = policy.check(&answer_text(body));
+    let tools = tool_names(body.get("choices").and_then(Value::as_array), "message");
+    check_answer_parts(policy, role, &answer_text(body), &tools)
+}
+
+/// [`check_answer`] on what it reads of an answer: its text and the tools it calls.
+pub fn check_answer_parts(
+    policy: &GuardrailPolicy,
+    role: Option<&str>,
+    text: &str,
+    tools: &[String],
+) -> (Verdict, Result<(), String>) {
+    let verdict = policy.check(text);
     if let Some(name) = verdict.blocked_by {
         return (verdict, Err(blocked_reason("output", name)));
     }
-    let tools = tool_names(body.get("choices").and_then(Value::as_array), "message");
     let tools: Vec<&str> = tools.iter().map(String::as_str).collect();
     let refused = policy.refused_tool(role, &tools).map(|tool| tool_refusal(policy, role, tool));
     (verdict, refused.map_or(Ok(()), Err))

@@ -11,7 +11,7 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{ContentType, HeaderMap as InboundHeaders};
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, ResponseError, post, web};
 use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use shield_core::limits::Limits;
 use shield_core::money::Usd;
 use shield_core::plan::Excluded;
@@ -254,7 +254,12 @@ pub async fn pipeline(
     routed.cost_micros = paid.as_ref().map(|p| p.cost_micros);
     // Seed §5: output guardrails and tool RBAC once, on the answer actually returned.
     if let RoutedResult::Answer { target, body, .. } = &routed.result {
-        let (verdict, allowed) = guard::check_answer(&tenant.snapshot.guardrails, caller.role.as_deref(), body);
+        let (verdict, allowed) = guard::check_answer_parts(
+            &tenant.snapshot.guardrails,
+            caller.role.as_deref(),
+            &body.text(),
+            &body.tool_names(),
+        );
         guardrails.extend(guard::results_json("output", &verdict.results));
         if let Err(reason) = allowed {
             routed.result = RoutedResult::Refusal { reason, target: Some(target.clone()) };
@@ -283,7 +288,7 @@ fn paid(config: &TenantConfig, request: &ChatRequest, routed: &Routed) -> Option
         Some(usage) => (*usage, false),
         None => {
             let input = (request.prompt_chars() as u64).div_ceil(4);
-            let output = (guard::answer_text(body).len() as u64).div_ceil(4);
+            let output = (body.text().len() as u64).div_ceil(4);
             (TokenUsage { input, output, ..TokenUsage::default() }, true)
         }
     };
@@ -377,14 +382,6 @@ struct XShield<'a> {
     guardrail_results: &'a [Value],
 }
 
-/// An upstream's completion with Shield's `x_shield` beside its own fields.
-#[derive(Serialize)]
-struct AnswerBody<'a> {
-    #[serde(flatten)]
-    upstream: &'a Map<String, Value>,
-    x_shield: XShield<'a>,
-}
-
 pub fn with_routing_headers(
     mut response: HttpResponseBuilder,
     routed: &Routed,
@@ -402,17 +399,12 @@ pub fn with_routing_headers(
 fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Value>) -> HttpResponse {
     let x_shield = |routed: &Routed, target: Option<&str>| json!({"routing": routing_record(routed, target), "guardrail_results": guardrails});
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
-        RoutedResult::Answer { target, model, mut body, .. } => {
-            // Written into the upstream's own map: the answer is not copied. An upstream's own
-            // `x_shield` is dropped: the one the caller reads is Shield's.
-            body.insert("model".into(), Value::String(model));
-            body.remove("x_shield");
-            body.remove(crate::provider::NATIVE_CONTENT);
-            let answer = AnswerBody {
-                upstream: &body,
-                x_shield: XShield { routing: routing_record(&routed, Some(&target)), guardrail_results: &guardrails },
-            };
-            let json = serde_json::to_vec(&answer).unwrap_or_default();
+        RoutedResult::Answer { target, model, body, .. } => {
+            // The upstream's own bytes with `model` and Shield's `x_shield` spliced in, where the
+            // answer came as OpenAI's shape (provider::Completion); an upstream's own `x_shield`
+            // is dropped: the one the caller reads is Shield's.
+            let x_shield = XShield { routing: routing_record(&routed, Some(&target)), guardrail_results: &guardrails };
+            let json = body.render_openai(&model, &x_shield);
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target))
                 .content_type(ContentType::json())
                 .body(json)
@@ -553,7 +545,7 @@ mod tests {
 
     #[actix_web::test]
     async fn an_answer_carries_shields_own_x_shield_once_and_the_exact_cost() {
-        let body: Map<String, Value> =
+        let body: serde_json::Map<String, Value> =
             serde_json::from_str(r#"{"id": "c1", "model": "up", "choices": [], "x_shield": {"routing": "forged"}}"#)
                 .unwrap();
         let routed = Routed {
@@ -563,7 +555,12 @@ mod tests {
             excluded: Vec::new(),
             halt: Halt::Succeeded,
             failovers: 0,
-            result: RoutedResult::Answer { target: "a".into(), model: "gpt-x".into(), body, usage: None },
+            result: RoutedResult::Answer {
+                target: "a".into(),
+                model: "gpt-x".into(),
+                body: crate::provider::Completion::Tree(body),
+                usage: None,
+            },
             cost_micros: Some(1350),
             budget: shield_core::usage::BudgetState::Ok,
         };

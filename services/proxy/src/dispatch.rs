@@ -11,7 +11,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use shield_core::breaker::Permit;
 use shield_core::outcome::Class;
 use shield_core::plan::{Excluded, Exclusion, Facts, plan};
@@ -23,7 +23,7 @@ use shield_core::usage::{BudgetState, TokenUsage};
 use crate::body::ChatRequest;
 use crate::egress::{Egress, Failure, Opened};
 use crate::health::Health;
-use crate::provider::{self, Credential, Provider};
+use crate::provider::{self, Completion, Credential, Provider};
 use crate::tenant::TenantConfig;
 
 pub const HOP_HEADER: &str = "x-shield-hop";
@@ -47,7 +47,7 @@ pub struct Routed {
 pub enum RoutedResult {
     /// A completion from `target`, normalised by its provider adapter, with the usage the
     /// provider reported.
-    Answer { target: String, model: String, body: Map<String, Value>, usage: Option<TokenUsage> },
+    Answer { target: String, model: String, body: Completion, usage: Option<TokenUsage> },
     /// A class that does not fail over, with the upstream's status and error body.
     Refused { target: String, status: u16, body: Option<Vec<u8>> },
     /// Nothing usable: every attempt failed, none was possible, or the deadline passed.

@@ -203,7 +203,7 @@ impl Egress {
             Ok(Ok((status, _, None))) => {
                 Err(Failure { class: Class::BadResponse, status: Some(status), body: None, reset_hint_ms: None })
             }
-            Ok(Ok((status, _, Some(bytes)))) if (200..300).contains(&status) => match provider.answer(&bytes) {
+            Ok(Ok((status, _, Some(bytes)))) if (200..300).contains(&status) => match provider.answer(bytes) {
                 Some(answer) => Ok((status, answer)),
                 None => {
                     Err(Failure { class: Class::BadResponse, status: Some(status), body: None, reset_hint_ms: None })

@@ -81,6 +81,7 @@ fn render(outcome: Outcome) -> HttpResponse {
             };
             let (status, body) = match result {
                 RoutedResult::Answer { model, body, .. } => {
+                    let body = body.into_tree();
                     let choice = body.get("choices").and_then(|c| c.get(0));
                     let answer = json!({
                         "id": body.get("id"), "model": model,

@@ -130,7 +130,7 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Value>
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
             let usage = usage.unwrap_or_default();
-            let mut answer = message(&body, &model, usage);
+            let mut answer = message(&body.into_tree(), &model, usage);
             answer["x_shield"] =
                 json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(answer)

@@ -73,8 +73,8 @@ impl Provider for Anthropic {
         serde_json::to_vec(&body).unwrap_or_default()
     }
 
-    fn answer(&self, body: &[u8]) -> Option<Answer> {
-        let message: Value = serde_json::from_slice(body).ok()?;
+    fn answer(&self, body: Vec<u8>) -> Option<Answer> {
+        let message: Value = serde_json::from_slice(&body).ok()?;
         if message.get("type").and_then(Value::as_str) != Some("message") {
             return None;
         }
@@ -114,7 +114,7 @@ impl Provider for Anthropic {
         {
             completion.insert(NATIVE_CONTENT.into(), Value::Array(blocks.clone()));
         }
-        Some(Answer { body: completion, usage })
+        Some(Answer { body: super::Completion::Tree(completion), usage })
     }
 
     fn decoder(&self) -> Box<dyn StreamDecoder> {

@@ -9,20 +9,21 @@
 //! the relay and accounting see only the normalised types.
 //!
 //! The normalised shapes are OpenAI's Chat Completions objects held as JSON (a
-//! `chat.completion` map, `chat.completion.chunk` values) with usage as [`TokenUsage`]: the
-//! OpenAI adapter passes the upstream's own parse through untouched (one parse of the answer,
-//! no copy), and every other adapter converts once.
+//! `chat.completion` ([`Completion`]: the OpenAI adapter keeps the upstream's own bytes and
+//! reads them with one borrowed parse; every other adapter converts once into a map),
+//! `chat.completion.chunk` values) with usage as [`TokenUsage`].
 //!
 //! Adding a provider: one module implementing [`Provider`], one arm in [`for_flavor`], its
 //! tests. Adapters never log a header value or a body.
 
 mod anthropic;
+mod completion;
 mod openai;
 
 pub use anthropic::{NATIVE_CONTENT, THINKING};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use shield_core::outcome::Class;
 use shield_core::target::{Flavor, Target};
 use shield_core::usage::TokenUsage;
@@ -31,8 +32,7 @@ use url::Url;
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
-/// A normalised completion: an OpenAI `chat.completion` object.
-pub type Completion = Map<String, Value>;
+pub use completion::Completion;
 
 /// A 2xx answer, normalised.
 #[derive(Debug)]
@@ -122,7 +122,7 @@ pub trait Provider: Sync {
     }
 
     /// A 2xx body as a normalised answer; `None` when it is not a completion (bad response).
-    fn answer(&self, body: &[u8]) -> Option<Answer>;
+    fn answer(&self, body: Vec<u8>) -> Option<Answer>;
 
     /// A decoder for one streamed answer.
     fn decoder(&self) -> Box<dyn StreamDecoder>;

@@ -4,12 +4,12 @@
 
 use http::header::HeaderMap;
 use serde_json::Value;
-use shield_core::outcome::{classify_error_event, classify_status, is_completion};
+use shield_core::outcome::{classify_error_event, classify_status};
 use shield_core::target::{Flavor, Target};
 use shield_core::usage::TokenUsage;
 use url::Url;
 
-use super::{Answer, Decoded, Provider, StreamDecoder, join, reset_hint};
+use super::{Answer, Completion, Decoded, Provider, StreamDecoder, join, reset_hint};
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
@@ -43,14 +43,10 @@ impl Provider for OpenAi {
         request.upstream_body(&target.model, target.extra_body.as_ref(), ask_usage)
     }
 
-    fn answer(&self, body: &[u8]) -> Option<Answer> {
-        match serde_json::from_slice::<Value>(body) {
-            Ok(Value::Object(map)) if is_completion(&map) => {
-                let usage = map.get("usage").and_then(usage_of);
-                Some(Answer { body: map, usage })
-            }
-            _ => None,
-        }
+    fn answer(&self, body: Vec<u8>) -> Option<Answer> {
+        let completion = Completion::parse_openai(body)?;
+        let usage = completion.usage().and_then(usage_of);
+        Some(Answer { body: completion, usage })
     }
 
     fn decoder(&self) -> Box<dyn StreamDecoder> {
@@ -123,11 +119,11 @@ mod tests {
     #[test]
     fn answers_keep_the_upstreams_parse_and_read_usage() {
         let body = br#"{"id":"c","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}"#;
-        let answer = OPENAI.answer(body).unwrap();
-        assert_eq!(answer.body["id"], "c");
+        let answer = OPENAI.answer(body.to_vec()).unwrap();
+        assert_eq!(answer.body.text(), "hi");
         assert_eq!(answer.usage, Some(TokenUsage { input: 10, output: 3, cache_read: 4, cache_write: 0 }));
-        assert!(OPENAI.answer(br#"{"error":{"message":"x"}}"#).is_none(), "not a completion");
-        assert!(OPENAI.answer(b"garbage").is_none());
+        assert!(OPENAI.answer(br#"{"error":{"message":"x"}}"#.to_vec()).is_none(), "not a completion");
+        assert!(OPENAI.answer(b"garbage".to_vec()).is_none());
     }
 
     #[test]

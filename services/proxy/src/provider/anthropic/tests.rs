@@ -80,22 +80,24 @@ fn answers_become_completions_with_usage_and_tool_calls() {
             {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"q": "x"}}],
         "stop_reason": "tool_use", "stop_sequence": null,
         "usage": {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20}});
-    let answer = ANTHROPIC.answer(message.to_string().as_bytes()).unwrap();
-    let choice = &answer.body["choices"][0];
+    let answer = ANTHROPIC.answer(message.to_string().into_bytes()).unwrap();
+    let usage = answer.usage;
+    let body = answer.body.into_tree();
+    let choice = &body["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls");
     assert_eq!(choice["message"]["content"], "Let me look.");
     assert_eq!(choice["message"]["tool_calls"][0]["id"], "toolu_1");
     assert_eq!(choice["message"]["tool_calls"][0]["function"]["arguments"], r#"{"q":"x"}"#);
-    assert_eq!(answer.usage, Some(TokenUsage { input: 130, output: 5, cache_read: 100, cache_write: 20 }));
-    assert_eq!(answer.body["usage"]["prompt_tokens"], 130);
-    assert_eq!(answer.body["object"], "chat.completion");
+    assert_eq!(usage, Some(TokenUsage { input: 130, output: 5, cache_read: 100, cache_write: 20 }));
+    assert_eq!(body["usage"]["prompt_tokens"], 130);
+    assert_eq!(body["object"], "chat.completion");
     for (reason, finish) in [("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length")] {
         let message = json!({"type": "message", "content": [], "stop_reason": reason});
-        let answer = ANTHROPIC.answer(message.to_string().as_bytes()).unwrap();
-        assert_eq!(answer.body["choices"][0]["finish_reason"], finish);
+        let answer = ANTHROPIC.answer(message.to_string().into_bytes()).unwrap();
+        assert_eq!(answer.body.into_tree()["choices"][0]["finish_reason"], finish);
     }
-    assert!(ANTHROPIC.answer(br#"{"type":"error","error":{"type":"api_error"}}"#).is_none());
-    assert!(ANTHROPIC.answer(b"nope").is_none());
+    assert!(ANTHROPIC.answer(br#"{"type":"error","error":{"type":"api_error"}}"#.to_vec()).is_none());
+    assert!(ANTHROPIC.answer(b"nope".to_vec()).is_none());
 }
 
 /// A whole text + tool stream, event by event: nothing before the first content, then chunks.
@@ -229,11 +231,11 @@ fn usage_is_final_only_after_message_delta_and_thinking_is_kept_aside() {
 
     let message = json!({"type": "message", "content": [{"type": "thinking", "thinking": "hm", "signature": "sig"},
         {"type": "text", "text": "42"}], "stop_reason": "end_turn"});
-    let answer = ANTHROPIC.answer(message.to_string().as_bytes()).unwrap();
-    assert_eq!(answer.body["choices"][0]["message"]["content"], "42", "no thinking in the text");
-    assert_eq!(answer.body[NATIVE_CONTENT][0]["signature"], "sig", "kept for Anthropic-shaped callers");
+    let body = ANTHROPIC.answer(message.to_string().into_bytes()).unwrap().body.into_tree();
+    assert_eq!(body["choices"][0]["message"]["content"], "42", "no thinking in the text");
+    assert_eq!(body[NATIVE_CONTENT][0]["signature"], "sig", "kept for Anthropic-shaped callers");
     let plain = json!({"type": "message", "content": [{"type": "text", "text": "42"}], "stop_reason": "end_turn"});
-    assert!(ANTHROPIC.answer(plain.to_string().as_bytes()).unwrap().body.get(NATIVE_CONTENT).is_none());
+    assert!(ANTHROPIC.answer(plain.to_string().into_bytes()).unwrap().body.into_tree().get(NATIVE_CONTENT).is_none());
 }
 
 #[test]

@@ -1,0 +1,276 @@
+//! The normalised completion: an OpenAI `chat.completion` object, held one of two ways.
+//!
+//! * [`Completion::Raw`]: the upstream's own bytes, when they are OpenAI's shape already (the
+//!   `openai` and `azure` flavors). A borrowed, skip-everything-else parse checks the shape
+//!   and reads only what Shield uses — where `model` sits, the answer's text and tool names
+//!   (for the output guardrails) and `usage` — and the answer to an OpenAI-shaped caller is
+//!   the same bytes with `model` replaced and `x_shield` spliced in before the closing brace:
+//!   no tree is built, walked, re-serialised and dropped per answer (issue 19: that was the
+//!   largest share of Shield's own CPU on the answer path).
+//! * [`Completion::Tree`]: a JSON map, for adapters that convert (Anthropic) and for the
+//!   rare upstream answer the borrowed parse does not take (a non-string `content`, a
+//!   duplicate key, an upstream's own `x_shield`): those take the general path, unchanged.
+//!
+//! Either way the same questions get the same answers; the tests below hold both to it.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+/// A normalised completion.
+#[derive(Debug)]
+pub enum Completion {
+    Raw(Box<RawCompletion>),
+    Tree(Map<String, Value>),
+}
+
+/// An upstream completion as sent, with what Shield reads of it.
+#[derive(Debug)]
+pub struct RawCompletion {
+    bytes: Vec<u8>,
+    /// The bytes of `model`'s value.
+    model: Range<usize>,
+    /// The index of the closing `}`.
+    end: usize,
+    /// Every choice's `message.content`, joined by newlines.
+    text: String,
+    tools: Vec<String>,
+    /// `usage`'s value, parsed alone.
+    usage: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct View<'a> {
+    #[serde(borrow)]
+    model: &'a RawValue,
+    choices: Vec<ChoiceView<'a>>,
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+    /// Present only to send such an answer down the general path (it drops the key).
+    #[serde(borrow, default)]
+    x_shield: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceView<'a> {
+    #[serde(borrow, default)]
+    message: Option<MessageView<'a>>,
+}
+
+#[derive(Deserialize)]
+struct MessageView<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<Vec<ToolCallView<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallView<'a> {
+    #[serde(borrow, default)]
+    function: Option<FunctionView<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionView<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+}
+
+impl Completion {
+    /// An OpenAI-shaped answer body: `None` when it is not a completion (no `choices` array).
+    pub fn parse_openai(bytes: Vec<u8>) -> Option<Completion> {
+        if let Some(raw) = RawCompletion::parse(&bytes) {
+            return Some(Completion::Raw(Box::new(RawCompletion { bytes, ..raw })));
+        }
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(map)) if shield_core::outcome::is_completion(&map) => Some(Completion::Tree(map)),
+            _ => None,
+        }
+    }
+
+    /// `usage` as the upstream wrote it.
+    pub fn usage(&self) -> Option<&Value> {
+        match self {
+            Completion::Raw(raw) => raw.usage.as_ref(),
+            Completion::Tree(map) => map.get("usage"),
+        }
+    }
+
+    /// The assistant text of every choice (what the output guardrails read).
+    pub fn text(&self) -> Cow<'_, str> {
+        match self {
+            Completion::Raw(raw) => Cow::Borrowed(&raw.text),
+            Completion::Tree(map) => Cow::Owned(shield_core::output_guard::answer_text(map)),
+        }
+    }
+
+    /// The tools the answer asks to call (what tool RBAC reads).
+    pub fn tool_names(&self) -> Vec<String> {
+        match self {
+            Completion::Raw(raw) => raw.tools.clone(),
+            Completion::Tree(map) => {
+                shield_core::output_guard::tool_names(map.get("choices").and_then(Value::as_array), "message")
+            }
+        }
+    }
+
+    /// The completion as a map, for renderers that rebuild the answer (other caller shapes).
+    pub fn into_tree(self) -> Map<String, Value> {
+        match self {
+            Completion::Tree(map) => map,
+            Completion::Raw(raw) => match serde_json::from_slice(&raw.bytes) {
+                Ok(Value::Object(map)) => map,
+                _ => Map::new(),
+            },
+        }
+    }
+
+    /// The answer to an OpenAI-shaped caller: `model` set to the answering target's model,
+    /// Shield's `x_shield` added (an upstream's own `x_shield` and Shield-internal keys
+    /// dropped).
+    pub fn render_openai(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
+        match self {
+            Completion::Raw(raw) => (*raw).render(model, x_shield),
+            Completion::Tree(mut body) => {
+                body.insert("model".into(), Value::String(model.to_string()));
+                body.remove("x_shield");
+                body.remove(super::NATIVE_CONTENT);
+                #[derive(serde::Serialize)]
+                struct AnswerBody<'a, X> {
+                    #[serde(flatten)]
+                    upstream: &'a Map<String, Value>,
+                    x_shield: &'a X,
+                }
+                serde_json::to_vec(&AnswerBody { upstream: &body, x_shield }).unwrap_or_default()
+            }
+        }
+    }
+}
+
+impl RawCompletion {
+    /// The borrowed look at `bytes`; `None` sends them down the general path.
+    fn parse(bytes: &[u8]) -> Option<RawCompletion> {
+        let view: View<'_> = serde_json::from_slice(bytes).ok()?;
+        if view.x_shield.is_some() {
+            return None;
+        }
+        let model = view.model.get();
+        let start = (model.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize)?;
+        let end = bytes.iter().rposition(|&b| b == b'}')?;
+        let mut text = String::new();
+        let mut tools = Vec::new();
+        let mut parts = 0;
+        for message in view.choices.iter().filter_map(|c| c.message.as_ref()) {
+            if let Some(content) = &message.content {
+                if parts > 0 {
+                    text.push('\n');
+                }
+                text.push_str(content);
+                parts += 1;
+            }
+            let calls = message.tool_calls.iter().flatten();
+            tools.extend(calls.filter_map(|c| c.function.as_ref()?.name.as_deref().map(str::to_string)));
+        }
+        let usage = match view.usage {
+            Some(usage) => Some(serde_json::from_str(usage.get()).ok()?),
+            None => None,
+        };
+        Some(RawCompletion { bytes: Vec::new(), model: start..start + model.len(), end, text, tools, usage })
+    }
+
+    fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
+        let RawCompletion { bytes, model: span, end, .. } = self;
+        let mut out = Vec::with_capacity(bytes.len() + model.len() + 512);
+        out.extend_from_slice(&bytes[..span.start]);
+        let _ = serde_json::to_writer(&mut out, model);
+        out.extend_from_slice(&bytes[span.end..end]);
+        out.extend_from_slice(b",\"x_shield\":");
+        let _ = serde_json::to_writer(&mut out, x_shield);
+        out.push(b'}');
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// Both paths give the same answers for the same completion.
+    fn agree(body: &Value) {
+        let bytes = serde_json::to_vec(body).unwrap();
+        let raw = Completion::parse_openai(bytes.clone()).unwrap();
+        assert!(matches!(raw, Completion::Raw(_)), "{body}");
+        let Value::Object(map) = body.clone() else { panic!() };
+        let tree = Completion::Tree(map);
+        assert_eq!(raw.text(), tree.text());
+        assert_eq!(raw.tool_names(), tree.tool_names());
+        assert_eq!(raw.usage(), tree.usage());
+        let x_shield = json!({"routing": {"route": "r"}, "guardrail_results": []});
+        let (a, b) = (raw.render_openai("gpt-x", &x_shield), tree.render_openai("gpt-x", &x_shield));
+        let (a, b): (Value, Value) = (serde_json::from_slice(&a).unwrap(), serde_json::from_slice(&b).unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a["model"], "gpt-x");
+        assert_eq!(a["x_shield"], x_shield);
+    }
+
+    #[test]
+    fn the_raw_path_splices_model_and_x_shield_into_the_upstreams_bytes() {
+        let body = br#"{"id":"c1","object":"chat.completion","model":"up-\"1\"","choices":[{"index":0,"message":{"role":"assistant","content":"hi \u00e9\n"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}  "#;
+        let completion = Completion::parse_openai(body.to_vec()).unwrap();
+        assert!(matches!(completion, Completion::Raw(_)));
+        assert_eq!(completion.text(), "hi é\n");
+        let out = completion.render_openai("m\"2", &json!({"routing": 1}));
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with(r#"{"id":"c1","object":"chat.completion","model":"m\"2","choices""#), "{text}");
+        assert!(text.ends_with(r#""usage":{"prompt_tokens":3,"completion_tokens":2},"x_shield":{"routing":1}}"#));
+        agree(&serde_json::from_slice(body).unwrap());
+    }
+
+    #[test]
+    fn unusual_answers_take_the_general_path_and_non_completions_none() {
+        let own = br#"{"model":"m","choices":[],"x_shield":{"routing":"forged"}}"#;
+        let completion = Completion::parse_openai(own.to_vec()).unwrap();
+        assert!(matches!(completion, Completion::Tree(_)));
+        let out: Value = serde_json::from_slice(&completion.render_openai("t", &json!({"mine": true}))).unwrap();
+        assert_eq!(out["x_shield"], json!({"mine": true}), "an upstream's own x_shield is dropped");
+        let parts = br#"{"model":"m","choices":[{"message":{"content":[{"type":"text","text":"a"}]}}]}"#;
+        assert!(matches!(Completion::parse_openai(parts.to_vec()), Some(Completion::Tree(_))));
+        let duplicate = br#"{"model":"m","model":"n","choices":[]}"#;
+        assert!(matches!(Completion::parse_openai(duplicate.to_vec()), Some(Completion::Tree(_))));
+        let no_model = br#"{"choices":[{"message":{"content":"x"}}]}"#;
+        let completion = Completion::parse_openai(no_model.to_vec()).unwrap();
+        let out: Value = serde_json::from_slice(&completion.render_openai("t", &json!(1))).unwrap();
+        assert_eq!(out["model"], "t");
+        assert!(Completion::parse_openai(br#"{"error":{"message":"x"}}"#.to_vec()).is_none());
+        assert!(Completion::parse_openai(b"garbage".to_vec()).is_none());
+        assert!(Completion::parse_openai(br#"{"choices":{}}"#.to_vec()).is_none());
+    }
+
+    proptest! {
+        /// Any completion with text, tool calls and extra fields: the raw path answers as the
+        /// tree path does.
+        #[test]
+        fn both_paths_agree(
+            contents in proptest::collection::vec(proptest::option::of("\\PC{0,20}"), 0..4),
+            tool in proptest::option::of("[a-z_]{1,12}"),
+            model in "\\PC{0,16}",
+            extra in "\\PC{0,16}",
+        ) {
+            let choices: Vec<Value> = contents.iter().enumerate().map(|(i, c)| {
+                let mut message = json!({"role": "assistant", "content": c});
+                if let (0, Some(tool)) = (i, &tool) {
+                    message["tool_calls"] = json!([{"id": "t1", "type": "function", "function": {"name": tool, "arguments": "{}"}}]);
+                }
+                json!({"index": i, "message": message, "finish_reason": "stop"})
+            }).collect();
+            agree(&json!({"id": "x", "model": model, "extra": extra, "choices": choices,
+                "usage": {"prompt_tokens": 1, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}}));
+        }
+    }
+}
