@@ -46,7 +46,25 @@ impl RedisKeys {
     /// One limit's window (issue 18): `scope` is `key:<key id>`, `tenant` or `route:<name>`,
     /// `per_minute` `rpm` or `tpm`. The lease script also uses `…:units` and `…:sum`.
     pub fn rate_window(&self, tenant: &str, scope: &str, per_minute: &str) -> String {
-        format!("{}gw_rl:{{{tenant}}}:{scope}:{per_minute}", self.prefix)
+        let mut out = String::new();
+        self.write_rate_window(&mut out, tenant, (scope, None), per_minute);
+        out
+    }
+
+    /// [`RedisKeys::rate_window`] written into `out` (cleared first), the scope given as
+    /// `("key", Some(id))`, `("tenant", None)`, `("route", Some(name))`: the request path
+    /// looks buckets up with it without allocating.
+    pub fn write_rate_window(&self, out: &mut String, tenant: &str, scope: (&str, Option<&str>), per_minute: &str) {
+        out.clear();
+        for part in [self.prefix.as_str(), "gw_rl:{", tenant, "}:", scope.0] {
+            out.push_str(part);
+        }
+        if let Some(name) = scope.1 {
+            out.push(':');
+            out.push_str(name);
+        }
+        out.push(':');
+        out.push_str(per_minute);
     }
 
     /// The processes that leased quota for the tenant in the last minute (their share when

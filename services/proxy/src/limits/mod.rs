@@ -50,12 +50,12 @@ pub struct Limiter {
 pub const LEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A limit that applies to a request.
-struct Applicable {
+struct Applicable<'a> {
     scope: Scope,
     kind: Kind,
     limit: u64,
-    /// `key:<id>`, `tenant` or `route:<name>`.
-    id: String,
+    /// The key's id or the route's name (`None` for the tenant).
+    name: Option<&'a str>,
 }
 
 /// A request over a limit: which one, and when to come back.
@@ -112,28 +112,43 @@ impl Limiter {
     }
 
     /// The limits that apply: the key's, the tenant's, the route's (in this order).
-    fn applicable(key_id: &str, key: &Limits, tenant: &Limits, route: Option<(&str, &Limits)>) -> Vec<Applicable> {
-        let mut out = Vec::new();
-        let mut add = |scope: Scope, id: &dyn Fn() -> String, limits: &Limits| {
+    fn applicable<'a>(
+        key_id: &'a str,
+        key: &Limits,
+        tenant: &Limits,
+        route: Option<(&'a str, &Limits)>,
+    ) -> Vec<Applicable<'a>> {
+        let mut out = Vec::with_capacity(6);
+        let mut add = |scope: Scope, name: Option<&'a str>, limits: &Limits| {
             for kind in Kind::ALL {
                 if let Some(limit) = limits.get(kind) {
-                    out.push(Applicable { scope, kind, limit, id: id() });
+                    out.push(Applicable { scope, kind, limit, name });
                 }
             }
         };
-        add(Scope::Key, &|| format!("key:{key_id}"), key);
-        add(Scope::Tenant, &|| "tenant".to_string(), tenant);
+        add(Scope::Key, Some(key_id), key);
+        add(Scope::Tenant, None, tenant);
         if let Some((name, limits)) = route {
-            add(Scope::Route, &|| format!("route:{name}"), limits);
+            add(Scope::Route, Some(name), limits);
         }
         out
     }
 
-    fn entry(&self, tenant: &str, applicable: &Applicable) -> Arc<Entry> {
-        let window = self.keys.rate_window(tenant, &applicable.id, applicable.kind.per_minute());
-        if let Some(entry) = self.entries.read().get(&window) {
-            return entry.clone();
+    fn entry(&self, tenant: &str, applicable: &Applicable<'_>) -> Arc<Entry> {
+        thread_local! {
+            static WINDOW: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
         }
+        let scope = (applicable.scope.as_str(), applicable.name);
+        let per_minute = applicable.kind.per_minute();
+        let found = WINDOW.with_borrow_mut(|window| {
+            self.keys.write_rate_window(window, tenant, scope, per_minute);
+            self.entries.read().get(window.as_str()).cloned()
+        });
+        if let Some(entry) = found {
+            return entry;
+        }
+        let mut window = String::new();
+        self.keys.write_rate_window(&mut window, tenant, scope, per_minute);
         self.entries
             .write()
             .entry(window.clone())
@@ -230,6 +245,10 @@ impl Limiter {
         route: Option<(&str, &Limits)>,
         tokens: (u64, u64),
     ) -> Result<Option<Admission>, RateLimited> {
+        match self.admit(tenant, key, tenant_limits, route, tokens) {
+            Err(limited) if limited.pending => {}
+            other => return other,
+        }
         let deadline = tokio::time::Instant::now() + LEASE_WAIT;
         loop {
             let leased = self.leased.notified();
@@ -303,16 +322,16 @@ fn headers(statuses: &[(Kind, Status)]) -> Vec<(HeaderName, HeaderValue)> {
         else {
             continue;
         };
-        let suffix = kind.as_str();
-        let name = |what: &str| HeaderName::try_from(format!("x-ratelimit-{what}-{suffix}")).ok();
-        for (what, value) in [
-            ("limit", status.limit.to_string()),
-            ("remaining", status.remaining.to_string()),
-            ("reset", reset_text(status.reset_ms)),
-        ] {
-            if let (Some(name), Ok(value)) = (name(what), HeaderValue::try_from(value)) {
-                out.push((name, value));
+        let [limit, remaining, reset] = match kind {
+            Kind::Requests => {
+                ["x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"]
             }
+            Kind::Tokens => ["x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"],
+        };
+        out.push((HeaderName::from_static(limit), HeaderValue::from(status.limit)));
+        out.push((HeaderName::from_static(remaining), HeaderValue::from(status.remaining)));
+        if let Ok(value) = HeaderValue::try_from(reset_text(status.reset_ms)) {
+            out.push((HeaderName::from_static(reset), value));
         }
     }
     out
@@ -366,6 +385,7 @@ mod tests {
         assert!(refused.message().contains("route `smart`"), "{}", refused.message());
         // The refused request took nothing from the key's bucket.
         let entry = limiter.entry("acme", &Limiter::applicable("7", &key, &Limits::default(), None)[0]);
+        assert_eq!(entry.window, "t:gw_rl:{acme}:key:7:rpm");
         assert_eq!(entry.bucket.lock().status(now_ms()).remaining, 1000 - 1);
         let names: Vec<String> = admission.headers(false).iter().map(|(n, _)| n.to_string()).collect();
         assert!(names.contains(&"x-ratelimit-remaining-requests".to_string()), "{names:?}");
