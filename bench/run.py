@@ -33,6 +33,10 @@ Paced latency uses oha when it is installed (`cargo install oha`): a fixed offer
 its scheduled send (`--latency-correction`), so a stall is not hidden by the load generator
 waiting (coordinated omission). Without oha it falls back to wrk with 2-6 ms pauses.
 
+The saturated (c20) figures are the median of SHIELD_BENCH_ROUNDS rounds (default 3), the paths
+taken in turn within each round, so a slow spell of a shared machine lands on every path alike
+rather than on whichever ran then.
+
 Usage: bench/run.sh [seconds per run, default 10]
 """
 import json
@@ -56,6 +60,7 @@ MOCK_BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content
 STATIC_BODY = json.dumps({"model": "bench-static", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
 LIMITED_BODY = json.dumps({"model": "bench-limited", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
 RATE = int(os.environ.get("SHIELD_BENCH_RATE", "5000"))
+ROUNDS = int(os.environ.get("SHIELD_BENCH_ROUNDS", "3"))
 OHA = shutil.which("oha") or (os.path.expanduser("~/.cargo/bin/oha") if os.path.exists(os.path.expanduser("~/.cargo/bin/oha")) else None)
 BODY = MOCK_BODY
 # What the static backend answers to every request: a fixed chat completion of ~700 bytes.
@@ -316,7 +321,14 @@ http {{
             recorder.send_signal(signal.SIGINT)
             recorder.wait(timeout=120)
             print(f"profile of the proxy (s-shield, c{CONCURRENCY}) in {perf_out}")
-        results = each(lambda url, headers, pid: wrk(url, headers, pid=pid))
+        rounds = [each(lambda url, headers, pid: wrk(url, headers, pid=pid)) for _ in range(ROUNDS)]
+
+        def median(values):
+            values = sorted(v for v in values if v is not None)
+            return values[len(values) // 2] if values else None
+
+        results = {name: {field: median([r[name][field] for r in rounds]) for field in rounds[0][name]}
+                   for name in rounds[0]}
         # Unloaded latency: one connection, so the cores are not saturated and the difference
         # is what one pass through the gateway costs.
         serial = each(lambda url, headers, pid: wrk(url, headers, connections=1, duration=max(3, DURATION // 2)))
@@ -349,7 +361,8 @@ http {{
 
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         print(f"\nShield benchmark, {time.strftime('%Y-%m-%d')}, commit {commit}, {os.cpu_count()} cores, "
-              f"wrk -t2 -c{CONCURRENCY} -d{DURATION}s, keep-alive, POST /v1/chat/completions\n")
+              f"wrk -t2 -c{CONCURRENCY} -d{DURATION}s, keep-alive, POST /v1/chat/completions; "
+              f"c20 figures: median of {ROUNDS} rounds\n")
         print("paths: direct / nginx / shield / base (SHIELD_BENCH_BASELINE) to the mock LLM; s-* the same to a static nginx backend")
         print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}{'CPU us/req':>12}")
         for name, r in results.items():
