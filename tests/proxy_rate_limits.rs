@@ -17,12 +17,7 @@ use shield_e2e::stack::{Stack, StackOptions, chat_body};
 
 /// A key of the stack's tenant with `limits`: (key, id).
 async fn limited_key(stack: &Stack, name: &str, limits: Value) -> (String, String) {
-    let (status, body) =
-        stack.admin_call(Method::POST, "/v1/tenant/me/keys", Some(json!({"name": name, "limits": limits}))).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    let key = body["key"].as_str().unwrap().to_string();
-    stack.evidence.secret(&key);
-    (key, body["id"].as_str().unwrap().to_string())
+    stack.key_with(json!({"name": name, "limits": limits})).await
 }
 
 struct Answer {
