@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix_web::http::StatusCode;
-use actix_web::http::header::{ContentType, HeaderMap as InboundHeaders};
+use actix_web::http::header::{ContentType, HeaderMap as InboundHeaders, HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, ResponseError, post, web};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -35,6 +35,11 @@ use crate::usage::Paid;
 use crate::{ProxyState, default_path};
 
 pub const UPSTREAM_KEY_HEADER: &str = "x-shield-upstream-key";
+// Shield's answer headers, as names parsed once rather than per answer.
+const ROUTE_HEADER: HeaderName = HeaderName::from_static("x-shield-route");
+const TARGET_HEADER: HeaderName = HeaderName::from_static("x-shield-target");
+const FAILOVERS_HEADER: HeaderName = HeaderName::from_static("x-shield-failovers");
+const BUDGET_HEADER: HeaderName = HeaderName::from_static("x-shield-budget");
 pub const DATA_CLASS_HEADER: &str = "x-shield-data-class";
 /// `lowest_cost`'s guess at an answer's size when the request sets no `max_tokens`.
 const DEFAULT_OUTPUT_TOKENS: u64 = 256;
@@ -317,10 +322,10 @@ impl StreamStart {
             .insert_header(("content-type", "text/event-stream"))
             .insert_header(("cache-control", "no-cache"))
             .insert_header(("x-accel-buffering", "no"))
-            .insert_header(("x-shield-route", committed.route.as_str()))
-            .insert_header(("x-shield-target", committed.target.as_str()))
-            .insert_header(("x-shield-failovers", failovers.to_string()))
-            .insert_header(("x-shield-budget", committed.budget.as_str()));
+            .insert_header((ROUTE_HEADER, committed.route.as_str()))
+            .insert_header((TARGET_HEADER, committed.target.as_str()))
+            .insert_header((FAILOVERS_HEADER, HeaderValue::from(failovers)))
+            .insert_header((BUDGET_HEADER, committed.budget.as_str()));
         response.streaming(crate::relay::relay(committed, health, context, output, wire, prompt_chars, resumer))
     }
 }
@@ -387,12 +392,12 @@ pub fn with_routing_headers(
     routed: &Routed,
     target: Option<&str>,
 ) -> HttpResponseBuilder {
-    response.insert_header(("x-shield-route", routed.route.as_str()));
+    response.insert_header((ROUTE_HEADER, routed.route.as_str()));
     if let Some(target) = target {
-        response.insert_header(("x-shield-target", target));
+        response.insert_header((TARGET_HEADER, target));
     }
-    response.insert_header(("x-shield-failovers", routed.failovers.to_string()));
-    response.insert_header(("x-shield-budget", routed.budget.as_str()));
+    response.insert_header((FAILOVERS_HEADER, HeaderValue::from(routed.failovers)));
+    response.insert_header((BUDGET_HEADER, routed.budget.as_str()));
     response
 }
 
