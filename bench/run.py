@@ -61,6 +61,9 @@ STATIC_BODY = json.dumps({"model": "bench-static", "messages": [{"role": "user",
 LIMITED_BODY = json.dumps({"model": "bench-limited", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
 RATE = int(os.environ.get("SHIELD_BENCH_RATE", "5000"))
 ROUNDS = int(os.environ.get("SHIELD_BENCH_ROUNDS", "3"))
+# SHIELD_BENCH_HOLD=1: start the stack, print its pids, paths and key as JSON, and wait (for perf or
+# strace by hand). SHIELD_BENCH_QUICK=1: only the static backend's saturated paths (nginx floor, shield, base).
+QUICK = os.environ.get("SHIELD_BENCH_QUICK") == "1"
 OHA = shutil.which("oha") or (os.path.expanduser("~/.cargo/bin/oha") if os.path.exists(os.path.expanduser("~/.cargo/bin/oha")) else None)
 BODY = MOCK_BODY
 # What the static backend answers to every request: a fixed chat completion of ~700 bytes.
@@ -192,7 +195,30 @@ def to_ms(text):
     return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
+def print_c20(results, baseline):
+    """The saturated (c20) table and Shield's ratios to the nginx floor (and to the baseline)."""
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"\nShield benchmark, {time.strftime('%Y-%m-%d')}, commit {commit}, {os.cpu_count()} cores, "
+          f"wrk -t2 -c{CONCURRENCY} -d{DURATION}s, keep-alive, POST /v1/chat/completions; "
+          f"c20 figures: median of {ROUNDS} rounds\n")
+    print("paths: direct / nginx / shield / base (SHIELD_BENCH_BASELINE) to the mock LLM; s-* the same to a static nginx backend")
+    print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}{'CPU us/req':>12}")
+    for name, r in results.items():
+        cpu = f"{r['cpu_us']:>12.1f}" if r.get("cpu_us") is not None else f"{'':>12}"
+        print(f"{name:<10}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}{cpu}")
+    for prefix in [p for p in ("", "s-") if f"{p}shield" in results and f"{p}nginx" in results]:
+        s_, n_ = results[f"{prefix}shield"], results[f"{prefix}nginx"]
+        line = f"{prefix or 'mock '}backend: shield / nginx floor {s_['rps'] / n_['rps']:.0%}"
+        if baseline:
+            b_ = results[f"{prefix}base"]
+            line += (f"; shield / base {s_['rps'] / b_['rps']:.1%}; CPU us/req shield {s_['cpu_us']:.1f} "
+                     f"vs base {b_['cpu_us']:.1f}")
+        print(line)
+
+
 def main():
+    # A stopped bench (SIGTERM) still stops its children and drops its database (`finally`).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for tool in ("wrk", "nginx"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing: apt-get install -y wrk nginx-light")
@@ -298,6 +324,9 @@ http {{
         })
         if baseline:
             targets["s-base"] = (f"http://127.0.0.1:{ports['base']}{chat}", keyed, pids["base"])
+        if QUICK:
+            # The iteration loop of a hot-path change: the static backend's c20 paths only.
+            targets = {name: t for name, t in targets.items() if name in ("s-nginx", "s-shield", "s-base")}
         global BODY
         bodies = {name: STATIC_BODY if name.startswith("s-") else MOCK_BODY for name in targets}
         bodies["s-limits"] = LIMITED_BODY
@@ -310,6 +339,13 @@ http {{
                 out[name] = measure(url, headers, pid)
             return out
 
+        if os.environ.get("SHIELD_BENCH_HOLD") == "1":
+            # For profiling by hand (perf, strace): the stack stays up until this is stopped.
+            proxy_env = {k: v for k, v in env.items() if k.startswith("SHIELD_") or k in ("REDIS_URL", "RUST_LOG")}
+            print(json.dumps({"proxy_pid": pids["shield"], "key": key, "proxy_env": proxy_env, "paths": {n: t[0] for n, t in targets.items()},
+                              "bodies": {"static": STATIC_BODY, "mock": MOCK_BODY}}), flush=True)
+            while True:
+                time.sleep(3600)
         perf_out = os.environ.get("SHIELD_BENCH_PERF")
         if perf_out:
             # A CPU profile of the proxy over one static-backend c20 window (for `perf report`).
@@ -329,6 +365,9 @@ http {{
 
         results = {name: {field: median([r[name][field] for r in rounds]) for field in rounds[0][name]}
                    for name in rounds[0]}
+        if QUICK:
+            print_c20(results, baseline)
+            return
         # Unloaded latency: one connection, so the cores are not saturated and the difference
         # is what one pass through the gateway costs.
         serial = each(lambda url, headers, pid: wrk(url, headers, connections=1, duration=max(3, DURATION // 2)))
@@ -359,23 +398,7 @@ http {{
             children[-1].wait(timeout=30)
             children.pop()
 
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        print(f"\nShield benchmark, {time.strftime('%Y-%m-%d')}, commit {commit}, {os.cpu_count()} cores, "
-              f"wrk -t2 -c{CONCURRENCY} -d{DURATION}s, keep-alive, POST /v1/chat/completions; "
-              f"c20 figures: median of {ROUNDS} rounds\n")
-        print("paths: direct / nginx / shield / base (SHIELD_BENCH_BASELINE) to the mock LLM; s-* the same to a static nginx backend")
-        print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}{'CPU us/req':>12}")
-        for name, r in results.items():
-            cpu = f"{r['cpu_us']:>12.1f}" if r.get("cpu_us") is not None else f"{'':>12}"
-            print(f"{name:<10}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}{cpu}")
-        for prefix in ("", "s-"):
-            s_, n_ = results[f"{prefix}shield"], results[f"{prefix}nginx"]
-            line = f"{prefix or 'mock '}backend: shield / nginx floor {s_['rps'] / n_['rps']:.0%}"
-            if baseline:
-                b_ = results[f"{prefix}base"]
-                line += (f"; shield / base {s_['rps'] / b_['rps']:.1%}; CPU us/req shield {s_['cpu_us']:.1f} "
-                         f"vs base {b_['cpu_us']:.1f}")
-            print(line)
+        print_c20(results, baseline)
         lim, unl = results["s-limits"], results["s-shield"]
         print(f"rate limits on the static route (s-limits vs s-shield): throughput {lim['rps'] / unl['rps']:.1%}, "
               f"CPU us/req {lim['cpu_us']:.1f} vs {unl['cpu_us']:.1f} (issue 18: drop <= 2 %)")

@@ -95,6 +95,13 @@ impl Settings {
                     .map_err(|why| anyhow::anyhow!("SHIELD_DEFAULT_UPSTREAM_URL {why}"))?,
             ),
         };
+        let workers = match std::env::var("SHIELD_PROXY_WORKERS").ok().filter(|v| !v.is_empty()) {
+            None => None,
+            Some(text) => match text.parse::<usize>() {
+                Ok(n @ 1..=1024) => Some(n),
+                _ => bail!("SHIELD_PROXY_WORKERS must be a whole number from 1 to 1024, not {text:?}"),
+            },
+        };
         Ok(ProxyConfig {
             addr: self.proxy_addr.clone(),
             redis_url: self.redis_url.clone(),
@@ -104,6 +111,7 @@ impl Settings {
             routing_enabled,
             default_upstream,
             max_hops: env_parse("SHIELD_MAX_HOPS", 3)?,
+            workers,
             metrics_tenant_labels: env_or("SHIELD_METRICS_TENANT_LABELS", "1") != "0",
             keyring: self.keyring()?,
         })

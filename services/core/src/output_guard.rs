@@ -5,13 +5,26 @@
 //! tool calls. Results carry kinds and counts, never the matched text.
 
 use crate::guardrails::{GuardrailPolicy, GuardrailResult, Verdict};
-use serde_json::{Map, Value, json};
+#[cfg(test)]
+use serde_json::json;
+use serde_json::{Map, Value};
 
-/// `x_shield.guardrail_results` entries: each result with the phase it ran in.
-pub fn results_json(phase: &str, results: &[GuardrailResult]) -> Vec<Value> {
+/// One `x_shield.guardrail_results` entry: a result with the phase it ran in. Serialised
+/// straight into the answer (fields in the order they always had on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GuardrailRecord {
+    pub findings: crate::detect::Findings,
+    pub mode: crate::guardrails::Mode,
+    pub name: &'static str,
+    pub passed: bool,
+    pub phase: &'static str,
+}
+
+/// `x_shield.guardrail_results` entries of one phase (`input`, `output`).
+pub fn results_json(phase: &'static str, results: &[GuardrailResult]) -> Vec<GuardrailRecord> {
     results
         .iter()
-        .map(|r| json!({"phase": phase, "name": r.name, "mode": r.mode, "passed": r.passed, "findings": r.findings}))
+        .map(|r| GuardrailRecord { findings: r.findings.clone(), mode: r.mode, name: r.name, passed: r.passed, phase })
         .collect()
 }
 

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use actix_web::HttpRequest;
+use actix_web::http::header::{AUTHORIZATION, HeaderName};
 use shield_core::snapshot::{ApiKeyRecord, key_hash};
 
 use crate::cache::{Caches, KeyLookup};
@@ -21,11 +22,14 @@ pub async fn authenticate(req: &HttpRequest, caches: &Caches) -> Result<Arc<ApiK
     }
 }
 
+/// `x-api-key`, parsed once (a `&str` lookup of a non-standard name allocates per request).
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
 fn presented_key(req: &HttpRequest) -> Option<&str> {
     let headers = req.headers();
-    let bearer = headers.get("authorization").and_then(|h| h.to_str().ok()).and_then(|h| {
+    let bearer = headers.get(AUTHORIZATION).and_then(|h| h.to_str().ok()).and_then(|h| {
         let (scheme, token) = h.split_once(' ')?;
         scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
     });
-    bearer.or_else(|| headers.get("x-api-key").and_then(|h| h.to_str().ok()).map(str::trim)).filter(|k| !k.is_empty())
+    bearer.or_else(|| headers.get(X_API_KEY).and_then(|h| h.to_str().ok()).map(str::trim)).filter(|k| !k.is_empty())
 }

@@ -139,9 +139,9 @@ impl Caches {
 
     /// The month spend of `route` as last flushed by all processes (0 for a new month).
     pub fn month_spend(&self, tenant: &str, route: &str) -> i64 {
-        let month = crate::calendar::this_month();
+        let today = crate::calendar::today();
         match self.spend.read().get(tenant) {
-            Some((cached_month, routes)) if *cached_month == month => routes.get(route).copied().unwrap_or(0),
+            Some((cached_month, routes)) if cached_month == today.month() => routes.get(route).copied().unwrap_or(0),
             _ => 0,
         }
     }

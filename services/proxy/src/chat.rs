@@ -27,7 +27,7 @@ use crate::context::{Ending, RequestContext};
 use crate::dispatch::{Call, Committed, HOP_HEADER, Routed, RoutedResult, dispatch, dispatch_stream};
 use crate::egress::Egress;
 use crate::error::{ProxyError, openai_error};
-use crate::guard::{self, StreamGuard};
+use crate::guard::{self, GuardrailRecord, StreamGuard};
 use crate::limits::Admission;
 use crate::resume::Resumer;
 use crate::tenant::TenantConfig;
@@ -41,6 +41,11 @@ const TARGET_HEADER: HeaderName = HeaderName::from_static("x-shield-target");
 const FAILOVERS_HEADER: HeaderName = HeaderName::from_static("x-shield-failovers");
 const BUDGET_HEADER: HeaderName = HeaderName::from_static("x-shield-budget");
 pub const DATA_CLASS_HEADER: &str = "x-shield-data-class";
+// Inbound header names as parsed names: looking a non-standard name up by `&str` parses (and
+// allocates) it on every request.
+const DATA_CLASS: HeaderName = HeaderName::from_static(DATA_CLASS_HEADER);
+const UPSTREAM_KEY: HeaderName = HeaderName::from_static(UPSTREAM_KEY_HEADER);
+const HOP: HeaderName = HeaderName::from_static(HOP_HEADER);
 /// `lowest_cost`'s guess at an answer's size when the request sets no `max_tokens`.
 const DEFAULT_OUTPUT_TOKENS: u64 = 256;
 
@@ -84,9 +89,9 @@ pub enum Outcome {
     /// A stream that reached its commit point, for the endpoint to relay in its own shape.
     Stream(Box<StreamStart>),
     /// The input guardrails refused the request before routing.
-    InputBlocked { reason: String, guardrails: Vec<Value> },
+    InputBlocked { reason: String, guardrails: Vec<GuardrailRecord> },
     /// A routed, non-streaming call (answered, refused or failed).
-    Routed { routed: Routed, guardrails: Vec<Value> },
+    Routed { routed: Routed, guardrails: Vec<GuardrailRecord> },
 }
 
 /// What the shared request path came to, and the rate limits it was admitted under.
@@ -200,7 +205,7 @@ pub async fn pipeline(
     };
     let facts = Facts {
         flagged: input.flagged.iter().map(|f| f.to_string()).collect(),
-        data_class: req.headers().get(DATA_CLASS_HEADER).and_then(|v| v.to_str().ok()).map(|v| v.trim().to_string()),
+        data_class: req.headers().get(DATA_CLASS).and_then(|v| v.to_str().ok()).map(|v| v.trim().to_string()),
         agent: caller.agent.clone(),
         role: caller.role.clone(),
         prompt_tokens: (request.prompt_chars() as u64).div_ceil(4),
@@ -216,7 +221,7 @@ pub async fn pipeline(
         ),
         ..Facts::default()
     };
-    let upstream_key = req.headers().get(UPSTREAM_KEY_HEADER).and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
+    let upstream_key = req.headers().get(UPSTREAM_KEY).and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
     let call = Call { tenant, route, request, upstream_key, next_hop: hop + 1, facts };
     let context = RequestContext::new(
         &caller.tenant,
@@ -324,15 +329,26 @@ impl StreamStart {
             .insert_header(("x-accel-buffering", "no"))
             .insert_header((ROUTE_HEADER, committed.route.as_str()))
             .insert_header((TARGET_HEADER, committed.target.as_str()))
-            .insert_header((FAILOVERS_HEADER, HeaderValue::from(failovers)))
+            .insert_header((FAILOVERS_HEADER, small_number(failovers)))
             .insert_header((BUDGET_HEADER, committed.budget.as_str()));
         response.streaming(crate::relay::relay(committed, health, context, output, wire, prompt_chars, resumer))
     }
 }
 
+/// A header value of a count: the usual small ones without allocating.
+pub fn small_number(n: usize) -> HeaderValue {
+    const SMALL: [HeaderValue; 4] = [
+        HeaderValue::from_static("0"),
+        HeaderValue::from_static("1"),
+        HeaderValue::from_static("2"),
+        HeaderValue::from_static("3"),
+    ];
+    SMALL.get(n).cloned().unwrap_or_else(|| HeaderValue::from(n))
+}
+
 /// `X-Shield-Hop` of the inbound request; at `SHIELD_MAX_HOPS` or more the call is refused.
 pub fn inbound_hop(headers: &InboundHeaders, max_hops: u32) -> Result<u32, ProxyError> {
-    let Some(value) = headers.get(HOP_HEADER) else {
+    let Some(value) = headers.get(HOP) else {
         return Ok(0);
     };
     let hop: u32 = value
@@ -384,7 +400,7 @@ pub fn routing_record<'a>(routed: &'a Routed, target: Option<&'a str>) -> Routin
 #[derive(Serialize)]
 struct XShield<'a> {
     routing: RoutingRecord<'a>,
-    guardrail_results: &'a [Value],
+    guardrail_results: &'a [GuardrailRecord],
 }
 
 pub fn with_routing_headers(
@@ -396,12 +412,12 @@ pub fn with_routing_headers(
     if let Some(target) = target {
         response.insert_header((TARGET_HEADER, target));
     }
-    response.insert_header((FAILOVERS_HEADER, HeaderValue::from(routed.failovers)));
+    response.insert_header((FAILOVERS_HEADER, small_number(routed.failovers)));
     response.insert_header((BUDGET_HEADER, routed.budget.as_str()));
     response
 }
 
-fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Value>) -> HttpResponse {
+fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailRecord>) -> HttpResponse {
     let x_shield = |routed: &Routed, target: Option<&str>| json!({"routing": routing_record(routed, target), "guardrail_results": guardrails});
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, .. } => {
@@ -437,7 +453,12 @@ fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Value>) ->
 }
 
 /// A refusal before routing (an input guardrail in block mode).
-fn refusal(request: &ChatRequest, reason: &str, routing: Option<Value>, guardrails: Vec<Value>) -> HttpResponse {
+fn refusal(
+    request: &ChatRequest,
+    reason: &str,
+    routing: Option<Value>,
+    guardrails: Vec<GuardrailRecord>,
+) -> HttpResponse {
     let x_shield = json!({"routing": routing.unwrap_or_else(|| json!({"reason": reason, "halt": "denied"})), "guardrail_results": guardrails});
     refusal_response(HttpResponse::Ok(), request, reason, x_shield)
 }
@@ -571,7 +592,14 @@ mod tests {
         };
         let request =
             ChatRequest::parse(br#"{"model": "smart", "messages": [{"role": "user", "content": "hi"}]}"#).unwrap();
-        let response = respond(routed, &request, vec![json!({"name": "pii"})]);
+        let record = GuardrailRecord {
+            findings: Default::default(),
+            mode: shield_core::guardrails::Mode::Monitor,
+            name: "pii",
+            passed: true,
+            phase: "output",
+        };
+        let response = respond(routed, &request, vec![record]);
         assert_eq!(response.headers().get("content-type").unwrap(), "application/json");
         let bytes = actix_web::body::to_bytes(response.into_body()).await.unwrap();
         let text = String::from_utf8(bytes.to_vec()).unwrap();

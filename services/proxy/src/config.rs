@@ -22,6 +22,9 @@ pub struct ProxyConfig {
     pub metrics_tenant_labels: bool,
     /// `SHIELD_MAX_HOPS`.
     pub max_hops: u32,
+    /// `SHIELD_PROXY_WORKERS`: HTTP worker threads (each its own event loop and upstream
+    /// pool); `None` is one per core.
+    pub workers: Option<usize>,
     pub keyring: Keyring,
 }
 

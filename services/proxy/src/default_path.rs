@@ -31,7 +31,7 @@ pub async fn forward(
     let url = chat_url(base);
     let mut headers = HeaderMap::with_capacity(2);
     headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
-    headers.insert(HeaderName::from_static(HOP_HEADER), HeaderValue::from(next_hop));
+    headers.insert(HeaderName::from_static(HOP_HEADER), crate::dispatch::hop_value(next_hop));
     let (head, body) = egress.relay(url, headers, body, DEFAULT_TIMEOUT).await.map_err(ProxyError::DefaultUpstream)?;
     let status = StatusCode::from_u16(head.status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut out = HttpResponse::build(status);

@@ -41,9 +41,39 @@ pub struct TargetDown {
     pub last_error: &'static str,
 }
 
+/// Tenant → target → health, looked up by borrowed names: the request path asks several times
+/// per call, and a `(String, String)` key allocated both names on every lookup.
+#[derive(Default)]
+struct Targets(HashMap<String, HashMap<String, TargetHealth>>);
+
+impl Targets {
+    fn get(&self, tenant: &str, target: &str) -> Option<&TargetHealth> {
+        self.0.get(tenant)?.get(target)
+    }
+
+    fn get_mut(&mut self, tenant: &str, target: &str) -> Option<&mut TargetHealth> {
+        self.0.get_mut(tenant)?.get_mut(target)
+    }
+
+    /// `change` applied to the target's health, created (its names copied) the first time only.
+    fn update<R>(&mut self, tenant: &str, target: &str, change: impl FnOnce(&mut TargetHealth) -> R) -> R {
+        if let Some(health) = self.get_mut(tenant, target) {
+            return change(health);
+        }
+        let mut health = TargetHealth::default();
+        let out = change(&mut health);
+        self.0.entry(tenant.to_string()).or_default().insert(target.to_string(), health);
+        out
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&String, &String, &TargetHealth)> {
+        self.0.iter().flat_map(|(tenant, targets)| targets.iter().map(move |(target, h)| (tenant, target, h)))
+    }
+}
+
 pub struct Health {
     started: Instant,
-    targets: Mutex<HashMap<(String, String), TargetHealth>>,
+    targets: Mutex<Targets>,
     events: tokio::sync::mpsc::Sender<TargetDown>,
 }
 
@@ -68,7 +98,7 @@ impl Health {
         let targets = self.targets.lock();
         let mut view = View::default();
         for id in ids {
-            if let Some(health) = targets.get(&(tenant.to_string(), id.clone())) {
+            if let Some(health) = targets.get(tenant, id) {
                 if !health.breaker.admits(now) {
                     view.circuit_open.insert(id.clone());
                 }
@@ -87,13 +117,13 @@ impl Health {
     pub fn park(&self, tenant: &str, target: &str, hint_ms: Option<u64>) {
         let now = self.now();
         let mut targets = self.targets.lock();
-        targets.entry((tenant.to_string(), target.to_string())).or_default().cooldown.park(now, hint_ms);
+        targets.update(tenant, target, |health| health.cooldown.park(now, hint_ms));
         tracing::info!(tenant, target, hint_ms, "target parked as exhausted");
     }
 
     /// An operator's reset (`POST …/targets/{id}/reset`): clears the cooldown and the breaker.
     pub fn reset(&self, tenant: &str, target: &str) {
-        if let Some(health) = self.targets.lock().get_mut(&(tenant.to_string(), target.to_string())) {
+        if let Some(health) = self.targets.lock().get_mut(tenant, target) {
             health.cooldown.clear();
             health.breaker.success();
         }
@@ -102,11 +132,11 @@ impl Health {
     /// Asks the breaker to call `target` now.
     pub fn acquire(&self, tenant: &str, target: &str) -> Permit {
         let now = self.now();
-        self.targets.lock().entry((tenant.to_string(), target.to_string())).or_default().breaker.acquire(now)
+        self.targets.lock().update(tenant, target, |health| health.breaker.acquire(now))
     }
 
     pub fn release(&self, tenant: &str, target: &str, permit: Permit) {
-        if let Some(health) = self.targets.lock().get_mut(&(tenant.to_string(), target.to_string())) {
+        if let Some(health) = self.targets.lock().get_mut(tenant, target) {
             health.breaker.release(permit);
         }
     }
@@ -123,8 +153,7 @@ impl Health {
     ) {
         let now = self.now();
         let mut targets = self.targets.lock();
-        let health = targets.entry((tenant.to_string(), target.to_string())).or_default();
-        match result {
+        targets.update(tenant, target, |health| match result {
             Ok(()) => {
                 health.breaker.success();
                 health.latency.observe(ms as f64);
@@ -156,7 +185,7 @@ impl Health {
                 health.last_error = Some(class.as_str());
                 health.breaker.release(permit);
             }
-        }
+        });
     }
 
     /// Every target this process knows, by tenant, as `gw_health` rows.
@@ -165,7 +194,7 @@ impl Health {
         let at = unix_now();
         let targets = self.targets.lock();
         let mut out: BTreeMap<String, Vec<(String, HealthRecord)>> = BTreeMap::new();
-        for ((tenant, target), health) in targets.iter() {
+        for (tenant, target, health) in targets.iter() {
             let state = health.breaker.state(now);
             let parked = health.cooldown.is_parked(now) && state == shield_core::breaker::State::Closed;
             let failures = match state {

@@ -39,7 +39,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix_web::dev::Service;
 use actix_web::http::header::{HeaderName, HeaderValue};
-use actix_web::{App, HttpMessage, HttpResponse, HttpServer, get, web};
+use actix_web::{App, HttpResponse, HttpServer, get, web};
 use serde_json::json;
 
 pub use config::ProxyConfig;
@@ -168,9 +168,6 @@ fn request_id(inbound: Option<&HeaderValue>) -> HeaderValue {
     HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
-#[derive(Clone)]
-pub struct RequestId(pub HeaderValue);
-
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(chat::chat_completions)
         .service(messages::count_tokens)
@@ -239,7 +236,6 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
             .app_data(web::Data::new(egress::Egress::default()))
             .wrap_fn(move |req, srv| {
                 let id = request_id(req.headers().get(&request_id_header));
-                req.extensions_mut().insert(RequestId(id.clone()));
                 let response = srv.call(req);
                 let header = request_id_header.clone();
                 async move {
@@ -250,6 +246,7 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
             })
             .configure(configure)
     })
+    .workers(config.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())))
     .backlog(4096)
     // Longer than the callers' own idle expiry (httpx, under the OpenAI and Anthropic Python
     // SDKs, keeps an idle connection 5 s — actix's default here too): the client then closes

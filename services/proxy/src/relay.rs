@@ -227,7 +227,7 @@ impl Relay {
         self.end(Ok(()));
         let guardrails = crate::guard::results_json("output", &self.output.results);
         let usage = self.usage_so_far();
-        Some(self.wire.blocked(reason, &self.committed.model, serde_json::Value::Array(guardrails), usage))
+        Some(self.wire.blocked(reason, &self.committed.model, serde_json::json!(guardrails), usage))
     }
 
     /// A failure after the commit point. With `stream_resume`, the request is re-issued and

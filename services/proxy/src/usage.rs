@@ -65,9 +65,77 @@ pub struct UsageBuffer {
     dropped: std::sync::atomic::AtomicU64,
 }
 
+/// A tenant's rows: day → route → target → row.
+type Days = HashMap<String, HashMap<String, HashMap<String, UsageRow>>>;
+
+/// Tenant → day → route → target → row, found by borrowed names: recording a call builds no
+/// key (four `String`s per row did, on every call); a key is copied only for a new row.
+#[derive(Default, Clone)]
+struct RowMap {
+    tenants: HashMap<String, Days>,
+    len: usize,
+}
+
+impl RowMap {
+    fn get_mut(&mut self, tenant: &str, day: &str, route: &str, target: &str) -> Option<&mut UsageRow> {
+        self.tenants.get_mut(tenant)?.get_mut(day)?.get_mut(route)?.get_mut(target)
+    }
+
+    /// Adds `row` to its key's row, or makes it the key's row. `true` when it is new.
+    fn add(&mut self, (tenant, day, route, target): (&str, &str, &str, &str), row: &UsageRow) -> bool {
+        if let Some(existing) = self.get_mut(tenant, day, route, target) {
+            existing.add(row);
+            return false;
+        }
+        let days = self.tenants.entry(tenant.to_string()).or_default();
+        let routes = days.entry(day.to_string()).or_default();
+        routes.entry(route.to_string()).or_default().insert(target.to_string(), *row);
+        self.len += 1;
+        true
+    }
+
+    fn remove(&mut self, (tenant, day, route, target): &RowKey) -> Option<UsageRow> {
+        let days = self.tenants.get_mut(tenant)?;
+        let routes = days.get_mut(day)?;
+        let targets = routes.get_mut(route)?;
+        let row = targets.remove(target)?;
+        self.len -= 1;
+        if targets.is_empty() {
+            routes.remove(route);
+            if routes.is_empty() {
+                days.remove(day);
+                if days.is_empty() {
+                    self.tenants.remove(tenant);
+                }
+            }
+        }
+        Some(row)
+    }
+
+    fn contains(&self, (tenant, day, route, target): &RowKey) -> bool {
+        let found = self.tenants.get(tenant).and_then(|d| d.get(day)).and_then(|r| r.get(route));
+        found.is_some_and(|targets| targets.contains_key(target))
+    }
+
+    /// Every row, keyed and sorted as a flush writes them.
+    fn into_sorted(self) -> BTreeMap<RowKey, UsageRow> {
+        let mut out = BTreeMap::new();
+        for (tenant, days) in self.tenants {
+            for (day, routes) in days {
+                for (route, targets) in routes {
+                    for (target, row) in targets {
+                        out.insert((tenant.clone(), day.clone(), route.clone(), target), row);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 #[derive(Default)]
 struct Rows {
-    map: BTreeMap<RowKey, UsageRow>,
+    map: RowMap,
     /// Keys in insertion order of their first use (for dropping the oldest).
     order: Vec<RowKey>,
     /// Unflushed spend per `(tenant, route)` in month `yyyymm`: kept as rows change, so a
@@ -76,26 +144,47 @@ struct Rows {
 }
 
 impl Rows {
-    /// Adds `micros` of row `key` to its route's unflushed spend when the row is of `month`
-    /// (the current `yyyymm`, which the caller already has).
-    fn add_spend(&mut self, month: &str, key: &RowKey, micros: i64) {
-        let (tenant, day, route, _) = key;
+    /// Adds `micros` of row `(tenant, day, route)` to its route's unflushed spend when the row
+    /// is of `month` (the current `yyyymm`, which the caller already has).
+    fn add_spend(&mut self, month: &str, (tenant, day, route): (&str, &str, &str), micros: i64) {
         if micros == 0 || !day.starts_with(month) {
             return;
         }
-        // Keys are cloned only for a (tenant, route) not seen since the last flush.
+        // Keys are copied only for a (tenant, route) not seen since the last flush.
         let routes = match self.spend.get_mut(tenant) {
             Some(routes) => routes,
-            None => self.spend.entry(tenant.clone()).or_default(),
+            None => self.spend.entry(tenant.to_string()).or_default(),
         };
         let entry = match routes.get_mut(route) {
             Some(entry) => entry,
-            None => routes.entry(route.clone()).or_insert_with(|| (month.to_string(), 0)),
+            None => routes.entry(route.to_string()).or_insert_with(|| (month.to_string(), 0)),
         };
         if entry.0 != month {
             *entry = (month.to_string(), 0);
         }
         entry.1 += micros;
+    }
+
+    /// Records `row` under its key: a new key is remembered in order, and past the cap the
+    /// oldest row goes (its spend with it). `true` when a row was dropped.
+    fn add(&mut self, month: &str, key: (&str, &str, &str, &str), row: &UsageRow) -> bool {
+        let (tenant, day, route, target) = key;
+        self.add_spend(month, (tenant, day, route), row.cost_micros);
+        if let Some(existing) = self.map.get_mut(tenant, day, route, target) {
+            existing.add(row);
+            return false;
+        }
+        let mut dropped = false;
+        if self.map.len >= MAX_ROWS && !self.order.is_empty() {
+            let oldest = self.order.remove(0);
+            if let Some(gone) = self.map.remove(&oldest) {
+                self.add_spend(month, (&oldest.0, &oldest.1, &oldest.2), -gone.cost_micros);
+            }
+            dropped = true;
+        }
+        self.order.push((tenant.to_string(), day.to_string(), route.to_string(), target.to_string()));
+        self.map.add(key, row);
+        dropped
     }
 }
 
@@ -105,14 +194,8 @@ impl UsageBuffer {
     pub fn rate_limited(&self, tenant: &str, route: &str) {
         let row = UsageRow { rate_limited: 1, ..UsageRow::default() };
         let day = today();
-        let key = (tenant.to_string(), day, route.to_string(), String::new());
-        let mut state = self.rows.lock();
-        match state.map.get_mut(&key) {
-            Some(existing) => existing.add(&row),
-            None => {
-                state.order.push(key.clone());
-                state.map.insert(key, row);
-            }
+        if self.rows.lock().add(day.month(), (tenant, &day, route, ""), &row) {
+            self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -143,24 +226,10 @@ impl UsageBuffer {
             row.estimated += u64::from(answer.estimated);
             row.stream_broken += u64::from(answer.stream_broken);
         }
-        let mut guard = self.rows.lock();
-        let state = &mut *guard;
+        let mut state = self.rows.lock();
         for (target, row) in rows {
-            let key = (tenant.to_string(), day.clone(), route.to_string(), target.to_string());
-            state.add_spend(&day[..6], &key, row.cost_micros);
-            match state.map.get_mut(&key) {
-                Some(existing) => existing.add(&row),
-                None => {
-                    if state.map.len() >= MAX_ROWS {
-                        let oldest = state.order.remove(0);
-                        if let Some(dropped) = state.map.remove(&oldest) {
-                            state.add_spend(&day[..6], &oldest, -dropped.cost_micros);
-                        }
-                        self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    state.order.push(key.clone());
-                    state.map.insert(key, row);
-                }
+            if state.add(day.month(), (tenant, &day, route, target), &row) {
+                self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
     }
@@ -170,7 +239,7 @@ impl UsageBuffer {
         let mut guard = self.rows.lock();
         guard.order.clear();
         guard.spend.clear();
-        std::mem::take(&mut guard.map)
+        std::mem::take(&mut guard.map).into_sorted()
     }
 
     /// Puts rows back after a failed flush (merged with what arrived meanwhile).
@@ -179,27 +248,28 @@ impl UsageBuffer {
         let mut guard = self.rows.lock();
         let state = &mut *guard;
         for (key, row) in rows {
-            let cost = row.cost_micros;
-            if let Some(existing) = state.map.get_mut(&key) {
-                existing.add(&row);
-            } else if state.map.len() < MAX_ROWS {
-                state.order.insert(0, key.clone());
-                state.map.insert(key.clone(), row);
-            } else {
+            let (tenant, day, route, target) = &key;
+            let known = state.map.contains(&key);
+            if !known && state.map.len >= MAX_ROWS {
                 self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 continue;
             }
-            state.add_spend(&today[..6], &key, cost);
+            state.map.add((tenant, day, route, target), &row);
+            state.add_spend(today.month(), (tenant, day, route), row.cost_micros);
+            if !known {
+                // Restored rows are older than anything recorded since: first to go.
+                state.order.insert(0, key);
+            }
         }
     }
 
     /// This process's unflushed spend of `route` this month (added to the flushed total for
     /// budget decisions).
     pub fn unflushed_spend(&self, tenant: &str, route: &str) -> i64 {
-        let month = today();
+        let today = today();
         let guard = self.rows.lock();
         match guard.spend.get(tenant).and_then(|routes| routes.get(route)) {
-            Some((m, micros)) if m.as_str() == &month[..6] => *micros,
+            Some((m, micros)) if m.as_str() == today.month() => *micros,
             _ => 0,
         }
     }
@@ -313,7 +383,7 @@ mod tests {
                     2 => taken = buffer.take(),
                     _ => buffer.restore(std::mem::take(&mut taken)),
                 }
-                let rows = buffer.rows.lock().map.clone();
+                let rows = buffer.rows.lock().map.clone().into_sorted();
                 for t in ["t1", "t2", "t3"] {
                     for r in ["a", "b", "c"] {
                         proptest::prop_assert_eq!(buffer.unflushed_spend(t, r), scanned_spend(&rows, t, r));

@@ -13,6 +13,7 @@ use crate::body::ChatRequest;
 use crate::chat::{refused_error, routing_record, unavailable_message, with_routing_headers};
 use crate::dispatch::{Routed, RoutedResult};
 use crate::error::ProxyError;
+use crate::guard::GuardrailRecord;
 
 /// Anthropic's error `type` for a status (design/ANTHROPIC.md "Errors").
 pub fn error_type(status: StatusCode) -> &'static str {
@@ -126,7 +127,7 @@ pub fn refusal(head: HttpResponseBuilder, request: &ChatRequest, reason: &str) -
 }
 
 /// A routed call's result in Anthropic's shape, with Shield's headers (and `x_shield`).
-pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Value>) -> HttpResponse {
+pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailRecord>) -> HttpResponse {
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
             let usage = usage.unwrap_or_default();

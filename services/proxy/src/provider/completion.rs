@@ -19,6 +19,7 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use shield_core::usage::TokenUsage;
 
 /// A normalised completion.
 #[derive(Debug)]
@@ -38,8 +39,8 @@ pub struct RawCompletion {
     /// Every choice's `message.content`, joined by newlines.
     text: String,
     tools: Vec<String>,
-    /// `usage`'s value, parsed alone.
-    usage: Option<Value>,
+    /// `usage`, read straight into OpenAI's token counts (no tree of it is built).
+    usage: Option<TokenUsage>,
 }
 
 #[derive(Deserialize)]
@@ -47,11 +48,37 @@ struct View<'a> {
     #[serde(borrow)]
     model: &'a RawValue,
     choices: Vec<ChoiceView<'a>>,
-    #[serde(borrow, default)]
-    usage: Option<&'a RawValue>,
+    #[serde(default)]
+    usage: Option<UsageView>,
     /// Present only to send such an answer down the general path (it drops the key).
     #[serde(borrow, default)]
     x_shield: Option<&'a RawValue>,
+}
+
+/// OpenAI's `usage`, as [`super::openai::usage_of`] reads it: a count that is not a whole
+/// number fails this parse, and such an answer takes the general path (which reads it the same
+/// way, as no usage).
+#[derive(Deserialize)]
+struct UsageView {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<DetailsView>,
+}
+
+#[derive(Deserialize)]
+struct DetailsView {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+impl UsageView {
+    fn tokens(&self) -> Option<TokenUsage> {
+        let cache_read = self.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens).unwrap_or(0);
+        Some(TokenUsage { input: self.prompt_tokens?, output: self.completion_tokens?, cache_read, cache_write: 0 })
+    }
 }
 
 #[derive(Deserialize)]
@@ -92,11 +119,11 @@ impl Completion {
         }
     }
 
-    /// `usage` as the upstream wrote it.
-    pub fn usage(&self) -> Option<&Value> {
+    /// The token counts of OpenAI's `usage`, when it reports them.
+    pub fn token_usage(&self) -> Option<TokenUsage> {
         match self {
-            Completion::Raw(raw) => raw.usage.as_ref(),
-            Completion::Tree(map) => map.get("usage"),
+            Completion::Raw(raw) => raw.usage,
+            Completion::Tree(map) => map.get("usage").and_then(super::openai::usage_of),
         }
     }
 
@@ -175,10 +202,7 @@ impl RawCompletion {
             let calls = message.tool_calls.iter().flatten();
             tools.extend(calls.filter_map(|c| c.function.as_ref()?.name.as_deref().map(str::to_string)));
         }
-        let usage = match view.usage {
-            Some(usage) => Some(serde_json::from_str(usage.get()).ok()?),
-            None => None,
-        };
+        let usage = view.usage.as_ref().and_then(UsageView::tokens);
         Some(RawCompletion { bytes: Vec::new(), model: start..start + model.len(), end, text, tools, usage })
     }
 
@@ -210,7 +234,7 @@ mod tests {
         let tree = Completion::Tree(map);
         assert_eq!(raw.text(), tree.text());
         assert_eq!(raw.tool_names(), tree.tool_names());
-        assert_eq!(raw.usage(), tree.usage());
+        assert_eq!(raw.token_usage(), tree.token_usage());
         let x_shield = json!({"routing": {"route": "r"}, "guardrail_results": []});
         let (a, b) = (raw.render_openai("gpt-x", &x_shield), tree.render_openai("gpt-x", &x_shield));
         let (a, b): (Value, Value) = (serde_json::from_slice(&a).unwrap(), serde_json::from_slice(&b).unwrap());
@@ -250,6 +274,28 @@ mod tests {
         assert!(Completion::parse_openai(br#"{"error":{"message":"x"}}"#.to_vec()).is_none());
         assert!(Completion::parse_openai(b"garbage".to_vec()).is_none());
         assert!(Completion::parse_openai(br#"{"choices":{}}"#.to_vec()).is_none());
+    }
+
+    #[test]
+    fn both_paths_read_usage_alike_whatever_its_shape() {
+        for usage in [
+            json!(null),
+            json!({}),
+            json!({"prompt_tokens": 7}),
+            json!({"prompt_tokens": 7, "completion_tokens": 2}),
+            json!({"prompt_tokens": 7, "completion_tokens": 2, "prompt_tokens_details": null}),
+            json!({"prompt_tokens": 7, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 5}}),
+            json!({"prompt_tokens": 7.5, "completion_tokens": 2}),
+            json!({"prompt_tokens": -1, "completion_tokens": 2}),
+            json!({"prompt_tokens": "7", "completion_tokens": 2}),
+        ] {
+            let body = json!({"model": "m", "choices": [{"message": {"content": "x"}}], "usage": usage});
+            let raw = Completion::parse_openai(serde_json::to_vec(&body).unwrap()).unwrap();
+            let Value::Object(map) = body else { panic!() };
+            let expected = map.get("usage").and_then(super::super::openai::usage_of);
+            assert_eq!(raw.token_usage(), expected, "{usage}");
+            assert_eq!(Completion::Tree(map).token_usage(), expected);
+        }
     }
 
     proptest! {

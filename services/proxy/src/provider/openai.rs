@@ -45,7 +45,7 @@ impl Provider for OpenAi {
 
     fn answer(&self, body: Vec<u8>) -> Option<Answer> {
         let completion = Completion::parse_openai(body)?;
-        let usage = completion.usage().and_then(usage_of);
+        let usage = completion.token_usage();
         Some(Answer { body: completion, usage })
     }
 
