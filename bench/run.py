@@ -214,6 +214,9 @@ def print_c20(results, baseline):
             line += (f"; shield / base {s_['rps'] / b_['rps']:.1%}; CPU us/req shield {s_['cpu_us']:.1f} "
                      f"vs base {b_['cpu_us']:.1f}")
         print(line)
+    if "s-nginx2" in results and "s-shield" in results:
+        print(f"s-backend: shield / nginx proxy in front of a backend in another process (s-nginx2) "
+              f"{results['s-shield']['rps'] / results['s-nginx2']['rps']:.0%}")
 
 
 def main():
@@ -223,7 +226,8 @@ def main():
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing: apt-get install -y wrk nginx-light")
     work = tempfile.mkdtemp(prefix="shield-bench-")
-    ports = {name: free_port() for name in ("mock", "nginx", "static", "nginx_static", "admin", "proxy", "base", "litellm")}
+    ports = {name: free_port() for name in ("mock", "nginx", "static", "nginx_static", "static1", "nginx_static1", "admin",
+                                           "proxy", "base", "litellm")}
     baseline = os.environ.get("SHIELD_BENCH_BASELINE")
     peers = os.environ.get("SHIELD_BENCH_PEERS", "1") != "0" and shutil.which("litellm") is not None
     db = f"shield_bench_{uuid.uuid4().hex[:12]}"
@@ -279,33 +283,55 @@ def main():
             "targets": ["static"], **production, "limits": {"rpm": 10_000_000, "tpm": 10_000_000_000}})
         key = request("POST", f"{admin}/keys", token, {"name": "bench"})["key"]
 
+        # Two nginx processes, one worker each: the static backend Shield calls, and the
+        # proxies. The floor (`s-nginx`) is issue 19's: one nginx worker that is both the proxy
+        # and the static backend behind it. `s-nginx2` is the same proxy in front of the other
+        # process's backend: two workers on two cores, so a higher floor, and the proxy
+        # worker's own CPU per request (what a plain proxy hop costs) is printed.
+        def static_server(port):
+            return ("\n  server {\n    listen 127.0.0.1:%d;\n    location / { default_type application/json; "
+                    "return 200 '%s'; }\n  }" % (port, STATIC_COMPLETION))
+
+        def head(name):
+            return (f"worker_processes 1; daemon off; pid {work}/{name}.pid; error_log {work}/{name}-error.log;\n"
+                    "events { worker_connections 1024; }\n")
+
+        backend_conf = os.path.join(work, "backend.conf")
+        with open(backend_conf, "w") as f:
+            f.write(head("backend") + "http {\n  access_log off;" + static_server(ports["static"]) + "\n}\n")
         conf = os.path.join(work, "nginx.conf")
         with open(conf, "w") as f:
-            f.write(f"""
-worker_processes 1; daemon off; pid {work}/nginx.pid; error_log {work}/nginx-error.log;
-events {{ worker_connections 1024; }}
+            f.write(head("nginx") + f"""
 http {{
   access_log off;
   upstream mock {{ server 127.0.0.1:{ports['mock']}; keepalive 64; }}
   upstream static {{ server 127.0.0.1:{ports['static']}; keepalive 64; }}
+  upstream static1 {{ server 127.0.0.1:{ports['static1']}; keepalive 64; }}
   server {{
     listen 127.0.0.1:{ports['nginx']};
     location / {{ proxy_pass http://mock; proxy_http_version 1.1; proxy_set_header Connection ""; }}
   }}
   server {{
-    listen 127.0.0.1:{ports['static']};
-    location / {{ default_type application/json; return 200 '{STATIC_COMPLETION}'; }}
-  }}
-  server {{
     listen 127.0.0.1:{ports['nginx_static']};
     location / {{ proxy_pass http://static; proxy_http_version 1.1; proxy_set_header Connection ""; }}
   }}
+  server {{
+    listen 127.0.0.1:{ports['nginx_static1']};
+    location / {{ proxy_pass http://static1; proxy_http_version 1.1; proxy_set_header Connection ""; }}
+  }}{static_server(ports['static1'])}
 }}
 """)
-        children.append(subprocess.Popen(["nginx", "-c", conf, "-p", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        nginx_workers = {}
+        for name, path in (("backend", backend_conf), ("nginx", conf)):
+            master = subprocess.Popen(["nginx", "-c", path, "-p", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            children.append(master)
+            nginx_workers[name] = master.pid
         wait_http(f"http://127.0.0.1:{ports['nginx']}/healthz")
-
         wait_http(f"http://127.0.0.1:{ports['nginx_static']}/healthz")
+        wait_http(f"http://127.0.0.1:{ports['nginx_static1']}/healthz")
+        # CPU per request of the floor's worker (the master only supervises).
+        floor_worker = subprocess.run(["pgrep", "-P", str(nginx_workers["nginx"])], capture_output=True, text=True).stdout.split()
+        floor_pid = int(floor_worker[0]) if floor_worker else None
         plain = {"Content-Type": "application/json"}
         keyed = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
         chat = "/v1/chat/completions"
@@ -318,7 +344,8 @@ http {{
             targets["base"] = (f"http://127.0.0.1:{ports['base']}{chat}", keyed, pids["base"])
         targets.update({
             "s-direct": (f"http://127.0.0.1:{ports['static']}{chat}", plain, None),
-            "s-nginx": (f"http://127.0.0.1:{ports['nginx_static']}{chat}", plain, None),
+            "s-nginx": (f"http://127.0.0.1:{ports['nginx_static1']}{chat}", plain, None),
+            "s-nginx2": (f"http://127.0.0.1:{ports['nginx_static']}{chat}", plain, floor_pid),
             "s-shield": (f"http://127.0.0.1:{ports['proxy']}{chat}", keyed, pids["shield"]),
             "s-limits": (f"http://127.0.0.1:{ports['proxy']}{chat}", keyed, pids["shield"]),
         })
@@ -326,7 +353,7 @@ http {{
             targets["s-base"] = (f"http://127.0.0.1:{ports['base']}{chat}", keyed, pids["base"])
         if QUICK:
             # The iteration loop of a hot-path change: the static backend's c20 paths only.
-            targets = {name: t for name, t in targets.items() if name in ("s-nginx", "s-shield", "s-base")}
+            targets = {name: t for name, t in targets.items() if name in ("s-nginx", "s-nginx2", "s-shield", "s-base")}
         global BODY
         bodies = {name: STATIC_BODY if name.startswith("s-") else MOCK_BODY for name in targets}
         bodies["s-limits"] = LIMITED_BODY

@@ -11,13 +11,68 @@ use serde_json::{Map, Value};
 
 /// One `x_shield.guardrail_results` entry: a result with the phase it ran in. Serialised
 /// straight into the answer (fields in the order they always had on the wire).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuardrailRecord {
     pub findings: crate::detect::Findings,
     pub mode: crate::guardrails::Mode,
     pub name: &'static str,
     pub passed: bool,
     pub phase: &'static str,
+}
+
+/// A record as the derived shape would write it.
+#[derive(serde::Serialize)]
+struct RecordShape<'a> {
+    findings: &'a crate::detect::Findings,
+    mode: crate::guardrails::Mode,
+    name: &'a str,
+    passed: bool,
+    phase: &'a str,
+}
+
+impl GuardrailRecord {
+    fn shape(&self) -> RecordShape<'_> {
+        RecordShape {
+            findings: &self.findings,
+            mode: self.mode,
+            name: self.name,
+            passed: self.passed,
+            phase: self.phase,
+        }
+    }
+}
+
+/// Every record that found nothing, written once: nearly every answer carries only these, and
+/// writing them field by field was a large part of serialising `x_shield` (issue 19).
+static CLEAN_RECORDS: std::sync::LazyLock<Vec<(GuardrailRecord, Box<serde_json::value::RawValue>)>> =
+    std::sync::LazyLock::new(|| {
+        use crate::guardrails::{GUARDRAIL_NAMES, Mode};
+        let mut records = Vec::new();
+        for name in GUARDRAIL_NAMES {
+            for mode in [Mode::Off, Mode::Monitor, Mode::Warn, Mode::Block] {
+                for phase in ["input", "output"] {
+                    let record = GuardrailRecord { findings: Default::default(), mode, name, passed: true, phase };
+                    let written = serde_json::to_string(&record.shape()).ok();
+                    if let Some(raw) = written.and_then(|json| serde_json::value::RawValue::from_string(json).ok()) {
+                        records.push((record, raw));
+                    }
+                }
+            }
+        }
+        records
+    });
+
+impl serde::Serialize for GuardrailRecord {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.passed
+            && self.findings.is_empty()
+            && let Some((_, raw)) =
+                CLEAN_RECORDS.iter().find(|(r, _)| r.name == self.name && r.mode == self.mode && r.phase == self.phase)
+        {
+            return raw.serialize(serializer);
+        }
+        self.shape().serialize(serializer)
+    }
 }
 
 /// `x_shield.guardrail_results` entries of one phase (`input`, `output`).
@@ -139,6 +194,35 @@ impl StreamGuard {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn records_serialise_as_the_derived_shape_whether_written_once_or_field_by_field() {
+        use crate::guardrails::{GUARDRAIL_NAMES, Mode};
+        for name in GUARDRAIL_NAMES {
+            for mode in [Mode::Off, Mode::Monitor, Mode::Warn, Mode::Block] {
+                for phase in ["input", "output"] {
+                    for found in [0, 2] {
+                        let mut findings = crate::detect::Findings::new();
+                        if found > 0 {
+                            findings.insert("email", found);
+                        }
+                        let passed = found == 0;
+                        let record = super::GuardrailRecord { findings, mode, name, passed, phase };
+                        let expected = serde_json::to_string(&record.shape()).unwrap();
+                        assert_eq!(serde_json::to_string(&record).unwrap(), expected);
+                        assert_eq!(
+                            serde_json::to_value(&record).unwrap(),
+                            serde_json::from_str::<Value>(&expected).unwrap()
+                        );
+                        assert_eq!(
+                            serde_json::to_string(&vec![record.clone(), record]).unwrap(),
+                            format!("[{expected},{expected}]")
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     use super::*;
     use crate::guardrails::{Detector, Mode};
 

@@ -5,7 +5,7 @@
 //! `SHIELD_LLM_ROUTING_CACHE_S` (stale-while-revalidate) and `gw_config` messages refresh an
 //! entry at once. When Redis is away, cached entries keep serving.
 
-use std::collections::HashMap;
+use crate::FastMap as HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -158,7 +158,7 @@ impl Caches {
                 .map(shield_core::records::spend::decode)
         };
         if let Ok(Some(routes)) = tokio::time::timeout(STORE_TIMEOUT, read).await {
-            self.spend.write().insert(tenant.to_string(), (month, routes));
+            self.spend.write().insert(tenant.to_string(), (month, routes.into_iter().collect()));
         }
     }
 

@@ -4,10 +4,13 @@
 //! are allowed private addresses. Redirects are never followed. The caller's own headers are
 //! never forwarded: each upstream request is built from scratch.
 //!
-//! Built on hyper's own client rather than reqwest: reqwest parses every request's URL twice
+//! Built on hyper's connections rather than reqwest: reqwest parses every request's URL twice
 //! more (its redirect layer and its response) even with redirects off, which profiling under
-//! load measured at about 4 % of the proxy's CPU; nothing else of reqwest was needed here.
-//! TLS is rustls (aws-lc-rs) with the platform's certificate verifier, as reqwest had it.
+//! load measured at about 4 % of the proxy's CPU; nothing else of reqwest was needed here. The
+//! connections are pooled by [`pool`] (why not hyper-util's pooled client: see there). TLS is
+//! rustls (aws-lc-rs) with the platform's certificate verifier, as reqwest had it.
+
+mod pool;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -21,10 +24,8 @@ use http::{Method, Request, Response, Uri};
 use http_body_util::{BodyDataStream, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::{GaiResolver, Name};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use shield_core::outcome::Class;
 use shield_core::url_safety::{private_reason, url_private_reason};
 use url::Url;
@@ -73,7 +74,7 @@ impl tower_service::Service<Name> for GuardedResolver {
 /// How long an idle upstream connection is kept for reuse.
 pub const POOL_IDLE: Duration = Duration::from_secs(4);
 
-type Upstream<R> = Client<HttpsConnector<HttpConnector<R>>, Full<Bytes>>;
+type Upstream<R> = std::sync::Arc<pool::Pool<HttpsConnector<HttpConnector<R>>>>;
 
 #[allow(
     clippy::expect_used,
@@ -96,14 +97,10 @@ where
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_max_idle_per_host(512)
-        // Below the 5 s keep-alive of uvicorn (vLLM, most Python model servers) and actix:
-        // reusing a connection the server is closing at that moment resets the request (seen
-        // as `connect` failures under load). Busy targets keep their connections warm anyway.
-        .pool_idle_timeout(POOL_IDLE)
-        .build(https)
+    // Idle below the 5 s keep-alive of uvicorn (vLLM, most Python model servers) and actix:
+    // reusing a connection the server is closing at that moment resets the request (seen as
+    // `connect` failures under load). Busy targets keep their connections warm anyway.
+    std::sync::Arc::new(pool::Pool::new(https, POOL_IDLE))
 }
 
 /// Cheap to clone: the clients share their connection pools.
@@ -156,7 +153,7 @@ pub struct Opened {
 }
 
 /// Why a call could not be made or completed: the transport's error, or the guard's refusal.
-type CallError = hyper_util::client::legacy::Error;
+type CallError = pool::SendError;
 
 impl Egress {
     /// Sends a POST of `body` (JSON) to `url`, through the client `allow_private` selects.
@@ -172,9 +169,11 @@ impl Egress {
         }
         let request = build(Method::POST, url, headers, Full::new(body.into())).ok_or(Failure::of(Class::UnsafeUrl))?;
         Ok(if allow_private {
-            futures_util::future::Either::Left(self.private_ok.request(request))
+            let pool = self.private_ok.clone();
+            futures_util::future::Either::Left(async move { pool.send(request).await })
         } else {
-            futures_util::future::Either::Right(self.guarded.request(request))
+            let pool = self.guarded.clone();
+            futures_util::future::Either::Right(async move { pool.send(request).await })
         })
     }
 
@@ -273,7 +272,7 @@ impl Egress {
         timeout: Duration,
     ) -> Result<(http::response::Parts, BodyDataStream<Incoming>), String> {
         let request = build(Method::POST, &url, headers, Full::new(body)).ok_or("the URL is not valid for HTTP")?;
-        match tokio::time::timeout(timeout, self.private_ok.request(request)).await {
+        match tokio::time::timeout(timeout, self.private_ok.send(request)).await {
             Err(_) => Err("timed out".into()),
             Ok(Err(err)) => Err(describe(&err)),
             Ok(Ok(response)) => {
@@ -286,7 +285,7 @@ impl Egress {
     pub async fn get_json(&self, url: Url, timeout: Duration) -> Option<serde_json::Value> {
         let request = build(Method::GET, &url, HeaderMap::new(), Full::new(Bytes::new()))?;
         let fetch = async {
-            let response = self.private_ok.request(request).await.ok()?;
+            let response = self.private_ok.send(request).await.ok()?;
             let bytes = read_body(response.into_body(), 16 << 20).await.ok()??;
             serde_json::from_slice(&bytes).ok()
         };

@@ -5,7 +5,9 @@
 //! minutes per process); a background task writes it to the `gw_events` stream.
 
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::FastMap as HashMap;
 use std::time::Instant;
 
 use shield_core::breaker::{Breaker, BreakerSettings, Cooldown, Permit};

@@ -47,6 +47,11 @@ pub use config::ProxyConfig;
 use crate::cache::Caches;
 use crate::tenant::TenantConfig;
 
+/// The maps the request path looks names up in (keys, tenants, health, usage rows, spend):
+/// foldhash, seeded per process, instead of SipHash, which showed in the profile (issue 19).
+/// Their keys are names an admin set and SHA-256 digests, not collisions a caller can choose.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 pub struct ProxyState {
     pub config: ProxyConfig,
     pub caches: Arc<Caches>,

@@ -4,7 +4,9 @@
 //! that fails puts its rows back, so Redis being away delays usage but does not lose it.
 
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use crate::FastMap as HashMap;
 
 use shield_core::run::Attempt;
 use shield_core::usage::UsageRow;

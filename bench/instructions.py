@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Instructions per proxied request, counted by valgrind's callgrind: a figure that does not
+move with the machine's noise (the same binary gives the same count to within 0.1 %), for
+judging a hot-path change before the throughput bench.
+
+Starts the bench's stack (bench/run.py with SHIELD_BENCH_HOLD=1: admin, Redis, Postgres, the
+static nginx backend, the bench routes with production settings), then for each binary given
+starts its proxy under callgrind on a free port, warms it until it routes, counts the
+instructions of N requests (default 2,000, oha -c4, the static route) and prints them per
+request. Kernel time is not counted, and `rep movs`/`rep stos` count once per byte (memcpy and
+memset of large buffers look dearer than they are): compare binaries, and confirm with
+bench/run.py.
+
+Usage: python3 bench/instructions.py [-n N] BINARY [BINARY ...]
+Needs valgrind and oha (`cargo install oha`).
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OHA = shutil.which("oha") or os.path.expanduser("~/.cargo/bin/oha")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def count(binary, hold, n, work):
+    port = free_port()
+    env = dict(os.environ, **hold["proxy_env"])
+    env["SHIELD_PROXY_ADDR"] = f"127.0.0.1:{port}"
+    env.pop("SHIELD_BENCH_HOLD", None)
+    out = os.path.join(work, f"callgrind.{port}")
+    proxy = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", "--instr-atstart=no",
+                              binary, "proxy"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        body = hold["bodies"]["static"]
+        headers = {"content-type": "application/json", "authorization": f"Bearer {hold['key']}"}
+        args = [OHA, "--no-tui", "-c", "4", "-m", "POST", "-d", body]
+        for name, value in headers.items():
+            args += ["-H", f"{name}: {value}"]
+        deadline = time.time() + 120
+        while True:  # until it answers through the route (its snapshot is loaded)
+            try:
+                subprocess.run(args + ["-n", "100", url], capture_output=True, timeout=60)
+                request = urllib.request.Request(url, data=body.encode(), headers=headers)
+                if urllib.request.urlopen(request, timeout=10).headers.get("x-shield-route") == "bench-static":
+                    break
+            except Exception:
+                pass
+            if time.time() > deadline:
+                sys.exit(f"{binary} never routed the bench request")
+            time.sleep(1)
+        subprocess.run(["callgrind_control", "-i", "on", str(proxy.pid)], capture_output=True)
+        report = subprocess.run(args + ["-n", str(n), "--output-format", "json", url], capture_output=True, text=True)
+        subprocess.run(["callgrind_control", "-i", "off", str(proxy.pid)], capture_output=True)
+        subprocess.run(["callgrind_control", "-d", str(proxy.pid)], capture_output=True)
+        codes = json.loads(report.stdout).get("statusCodeDistribution", {})
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(timeout=120)
+    total = 0
+    for path in glob.glob(f"{out}.{proxy.pid}*"):
+        with open(path) as f:
+            for line in f:
+                if line.startswith("totals:"):
+                    total = max(total, int(line.split()[1]))
+    if codes != {"200": n}:
+        sys.exit(f"{binary}: not every request was answered 200: {codes}")
+    return total / n, max(glob.glob(f"{out}.{proxy.pid}*"), key=os.path.getsize)
+
+
+def main():
+    argv = sys.argv[1:]
+    n = 2000
+    if argv[:1] == ["-n"]:
+        n, argv = int(argv[1]), argv[2:]
+    if not argv:
+        sys.exit(__doc__)
+    for tool in ("valgrind", "callgrind_control", OHA):
+        if not shutil.which(tool) and not os.path.exists(tool):
+            sys.exit(f"{tool} is missing")
+    work = tempfile.mkdtemp(prefix="shield-instructions-")
+    stack = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench", "run.py")], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, SHIELD_BENCH_HOLD="1", SHIELD_BENCH_PEERS="0"))
+    try:
+        hold = json.loads(stack.stdout.readline())
+        for binary in argv:
+            per_request, profile = count(os.path.abspath(binary), hold, n, work)
+            print(f"{binary}: {per_request:,.0f} instructions/request over {n} requests (profile: {profile})", flush=True)
+    finally:
+        stack.send_signal(signal.SIGTERM)
+        stack.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
