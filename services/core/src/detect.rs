@@ -80,6 +80,15 @@ const SECRETS_PATTERNS: [&str; 5] =
     [PROVIDER_KEY_PATTERN, AWS_KEY_PATTERN, GITHUB_TOKEN_PATTERN, PRIVATE_KEY_PATTERN, BEARER_PATTERN];
 static PII_GATE: LazyLock<regex_automata::meta::Regex> = LazyLock::new(|| gate(&PII_PATTERNS));
 static SECRETS_GATE: LazyLock<regex_automata::meta::Regex> = LazyLock::new(|| gate(&SECRETS_PATTERNS));
+/// Both families in one automaton: one pass over a text that both detectors read.
+static ANY_GATE: LazyLock<regex_automata::meta::Regex> =
+    LazyLock::new(|| gate(&[PII_PATTERNS, SECRETS_PATTERNS].concat()));
+
+/// Whether either detector could find anything in `text`: `false` means both find nothing
+/// (checked in one pass; the guardrails then skip both).
+pub fn may_find(text: &str) -> bool {
+    ANY_GATE.is_match(text)
+}
 
 /// File and code suffixes that look like top-level domains in `name@2x.png` or `pkg@v1.ts`.
 const NOT_TLDS: [&str; 12] = ["png", "jpg", "jpeg", "gif", "svg", "webp", "js", "ts", "py", "rs", "go", "json"];
@@ -261,6 +270,7 @@ mod tests {
             // The gates stop only clean text: they match exactly when some pattern does.
             prop_assert_eq!(PII_GATE.is_match(&text), pii_set.matched_any(), "pii gate on {:?}", text);
             prop_assert_eq!(SECRETS_GATE.is_match(&text), secrets_set.matched_any(), "secrets gate on {:?}", text);
+            prop_assert_eq!(may_find(&text), pii_set.matched_any() || secrets_set.matched_any(), "gate on {:?}", text);
         }
     }
 

@@ -100,7 +100,9 @@ impl Caches {
             Some(KeyEntry::Unknown(at)) if at.elapsed() < self.every => return KeyLookup::Invalid,
             _ => {}
         }
-        match self.fetch_key(hash).await {
+        // Boxed: the miss path's Redis future is large, and inline it would make every request's
+        // future (moved into the heap by actix) that much larger; misses are rare.
+        match Box::pin(self.fetch_key(hash)).await {
             Ok(Some(record)) => {
                 let record = Arc::new(record);
                 self.api_keys.write().insert(hash.to_string(), KeyEntry::Known(record.clone()));
@@ -127,7 +129,7 @@ impl Caches {
             Some(TenantEntry::Loaded(config)) => Ok(Some(config)),
             Some(TenantEntry::Absent) => Ok(None),
             None => {
-                let entry = self.load_tenant(tenant).await?;
+                let entry = Box::pin(self.load_tenant(tenant)).await?;
                 self.tenants.write().insert(tenant.to_string(), entry.clone());
                 Ok(match entry {
                     TenantEntry::Loaded(config) => Some(config),

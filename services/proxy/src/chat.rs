@@ -199,7 +199,7 @@ pub async fn pipeline(
     let Some((tenant, route)) = resolved else {
         // The default path relays the body as sent and reads no usage: a token reservation
         // stands as the request's count.
-        return default_path::forward(state, egress, &request.model, raw, hop + 1)
+        return Box::pin(default_path::forward(state, egress, &request.model, raw, hop + 1))
             .await
             .map(|response| served(Outcome::Relayed(response)));
     };
@@ -234,7 +234,9 @@ pub async fn pipeline(
     .admitted(admission.clone());
 
     if request.stream() {
-        return Ok(served(match dispatch_stream(egress, &state.health, call).await {
+        // Boxed, as the default path below: the streaming and default paths' futures are large,
+        // and inline they would enlarge every request's future (issue 19).
+        return Ok(served(match Box::pin(dispatch_stream(egress, &state.health, call)).await {
             Ok(committed) => {
                 let output = StreamGuard::new(tenant.snapshot.guardrails.clone(), caller.role.clone());
                 let health = state.health.clone();

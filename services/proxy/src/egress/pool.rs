@@ -137,7 +137,8 @@ where
                 },
             }
         }
-        let mut sender = self.connect(uri.clone()).await?;
+        // Boxed: connecting (DNS, TCP, TLS, handshake) is a large future and rare on a warm pool.
+        let mut sender = Box::pin(self.connect(uri.clone())).await?;
         let response = sender.send_request(request).await.map_err(SendError::Broken)?;
         self.checkin(https, host, port, sender);
         Ok(response)
