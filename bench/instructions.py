@@ -11,7 +11,8 @@ request. Kernel time is not counted, and `rep movs`/`rep stos` count once per by
 memset of large buffers look dearer than they are): compare binaries, and confirm with
 bench/run.py.
 
-Usage: python3 bench/instructions.py [-n N] BINARY [BINARY ...]
+Usage: python3 bench/instructions.py [-n N] [-r ROUTE] BINARY [BINARY ...]
+(ROUTE: bench-static, the default; bench-limited, the same with rate limits; bench, the mock)
 Needs valgrind and oha (`cargo install oha`).
 """
 import glob
@@ -36,7 +37,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def count(binary, hold, n, work):
+def count(binary, hold, n, work, route):
     port = free_port()
     env = dict(os.environ, **hold["proxy_env"])
     env["SHIELD_PROXY_ADDR"] = f"127.0.0.1:{port}"
@@ -46,7 +47,7 @@ def count(binary, hold, n, work):
                               binary, "proxy"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        body = hold["bodies"]["static"]
+        body = hold["bodies"]["static"].replace('"bench-static"', json.dumps(route))
         headers = {"content-type": "application/json", "authorization": f"Bearer {hold['key']}"}
         args = [OHA, "--no-tui", "-c", "4", "-m", "POST", "-d", body]
         for name, value in headers.items():
@@ -56,7 +57,7 @@ def count(binary, hold, n, work):
             try:
                 subprocess.run(args + ["-n", "100", url], capture_output=True, timeout=60)
                 request = urllib.request.Request(url, data=body.encode(), headers=headers)
-                if urllib.request.urlopen(request, timeout=10).headers.get("x-shield-route") == "bench-static":
+                if urllib.request.urlopen(request, timeout=10).headers.get("x-shield-route") == route:
                     break
             except Exception:
                 pass
@@ -84,9 +85,13 @@ def count(binary, hold, n, work):
 
 def main():
     argv = sys.argv[1:]
-    n = 2000
-    if argv[:1] == ["-n"]:
-        n, argv = int(argv[1]), argv[2:]
+    n, route = 2000, "bench-static"
+    while argv[:1] in (["-n"], ["-r"]):
+        if argv[0] == "-n":
+            n = int(argv[1])
+        else:
+            route = argv[1]
+        argv = argv[2:]
     if not argv:
         sys.exit(__doc__)
     for tool in ("valgrind", "callgrind_control", OHA):
@@ -98,7 +103,7 @@ def main():
     try:
         hold = json.loads(stack.stdout.readline())
         for binary in argv:
-            per_request, profile = count(os.path.abspath(binary), hold, n, work)
+            per_request, profile = count(os.path.abspath(binary), hold, n, work, route)
             print(f"{binary}: {per_request:,.0f} instructions/request over {n} requests (profile: {profile})", flush=True)
     finally:
         stack.send_signal(signal.SIGTERM)

@@ -464,6 +464,7 @@ http {{
             l = results["litellm"]
             print(f"shield throughput / litellm: {s['rps'] / max(l['rps'], 0.001):.0f}x (target >= 100x); "
                   f"litellm non-2xx: {l['non_2xx']}")
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         print(json.dumps({"date": time.strftime("%Y-%m-%d"), "commit": commit, "c20": results, "c1": serial, "paced": fixed, "ttft": streaming}))
     finally:
         for child in children:

@@ -107,7 +107,7 @@ impl Served {
         let streaming = matches!(self.outcome, Outcome::Stream(_));
         let mut response = render(self.outcome);
         if let Some(admission) = self.admission {
-            crate::limits::apply(&mut response, &admission.headers(streaming));
+            crate::limits::apply(&mut response, admission.headers(streaming));
         }
         response
     }

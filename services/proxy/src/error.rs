@@ -78,7 +78,7 @@ impl ProxyError {
     /// `x-ratelimit-*`.
     pub fn decorate(&self, response: &mut HttpResponse) {
         if let ProxyError::RateLimited(limited) = self {
-            crate::limits::apply(response, &limited.headers);
+            crate::limits::apply(response, limited.headers.iter().cloned());
             if let Ok(value) = actix_web::http::header::HeaderValue::try_from(limited.retry_after_s.to_string()) {
                 response.headers_mut().insert(actix_web::http::header::RETRY_AFTER, value);
             }
