@@ -92,8 +92,6 @@ impl RequestContext {
     pub fn end(self, ending: Ending<'_>) {
         let Ending { halt, target, attempts, excluded, answered, answered_at, malformed_events } = ending;
         let stream_broken = answered.iter().any(|a| a.stream_broken);
-        let tokens: Vec<(u64, u64, i64)> =
-            answered.iter().map(|a| (a.input_tokens, a.output_tokens, a.cost_micros)).collect();
         self.usage.record(&self.tenant, &self.route, attempts, &answered);
         if let Some(admission) = &self.admission {
             // Issue 18: token limits settle to the reported usage of every answer produced.
@@ -118,6 +116,8 @@ impl RequestContext {
         // The provenance record, one line per request. Debug level keeps the hot path free of
         // it unless asked for (`RUST_LOG=shield_proxy::context=debug`).
         if tracing::enabled!(tracing::Level::DEBUG) {
+            let tokens: Vec<(u64, u64, i64)> =
+                answered.iter().map(|a| (a.input_tokens, a.output_tokens, a.cost_micros)).collect();
             tracing::debug!(
                 tenant = %self.tenant, route = %self.route, target = target.unwrap_or(""), halt = halt.as_str(),
                 stream = self.stream, tokens = ?tokens, malformed_events,

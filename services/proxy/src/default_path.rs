@@ -8,10 +8,9 @@ use std::time::Duration;
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use actix_web::web::Bytes;
-use http::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use http::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 
 use crate::ProxyState;
-use crate::dispatch::HOP_HEADER;
 use crate::egress::Egress;
 use crate::error::ProxyError;
 
@@ -31,7 +30,7 @@ pub async fn forward(
     let url = chat_url(base);
     let mut headers = HeaderMap::with_capacity(2);
     headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
-    headers.insert(HeaderName::from_static(HOP_HEADER), crate::dispatch::hop_value(next_hop));
+    headers.insert(crate::dispatch::HOP, crate::dispatch::hop_value(next_hop));
     let (head, body) = egress.relay(url, headers, body, DEFAULT_TIMEOUT).await.map_err(ProxyError::DefaultUpstream)?;
     let status = StatusCode::from_u16(head.status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut out = HttpResponse::build(status);

@@ -27,6 +27,8 @@ use crate::provider::{self, Completion, Credential, Provider};
 use crate::tenant::TenantConfig;
 
 pub const HOP_HEADER: &str = "x-shield-hop";
+/// [`HOP_HEADER`] as a name parsed once (a custom name's `from_static` is not free at run time).
+pub const HOP: HeaderName = HeaderName::from_static(HOP_HEADER);
 
 /// What a routed call came to (before any stream is relayed).
 pub struct Routed {
@@ -369,7 +371,7 @@ pub fn prepare_for(
     let mut headers = HeaderMap::with_capacity(4);
     let accept = if stream { "text/event-stream" } else { "application/json" };
     headers.insert(ACCEPT, HeaderValue::from_static(accept));
-    headers.insert(HeaderName::from_static(HOP_HEADER), hop_value(next_hop));
+    headers.insert(HOP, hop_value(next_hop));
     provider.headers(target, request, &mut headers);
     let passthrough;
     let credential = match target.auth.mode {

@@ -11,11 +11,11 @@
 
 pub mod lease;
 
-use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::web::BytesMut;
 use parking_lot::{Mutex, RwLock};
 use shield_core::keys::RedisKeys;
 use shield_core::limits::{Bucket, Kind, Limits, Scope, Status};
@@ -38,7 +38,7 @@ pub struct Entry {
 /// Every bucket this process has used, by its window's key.
 pub struct Limiter {
     keys: RedisKeys,
-    entries: RwLock<HashMap<String, Arc<Entry>>>,
+    entries: RwLock<crate::FastMap<String, Arc<Entry>>>,
     /// Wakes the leaser when a bucket runs low.
     pub wake: tokio::sync::Notify,
     /// The leaser finished a round of leases (requests waiting on one retry).
@@ -105,7 +105,7 @@ impl Limiter {
     pub fn new(keys: RedisKeys) -> Limiter {
         Limiter {
             keys,
-            entries: RwLock::new(HashMap::new()),
+            entries: RwLock::new(crate::FastMap::default()),
             wake: tokio::sync::Notify::new(),
             leased: tokio::sync::Notify::new(),
         }
@@ -313,54 +313,99 @@ impl Admission {
     }
 }
 
+// OpenAI's names, parsed once (a custom name's `from_static` checks it against every standard
+// name at run time).
+static REQUEST_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-requests"),
+    HeaderName::from_static("x-ratelimit-remaining-requests"),
+    HeaderName::from_static("x-ratelimit-reset-requests"),
+];
+static TOKEN_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-tokens"),
+    HeaderName::from_static("x-ratelimit-remaining-tokens"),
+    HeaderName::from_static("x-ratelimit-reset-tokens"),
+];
+
 /// OpenAI's names: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`; the tightest limit
 /// of a kind is the one with the least remaining.
+///
+/// Every value is written into one buffer and the header values are slices of it: one
+/// allocation for up to six values, where formatting and allocating each value apiece made the
+/// headers most of what rate limits cost per answer (issue 19).
 fn headers(statuses: &[(Kind, Status)]) -> Vec<(HeaderName, HeaderValue)> {
-    let mut out = Vec::with_capacity(6);
+    let mut text = BytesMut::with_capacity(64);
+    let mut spans: Vec<(&HeaderName, std::ops::Range<usize>)> = Vec::with_capacity(6);
     for kind in Kind::ALL {
         let Some(status) = statuses.iter().filter(|(k, _)| *k == kind).map(|(_, s)| *s).min_by_key(|s| s.remaining)
         else {
             continue;
         };
         let [limit, remaining, reset] = match kind {
-            Kind::Requests => {
-                ["x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"]
-            }
-            Kind::Tokens => ["x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"],
+            Kind::Requests => &REQUEST_HEADERS,
+            Kind::Tokens => &TOKEN_HEADERS,
         };
-        out.push((HeaderName::from_static(limit), HeaderValue::from(status.limit)));
-        out.push((HeaderName::from_static(remaining), HeaderValue::from(status.remaining)));
-        if let Ok(value) = HeaderValue::try_from(reset_text(status.reset_ms)) {
-            out.push((HeaderName::from_static(reset), value));
-        }
+        spans.push((limit, written(&mut text, |out| put_number(out, status.limit))));
+        spans.push((remaining, written(&mut text, |out| put_number(out, status.remaining))));
+        spans.push((reset, written(&mut text, |out| write_reset(out, status.reset_ms))));
     }
-    out
+    let text = text.freeze();
+    spans
+        .into_iter()
+        .filter_map(|(name, span)| {
+            let value = HeaderValue::from_maybe_shared(text.slice(span)).ok()?;
+            Some((name.clone(), value))
+        })
+        .collect()
 }
 
 /// A reset time as OpenAI writes it: `250ms`, `1.5s`, `59s`, `1m0s`.
-pub fn reset_text(ms: u64) -> String {
+fn write_reset(out: &mut BytesMut, ms: u64) {
     if ms < 1000 {
-        return format!("{ms}ms");
+        put_number(out, ms);
+        out.extend_from_slice(b"ms");
+        return;
     }
     if ms >= 60_000 {
-        return format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1000);
+        put_number(out, ms / 60_000);
+        out.extend_from_slice(b"m");
+        put_number(out, (ms % 60_000) / 1000);
+        out.extend_from_slice(b"s");
+        return;
     }
     // Seconds with the milliseconds' trailing zeros dropped, in integers (a float formatted
     // to three places gave the same text at several times the cost, on every answer).
-    let (seconds, mut millis, mut places) = (ms / 1000, ms % 1000, 3);
-    if millis == 0 {
-        return format!("{seconds}s");
+    let (seconds, mut millis, mut places) = (ms / 1000, ms % 1000, 3usize);
+    put_number(out, seconds);
+    if millis != 0 {
+        while millis % 10 == 0 {
+            millis /= 10;
+            places -= 1;
+        }
+        let mut buffer = itoa::Buffer::new();
+        let digits = buffer.format(millis);
+        out.extend_from_slice(b".");
+        out.extend_from_slice(&b"00"[..places.saturating_sub(digits.len())]);
+        out.extend_from_slice(digits.as_bytes());
     }
-    while millis % 10 == 0 {
-        millis /= 10;
-        places -= 1;
-    }
-    format!("{seconds}.{millis:0places$}s")
+    out.extend_from_slice(b"s");
+}
+
+/// Where `write` put its bytes in `text`.
+fn written(text: &mut BytesMut, write: impl FnOnce(&mut BytesMut)) -> std::ops::Range<usize> {
+    let start = text.len();
+    write(text);
+    start..text.len()
+}
+
+fn put_number(out: &mut BytesMut, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Inserts headers into a response (rate-limit headers, `Retry-After`).
 pub fn apply(response: &mut actix_web::HttpResponse, headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>) {
+    let headers = headers.into_iter();
     let map = response.headers_mut();
+    map.reserve(headers.size_hint().0);
     for (name, value) in headers {
         map.insert(name, value);
     }
@@ -370,13 +415,47 @@ pub fn apply(response: &mut actix_web::HttpResponse, headers: impl IntoIterator<
 mod tests {
     use super::*;
 
+    fn reset_text(ms: u64) -> String {
+        let mut out = BytesMut::new();
+        write_reset(&mut out, ms);
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
     #[test]
     fn reset_texts_are_the_three_place_seconds_trimmed() {
-        for ms in 1000..60_000u64 {
-            let text = format!("{:.3}", ms as f64 / 1000.0);
-            let expected = format!("{}s", text.trim_end_matches('0').trim_end_matches('.'));
+        for ms in 0..200_000u64 {
+            let expected = match ms {
+                ..1000 => format!("{ms}ms"),
+                60_000.. => format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1000),
+                _ => {
+                    let text = format!("{:.3}", ms as f64 / 1000.0);
+                    format!("{}s", text.trim_end_matches('0').trim_end_matches('.'))
+                }
+            };
             assert_eq!(reset_text(ms), expected, "{ms}");
         }
+    }
+
+    #[test]
+    fn header_values_are_the_tightest_limit_of_each_kind() {
+        let status = |limit, remaining, reset_ms| Status { limit, remaining, reset_ms };
+        let statuses = [
+            (Kind::Requests, status(100, 40, 1500)),
+            (Kind::Tokens, status(10_000_000_000, 9_999_999_938, 61_000)),
+            (Kind::Requests, status(50, 7, 250)),
+        ];
+        let rendered: Vec<(String, String)> =
+            headers(&statuses).iter().map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string())).collect();
+        let expected = [
+            ("x-ratelimit-limit-requests", "50"),
+            ("x-ratelimit-remaining-requests", "7"),
+            ("x-ratelimit-reset-requests", "250ms"),
+            ("x-ratelimit-limit-tokens", "10000000000"),
+            ("x-ratelimit-remaining-tokens", "9999999938"),
+            ("x-ratelimit-reset-tokens", "1m1s"),
+        ];
+        assert_eq!(rendered, expected.map(|(n, v)| (n.to_string(), v.to_string())));
+        assert!(headers(&[]).is_empty());
     }
 
     #[test]
