@@ -29,12 +29,18 @@ pub fn unique(prefix: &str) -> String {
 /// the kernel's ephemeral range (32768 and up on Linux): a port from that range (what binding
 /// port 0 returns) can be taken by any outgoing connection's local end before the child binds
 /// it — under the load tests that happened, and a test then talked to another test's server.
+/// A port is handed out once per test process: tests run in parallel threads, and two stacks
+/// drawn the same still-unbound port raced for it (the loser's admin then answered as the
+/// winner's proxy, and a test failed on another stack's 404).
 pub fn free_port() -> u16 {
     use rand::Rng;
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut rng = rand::rng();
     for _ in 0..200 {
         let port = rng.random_range(20_000..32_000);
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
             return port;
         }
     }
