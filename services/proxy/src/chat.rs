@@ -256,7 +256,10 @@ pub async fn pipeline(
                 Outcome::Stream(Box::new(start))
             }
             Err(routed) => {
-                context.end(Ending::of(routed.halt, &routed.attempts, &routed.excluded));
+                context.end(Ending {
+                    answered_at: Some((Instant::now(), routed.upstream)),
+                    ..Ending::of(routed.halt, &routed.attempts, &routed.excluded)
+                });
                 Outcome::Routed { routed, guardrails }
             }
         }));
@@ -285,6 +288,7 @@ pub async fn pipeline(
     context.end(Ending {
         target,
         answered: paid.as_ref().map(|paid| paid.answered(false)).into_iter().collect(),
+        answered_at: Some((Instant::now(), routed.upstream)),
         ..Ending::of(routed.halt, &routed.attempts, &routed.excluded)
     });
     Ok(served(Outcome::Routed { routed, guardrails }))
@@ -591,6 +595,7 @@ mod tests {
             },
             cost_micros: Some(1350),
             budget: shield_core::usage::BudgetState::Ok,
+            upstream: std::time::Duration::ZERO,
         };
         let request =
             ChatRequest::parse(br#"{"model": "smart", "messages": [{"role": "user", "content": "hi"}]}"#).unwrap();

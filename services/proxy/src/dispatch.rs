@@ -44,6 +44,9 @@ pub struct Routed {
     pub cost_micros: Option<i64>,
     /// The route's budget state for this call.
     pub budget: BudgetState,
+    /// Time spent in upstream attempts, exactly (each attempt's `ms` is truncated): what
+    /// the gateway-added metric subtracts.
+    pub upstream: Duration,
 }
 
 pub enum RoutedResult {
@@ -79,6 +82,8 @@ struct Loop<T> {
     excluded: Vec<Excluded>,
     success: Option<Success<T>>,
     last_failure: Option<(String, Failure)>,
+    /// Time spent in the attempts that failed.
+    failed_upstream: Duration,
 }
 
 struct Success<T> {
@@ -112,6 +117,7 @@ where
     let mut run =
         Run::new(planned.order, failover.max_attempts, failover.on.clone()).with_retry(failover.retry.clone());
     let mut last_failure = None;
+    let mut failed_upstream = Duration::ZERO;
     // The declared window of a target that overflowed: later attempts need a larger one.
     let mut context_floor: Option<u32> = None;
     while let Step::Try(id) = run.step(Instant::now() >= deadline) {
@@ -132,14 +138,16 @@ where
         let result = attempt(target, deadline.saturating_duration_since(started)).await;
         let permit = held.take();
         drop(held);
-        let ms = started.elapsed().as_millis() as u64;
+        let elapsed = started.elapsed();
+        let ms = elapsed.as_millis() as u64;
         match result {
             Ok((status, value)) => {
                 run.record(&target.model, Ok(()), Some(status), ms);
                 let success = Success { target: id, model: target.model.clone(), value, permit, started };
-                return Loop { rule, refused, run, excluded, success: Some(success), last_failure };
+                return Loop { rule, refused, run, excluded, success: Some(success), last_failure, failed_upstream };
             }
             Err(failure) => {
+                failed_upstream += elapsed;
                 health.record(tenant, &id, &target.breaker(), permit, Err(failure.class), ms);
                 run.record(&target.model, Err(failure.class), failure.status, ms);
                 // `failover.retry`: the same target again after its short reset hint or a
@@ -165,7 +173,7 @@ where
             }
         }
     }
-    Loop { rule, refused, run, excluded, success: None, last_failure }
+    Loop { rule, refused, run, excluded, success: None, last_failure, failed_upstream }
 }
 
 /// A non-streaming routed call.
@@ -181,10 +189,13 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
     })
     .await;
     let tenant = call.tenant.snapshot.tenant.as_str();
+    let mut upstream = outcome.failed_upstream;
     let result = match outcome.success {
         Some(success) => {
             let settings = call.tenant.target(&success.target).map(Target::breaker).unwrap_or_default();
-            let ms = success.started.elapsed().as_millis() as u64;
+            let elapsed = success.started.elapsed();
+            upstream += elapsed;
+            let ms = elapsed.as_millis() as u64;
             health.record(tenant, &success.target, &settings, success.permit, Ok(()), ms);
             let answer = success.value;
             RoutedResult::Answer {
@@ -198,7 +209,7 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
     };
     let mut run = outcome.run;
     let halt = halt_of(&mut run);
-    routed(&call, outcome.rule, run, outcome.excluded, halt, result)
+    routed(&call, outcome.rule, run, outcome.excluded, halt, result, upstream)
 }
 
 /// The routing record of a call that produced nothing usable: a denial, a refused request,
@@ -212,7 +223,7 @@ fn unsuccessful<T>(call: &Call<'_>, outcome: Loop<T>) -> Routed {
             (halt_of(&mut run), result)
         }
     };
-    routed(call, outcome.rule, run, outcome.excluded, halt, result)
+    routed(call, outcome.rule, run, outcome.excluded, halt, result, outcome.failed_upstream)
 }
 
 /// The routing record of a finished run.
@@ -223,6 +234,7 @@ fn routed(
     excluded: Vec<Excluded>,
     halt: Halt,
     result: RoutedResult,
+    upstream: Duration,
 ) -> Routed {
     Routed {
         route: call.route.name.clone(),
@@ -234,6 +246,7 @@ fn routed(
         result,
         cost_micros: None,
         budget: call.facts.budget,
+        upstream,
     }
 }
 
@@ -260,6 +273,8 @@ pub struct Committed {
     /// commit point).
     pub started: Instant,
     pub committed_at: Instant,
+    /// Time spent in the attempts that failed before this one.
+    pub failed_upstream: Duration,
     pub run: Run,
     pub excluded: Vec<Excluded>,
     pub idle_timeout: Duration,
@@ -302,6 +317,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
                 breaker,
                 started: success.started,
                 committed_at: Instant::now(),
+                failed_upstream: outcome.failed_upstream,
                 run: outcome.run,
                 excluded: outcome.excluded,
                 idle_timeout: Duration::from_secs(u64::from(idle_timeout)),

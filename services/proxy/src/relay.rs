@@ -83,9 +83,8 @@ pub fn relay(
     resumer: Option<Resumer>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     let malformed = committed.opened.malformed;
-    let failed_ms: u64 = committed.run.attempts.iter().map(|a| a.ms).sum();
     let upstream_before_commit =
-        Duration::from_millis(failed_ms) + committed.committed_at.saturating_duration_since(committed.started);
+        committed.failed_upstream + committed.committed_at.saturating_duration_since(committed.started);
     let mut relay = Relay {
         committed,
         health,
