@@ -256,10 +256,7 @@ pub async fn pipeline(
                 Outcome::Stream(Box::new(start))
             }
             Err(routed) => {
-                context.end(Ending {
-                    answered_at: Some((Instant::now(), routed.upstream)),
-                    ..Ending::of(routed.halt, &routed.attempts, &routed.excluded)
-                });
+                context.end(Ending::of(routed.halt, &routed.attempts, &routed.excluded, routed.upstream));
                 Outcome::Routed { routed, guardrails }
             }
         }));
@@ -288,8 +285,7 @@ pub async fn pipeline(
     context.end(Ending {
         target,
         answered: paid.as_ref().map(|paid| paid.answered(false)).into_iter().collect(),
-        answered_at: Some((Instant::now(), routed.upstream)),
-        ..Ending::of(routed.halt, &routed.attempts, &routed.excluded)
+        ..Ending::of(routed.halt, &routed.attempts, &routed.excluded, routed.upstream)
     });
     Ok(served(Outcome::Routed { routed, guardrails }))
 }

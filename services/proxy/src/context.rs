@@ -39,18 +39,28 @@ pub struct Ending<'a> {
     /// The tokens and cost of each answer produced — also when Shield then refused it, its
     /// stream broke, or a resumed stream replaced it: they were paid for.
     pub answered: Vec<Answered<'a>>,
-    /// When the caller started receiving the answer, and how much of the time before that was
-    /// spent in upstream calls: what Shield added is the rest. `None`: the end itself, with
-    /// every attempt's time upstream.
-    pub answered_at: Option<(Instant, Duration)>,
+    /// When the caller started receiving the answer (a stream's commit point); `None`: the end
+    /// itself.
+    pub answered_at: Option<Instant>,
+    /// Time spent in upstream calls before then: what Shield added is the rest.
+    pub upstream: Duration,
     /// Streams: malformed upstream events dropped.
     pub malformed_events: u32,
 }
 
 impl<'a> Ending<'a> {
-    /// An ending with nothing but its halt and what was tried.
-    pub fn of(halt: Halt, attempts: &'a [Attempt], excluded: &'a [Excluded]) -> Ending<'a> {
-        Ending { halt, target: None, attempts, excluded, answered: Vec::new(), answered_at: None, malformed_events: 0 }
+    /// An ending with nothing but its halt, what was tried and the time that took upstream.
+    pub fn of(halt: Halt, attempts: &'a [Attempt], excluded: &'a [Excluded], upstream: Duration) -> Ending<'a> {
+        Ending {
+            halt,
+            target: None,
+            attempts,
+            excluded,
+            answered: Vec::new(),
+            answered_at: None,
+            upstream,
+            malformed_events: 0,
+        }
     }
 }
 
@@ -90,17 +100,14 @@ impl RequestContext {
 
     /// The request's one end: usage, metrics and the provenance record.
     pub fn end(self, ending: Ending<'_>) {
-        let Ending { halt, target, attempts, excluded, answered, answered_at, malformed_events } = ending;
+        let Ending { halt, target, attempts, excluded, answered, answered_at, upstream, malformed_events } = ending;
         let stream_broken = answered.iter().any(|a| a.stream_broken);
         self.usage.record(&self.tenant, &self.route, attempts, &answered);
         if let Some(admission) = &self.admission {
             // Issue 18: token limits settle to the reported usage of every answer produced.
             admission.settle(answered.iter().map(|a| a.input_tokens + a.output_tokens).sum());
         }
-        let (until, upstream) = match answered_at {
-            Some((at, upstream)) => (at, upstream),
-            None => (Instant::now(), Duration::from_millis(attempts.iter().map(|a| a.ms).sum())),
-        };
+        let until = answered_at.unwrap_or_else(Instant::now);
         self.metrics.routed(Observed {
             tenant: &self.tenant,
             route: &self.route,

@@ -92,6 +92,8 @@ struct Success<T> {
     value: T,
     permit: Permit,
     started: Instant,
+    /// How long the attempt took (to its answer, or a stream's first event).
+    elapsed: Duration,
 }
 
 async fn attempts<'t, T, F, Fut>(call: &Call<'t>, health: &Health, rng: &mut impl rand::Rng, mut attempt: F) -> Loop<T>
@@ -143,7 +145,7 @@ where
         match result {
             Ok((status, value)) => {
                 run.record(&target.model, Ok(()), Some(status), ms);
-                let success = Success { target: id, model: target.model.clone(), value, permit, started };
+                let success = Success { target: id, model: target.model.clone(), value, permit, started, elapsed };
                 return Loop { rule, refused, run, excluded, success: Some(success), last_failure, failed_upstream };
             }
             Err(failure) => {
@@ -193,9 +195,8 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
     let result = match outcome.success {
         Some(success) => {
             let settings = call.tenant.target(&success.target).map(Target::breaker).unwrap_or_default();
-            let elapsed = success.started.elapsed();
-            upstream += elapsed;
-            let ms = elapsed.as_millis() as u64;
+            upstream += success.elapsed;
+            let ms = success.elapsed.as_millis() as u64;
             health.record(tenant, &success.target, &settings, success.permit, Ok(()), ms);
             let answer = success.value;
             RoutedResult::Answer {

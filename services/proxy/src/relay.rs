@@ -320,9 +320,9 @@ impl Relay {
         context.end(Ending {
             target: Some(&c.target),
             answered,
-            answered_at: Some((c.committed_at, self.upstream_before_commit)),
+            answered_at: Some(c.committed_at),
             malformed_events: end.malformed_events,
-            ..Ending::of(end.halt, &c.run.attempts, &c.excluded)
+            ..Ending::of(end.halt, &c.run.attempts, &c.excluded, self.upstream_before_commit)
         });
     }
 }
