@@ -214,14 +214,16 @@ pub fn luhn(d: &str) -> bool {
 }
 
 /// ISO 13616: move the first four characters to the end, letters to numbers, mod 97 == 1.
+/// Works on characters, never byte offsets: the pattern's `\d` also matches digits of other
+/// scripts (`٣`), which take several bytes and are never part of a valid IBAN (issue 27).
 fn iban_valid(text: &str) -> bool {
-    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-    if !(15..=34).contains(&compact.len()) {
+    let compact: Vec<char> = text.chars().filter(|c| !c.is_whitespace()).collect();
+    if !(15..=34).contains(&compact.len()) || !compact.iter().all(char::is_ascii_alphanumeric) {
         return false;
     }
-    let rearranged = format!("{}{}", &compact[4..], &compact[..4]);
+    let Some((country, rest)) = compact.split_first_chunk::<4>() else { return false };
     let mut remainder: u64 = 0;
-    for c in rearranged.chars() {
+    for &c in rest.iter().chain(country) {
         let value = match c {
             '0'..='9' => u64::from(c as u8 - b'0'),
             'A'..='Z' => u64::from(c as u8 - b'A') + 10,
@@ -338,5 +340,8 @@ mod tests {
         assert!(!luhn("4111111111111112"));
         assert!(iban_valid("DE89 3704 0044 0532 0130 00"));
         assert!(!iban_valid("DE89 3704 0044 0532 0130 01"));
+        // Issue 27: a digit of another script is not an IBAN's, and never a panic.
+        assert!(!iban_valid("DE3\u{663} 3704 0044 0532 0130 00"));
+        assert!(pii("IBAN DE3\u{663} 3704 0044 0532 0130 00").is_empty());
     }
 }
