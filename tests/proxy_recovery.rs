@@ -43,6 +43,38 @@ async fn a_short_retry_after_is_waited_for_on_the_same_target() {
     assert_eq!(headers["x-shield-target"], "b");
 }
 
+/// Issue 27: retrying never costs a route its failover. With `max_attempts` equal to the number
+/// of targets, a primary that answers 503 (or 429 without a hint) on every call gets one
+/// attempt and the healthy fallback answers; with attempts to spare, the primary is retried
+/// first, and the fallback still gets the last attempt.
+#[tokio::test]
+async fn retries_never_starve_the_failover() {
+    let stack = Stack::start().await;
+    for (primary, spec) in [("p503", "status:503"), ("p429", "status:429"), ("q503", "status:503")] {
+        stack.mock_target(primary, spec, json!({})).await;
+    }
+    for fallback in ["f503", "f429", "g503"] {
+        stack.mock_target(fallback, "", json!({})).await;
+    }
+    let failover = |max: u32| json!({"max_attempts": max, "retry": {"attempts": 2, "max_wait_s": 5}});
+    stack.put_route("tight-503", json!({"targets": ["p503", "f503"], "failover": failover(2)})).await;
+    stack.put_route("tight-429", json!({"targets": ["p429", "f429"], "failover": failover(2)})).await;
+    stack.put_route("roomy-503", json!({"targets": ["q503", "g503"], "failover": failover(4)})).await;
+    let (key, _) = stack.key(None).await;
+    for (route, primary, fallback, primary_calls) in
+        [("tight-503", "p503", "f503", 1), ("tight-429", "p429", "f429", 1), ("roomy-503", "q503", "g503", 3)]
+    {
+        let (status, headers, body) = stack.chat(&key, chat_body(route), &[]).await;
+        assert_eq!(status, StatusCode::OK, "{route}: the fallback answers: {body}");
+        assert_eq!(headers["x-shield-target"], fallback, "{route}");
+        assert_eq!(headers["x-shield-failovers"], "1", "{route}");
+        let attempts = body["x_shield"]["routing"]["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), primary_calls + 1, "{route}: {attempts:?}");
+        assert_eq!(stack.received(primary).await.len(), primary_calls, "{route}");
+        assert_eq!(stack.received(fallback).await.len(), 1, "{route}");
+    }
+}
+
 #[tokio::test]
 async fn a_500_once_is_retried_on_the_same_target_and_counted() {
     let stack = Stack::start().await;

@@ -82,14 +82,23 @@ pub enum Step {
 #[derive(Debug, Clone)]
 pub struct Run {
     order: Vec<String>,
+    /// The next target never offered (an index into `order`).
     next: usize,
+    /// The index `step` last offered, and whether that offer was a same-target retry.
+    current: Option<usize>,
+    offered_retry: bool,
     max_attempts: u32,
     on: Vec<FailoverOn>,
     retry: Retry,
-    /// Retries made on the current target; `retrying` is the order index of the target to
-    /// retry (the next attempt is a retry only if it is that target's).
-    retries: u32,
-    retrying: Option<usize>,
+    /// Same-target retries taken, per index of `order`.
+    retries: Vec<u32>,
+    /// The retry `step` offers next.
+    retry_next: Option<usize>,
+    /// Retries declined because the attempts left had to go to targets not yet tried (issue
+    /// 27): `(index, wait_ms)`, offered once every target was tried, while attempts remain.
+    deferred: std::collections::VecDeque<(usize, u64)>,
+    /// The wait before the deferred retry `step` just offered (see [`Run::take_deferred_wait`]).
+    deferred_wait: Option<u64>,
     pub attempts: Vec<Attempt>,
     halted: Option<Halt>,
 }
@@ -100,13 +109,17 @@ pub const RETRY_BACKOFF_MS: u64 = 250;
 impl Run {
     pub fn new(order: Vec<String>, max_attempts: u32, on: Vec<FailoverOn>) -> Run {
         Run {
+            retries: vec![0; order.len()],
             order,
             next: 0,
+            current: None,
+            offered_retry: false,
             max_attempts,
             on,
             retry: Retry::default(),
-            retries: 0,
-            retrying: None,
+            retry_next: None,
+            deferred: std::collections::VecDeque::new(),
+            deferred_wait: None,
             attempts: Vec::new(),
             halted: None,
         }
@@ -125,7 +138,13 @@ impl Run {
     /// caller's draw from [0.5, 1.5)) — ends before `remaining_ms`. A hint longer than
     /// `max_wait_s` is no retry (the target is parked and the run moves on). Proven exhaustion
     /// (a spent quota or credit) is never retried.
+    ///
+    /// Retrying never costs the route its failover (issue 27): a retry is taken now only when
+    /// the attempts left after it still allow one attempt on each target not yet tried (when
+    /// the class fails over to them); otherwise the run moves on and the retry is deferred,
+    /// offered by [`Run::step`] once every target was tried, if attempts remain.
     pub fn retry_after(&mut self, class: Class, hint_ms: Option<u64>, jitter: f64, remaining_ms: u64) -> Option<u64> {
+        let current = self.current?;
         let listed = |on: FailoverOn| self.retry.on.contains(&on);
         let retryable = match class {
             Class::RateLimited => listed(FailoverOn::RateLimited),
@@ -134,26 +153,41 @@ impl Run {
             Class::Connect => listed(FailoverOn::Connect),
             _ => false,
         };
-        let bound = self.attempts.len() as u32 >= self.max_attempts;
-        if !retryable || bound || self.retries >= self.retry.attempts || self.next == 0 {
+        let used = self.retries.get(current).copied().unwrap_or(u32::MAX);
+        let left = self.max_attempts.saturating_sub(self.attempts.len() as u32);
+        if !retryable || left == 0 || used >= self.retry.attempts {
             return None;
         }
         let wait = match hint_ms {
             Some(hint) if hint > u64::from(self.retry.max_wait_s) * 1000 => return None,
             Some(hint) => hint,
-            None => ((RETRY_BACKOFF_MS << self.retries.min(8)) as f64 * jitter.clamp(0.5, 1.5)) as u64,
+            None => ((RETRY_BACKOFF_MS << used.min(8)) as f64 * jitter.clamp(0.5, 1.5)) as u64,
         };
         if wait >= remaining_ms {
             return None;
         }
-        self.retries += 1;
-        self.retrying = Some(self.next - 1);
+        let untried = if class.fails_over(&self.on) { self.order.len().saturating_sub(self.next) } else { 0 };
+        if ((left - 1) as usize) < untried {
+            if !self.deferred.iter().any(|&(i, _)| i == current) {
+                self.deferred.push_back((current, wait));
+            }
+            return None;
+        }
+        if let Some(n) = self.retries.get_mut(current) {
+            *n += 1;
+        }
+        self.retry_next = Some(current);
         // The same target again: the failure does not end the run, whatever `on` says.
-        self.next -= 1;
         if self.halted == Some(Halt::IneligibleFailure) {
             self.halted = None;
         }
         Some(wait)
+    }
+
+    /// The wait owed before the deferred retry [`Run::step`] just offered: the caller sleeps
+    /// what is left of it since that target failed (or skips the retry past the deadline).
+    pub fn take_deferred_wait(&mut self) -> Option<u64> {
+        self.deferred_wait.take()
     }
 
     /// The next target to try, or why the run stops. `deadline_passed` is the caller's clock.
@@ -161,41 +195,51 @@ impl Run {
         if let Some(halt) = self.halted {
             return Step::Stop(halt);
         }
+        self.deferred_wait = None;
+        let nothing_left = self.retry_next.is_none() && self.next >= self.order.len() && self.deferred.is_empty();
         let halt = if self.order.is_empty() {
             Some(Halt::NoEligibleTarget)
         } else if deadline_passed {
             Some(Halt::Deadline)
-        } else if self.next >= self.order.len() {
+        } else if nothing_left {
             Some(Halt::Exhausted)
         } else if self.attempts.len() as u32 >= self.max_attempts {
             Some(Halt::AttemptBound)
         } else {
             None
         };
-        match halt {
-            Some(halt) => {
-                self.halted = Some(halt);
-                Step::Stop(halt)
+        if let Some(halt) = halt {
+            self.halted = Some(halt);
+            return Step::Stop(halt);
+        }
+        let (index, retry) = if let Some(index) = self.retry_next.take() {
+            (index, true)
+        } else if self.next < self.order.len() {
+            self.next += 1;
+            (self.next - 1, false)
+        } else if let Some((index, wait)) = self.deferred.pop_front() {
+            if let Some(n) = self.retries.get_mut(index) {
+                *n += 1;
             }
-            None => {
-                let id = self.order[self.next].clone();
-                self.next += 1;
-                // Moving to another target (or the retried one was skipped, e.g. its breaker
-                // opened): what follows is not a retry.
-                if self.retrying != Some(self.next - 1) {
-                    self.retrying = None;
-                    self.retries = 0;
-                }
-                Step::Try(id)
-            }
+            self.deferred_wait = Some(wait);
+            (index, true)
+        } else {
+            self.halted = Some(Halt::Exhausted);
+            return Step::Stop(Halt::Exhausted);
+        };
+        self.current = Some(index);
+        self.offered_retry = retry;
+        match self.order.get(index) {
+            Some(id) => Step::Try(id.clone()),
+            None => Step::Stop(Halt::Exhausted),
         }
     }
 
     /// Records the outcome of the attempt `step` last returned. A success ends the run; a
     /// failure ends it when the route does not fail over on its class.
     pub fn record(&mut self, model: &str, result: Result<(), Class>, status: Option<u16>, ms: u64) {
-        let target = self.order[self.next - 1].clone();
-        let retry = self.retrying.take().is_some();
+        let target = self.current.and_then(|i| self.order.get(i)).cloned().unwrap_or_default();
+        let retry = std::mem::take(&mut self.offered_retry);
         self.push_attempt(target, model, result, status, ms, retry, false);
         match result {
             Ok(()) => self.halted = Some(Halt::Succeeded),
@@ -382,6 +426,64 @@ mod tests {
         assert_eq!(run.halt(), Some(Halt::IneligibleFailure), "5xx still does not move to b");
     }
 
+    /// Issue 27: with the attempt budget equal to the number of targets, a retry would starve
+    /// the failover, so the run moves on; with budget to spare it retries first, and a
+    /// deferred retry comes back once every target was tried.
+    #[test]
+    fn retries_never_cost_a_route_its_failover() {
+        let two = || vec!["a".to_string(), "b".to_string()];
+        let retry = Retry { attempts: 2, ..Retry::default() };
+        let mut run = Run::new(two(), 2, default_on()).with_retry(retry.clone());
+        assert_eq!(run.step(false), Step::Try("a".into()));
+        run.record("m", Err(Class::ServerError), Some(503), 5);
+        assert_eq!(run.retry_after(Class::ServerError, None, 1.0, 60_000), None, "b still needs the last attempt");
+        assert_eq!(run.step(false), Step::Try("b".into()));
+        run.record("m", Ok(()), Some(200), 5);
+        assert_eq!(run.failovers(), 1);
+
+        // Budget 3: one retry of a fits (b keeps its attempt), a second does not.
+        let mut run = Run::new(two(), 3, default_on()).with_retry(retry.clone());
+        run.step(false);
+        run.record("m", Err(Class::RateLimited), Some(429), 5);
+        assert_eq!(run.retry_after(Class::RateLimited, None, 1.0, 60_000), Some(250));
+        assert_eq!(run.step(false), Step::Try("a".into()));
+        run.record("m", Err(Class::RateLimited), Some(429), 5);
+        assert_eq!(run.retry_after(Class::RateLimited, None, 1.0, 60_000), None);
+        assert_eq!(run.step(false), Step::Try("b".into()));
+        run.record("m", Err(Class::ServerError), Some(503), 5);
+        assert_eq!(run.step(false), Step::Stop(Halt::AttemptBound));
+
+        // Budget 3 with three targets: a's retry is deferred (b and c need the attempts left);
+        // b turns out skipped (its circuit opened), so after c there is budget for it.
+        let mut run = Run::new(vec!["a".into(), "b".into(), "c".into()], 3, default_on()).with_retry(retry);
+        run.step(false);
+        run.record("m", Err(Class::ServerError), Some(503), 5);
+        assert_eq!(run.retry_after(Class::ServerError, None, 1.0, 60_000), None, "deferred");
+        assert_eq!(run.step(false), Step::Try("b".into()), "offered; the caller skips it");
+        assert_eq!(run.step(false), Step::Try("c".into()));
+        assert_eq!(run.take_deferred_wait(), None);
+        run.record("m", Err(Class::ServerError), Some(503), 5);
+        assert_eq!(run.retry_after(Class::ServerError, None, 1.0, 60_000), Some(250), "c is last: its retry fits");
+        assert_eq!(run.step(false), Step::Try("c".into()));
+        run.record("m", Err(Class::ServerError), Some(503), 5);
+        assert_eq!(run.step(false), Step::Stop(Halt::AttemptBound));
+
+        let mut run = Run::new(vec!["a".into(), "b".into(), "c".into()], 3, default_on())
+            .with_retry(Retry { attempts: 1, ..Retry::default() });
+        run.step(false);
+        run.record("m", Err(Class::ServerError), Some(503), 5);
+        assert_eq!(run.retry_after(Class::ServerError, None, 1.0, 60_000), None, "deferred");
+        assert_eq!(run.step(false), Step::Try("b".into()), "offered; the caller skips it");
+        assert_eq!(run.step(false), Step::Try("c".into()));
+        run.record("m", Err(Class::RateLimited), Some(429), 5);
+        assert_eq!(run.retry_after(Class::RateLimited, Some(30_000), 1.0, 60_000), None, "c says 30 s");
+        assert_eq!(run.step(false), Step::Try("a".into()), "the deferred retry");
+        assert_eq!(run.take_deferred_wait(), Some(250));
+        run.record("m", Ok(()), Some(200), 5);
+        assert_eq!(run.attempts.iter().map(|a| a.retry).collect::<Vec<_>>(), [false, false, true]);
+        assert_eq!(run.step(false), Step::Stop(Halt::Succeeded));
+    }
+
     #[test]
     fn halts() {
         let mut run = Run::new(vec![], 3, default_on());
@@ -462,6 +564,55 @@ mod tests {
             prop_assert!(run.attempts.len() as u32 <= max_attempts);
             prop_assert!(run.attempts.len() <= n_targets);
             prop_assert!(run.failovers() <= run.attempts.len());
+        }
+
+        /// With same-target retries on (issue 27): never more than max_attempts, no target
+        /// retried more than `retry.attempts` times, only planned targets, and when every
+        /// attempt fails over, every target gets an attempt the budget allows before any retry
+        /// takes one from it: `min(targets, max_attempts)` distinct targets are tried.
+        #[test]
+        fn retries_stay_in_budget_and_never_starve_failover(
+            n_targets in 1usize..6,
+            max_attempts in 1u32..8,
+            retries in 0u32..4,
+            failures in proptest::collection::vec(0u8..4, 0..16),
+            hints in proptest::collection::vec(proptest::option::of(0u64..3000), 0..16),
+        ) {
+            let order: Vec<String> = (0..n_targets).map(|i| format!("t{i}")).collect();
+            let retry = Retry { attempts: retries, ..Retry::default() };
+            let mut run = Run::new(order.clone(), max_attempts, default_on()).with_retry(retry);
+            let mut steps = 0;
+            let mut all_fail_over = true;
+            loop {
+                steps += 1;
+                prop_assert!(steps < 200, "the run ends");
+                match run.step(false) {
+                    Step::Try(id) => {
+                        prop_assert!(order.contains(&id));
+                        let n = run.attempts.len();
+                        let class = match failures.get(n).copied().unwrap_or(0) {
+                            0 => Class::ServerError,
+                            1 => Class::RateLimited,
+                            2 => Class::Timeout,
+                            _ => Class::ClientError,
+                        };
+                        all_fail_over &= class.fails_over(&default_on());
+                        run.record("m", Err(class), None, 1);
+                        let _ = run.retry_after(class, hints.get(n).copied().flatten(), 1.0, 60_000);
+                        let _ = run.take_deferred_wait();
+                    }
+                    Step::Stop(_) => break,
+                }
+            }
+            prop_assert!(run.attempts.len() as u32 <= max_attempts);
+            for id in &order {
+                let tries = run.attempts.iter().filter(|a| &a.target == id).count() as u32;
+                prop_assert!(tries <= 1 + retries, "{} tried {} times", id, tries);
+            }
+            if all_fail_over {
+                let distinct: std::collections::BTreeSet<&str> = run.attempts.iter().map(|a| a.target.as_str()).collect();
+                prop_assert_eq!(distinct.len(), n_targets.min(max_attempts as usize));
+            }
         }
     }
 }

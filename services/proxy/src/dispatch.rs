@@ -122,8 +122,18 @@ where
     let mut failed_upstream = Duration::ZERO;
     // The declared window of a target that overflowed: later attempts need a larger one.
     let mut context_floor: Option<u32> = None;
+    // When each target last failed: a deferred retry waits out what is left of its backoff.
+    let mut failed_at: Vec<(String, Instant)> = Vec::new();
     while let Step::Try(id) = run.step(Instant::now() >= deadline) {
         let Some(target) = call.tenant.target(&id) else { continue };
+        if let Some(wait) = run.take_deferred_wait() {
+            let since = failed_at.iter().rev().find(|(t, _)| *t == id).map(|(_, at)| at.elapsed()).unwrap_or_default();
+            let wait = Duration::from_millis(wait).saturating_sub(since);
+            if Instant::now() + wait >= deadline {
+                continue;
+            }
+            tokio::time::sleep(wait).await;
+        }
         let window = target.capabilities.as_ref().and_then(|c| c.context_window);
         if context_floor.zip(window).is_some_and(|(floor, w)| w <= floor) {
             excluded.push(Excluded { target: id, reason: Exclusion::ContextWindow });
@@ -150,6 +160,7 @@ where
             }
             Err(failure) => {
                 failed_upstream += elapsed;
+                failed_at.push((id.clone(), Instant::now()));
                 health.record(tenant, &id, &target.breaker(), permit, Err(failure.class), ms);
                 run.record(&target.model, Err(failure.class), failure.status, ms);
                 // `failover.retry`: the same target again after its short reset hint or a
@@ -336,19 +347,25 @@ fn halt_of(run: &mut Run) -> Halt {
 }
 
 fn refused_or_unavailable(run: &Run, last_failure: Option<(String, Failure)>) -> RoutedResult {
-    match (run.halt(), last_failure) {
-        (
-            Some(Halt::IneligibleFailure),
-            Some((
-                target,
-                Failure {
-                    class: Class::ClientError | Class::ContextLength,
-                    status: Some(status),
-                    body,
-                    reset_hint_ms: None,
-                },
-            )),
-        ) => RoutedResult::Refused { target, status, body },
+    if run.halt() != Some(Halt::IneligibleFailure) {
+        return RoutedResult::Unavailable;
+    }
+    match last_failure {
+        Some((
+            target,
+            Failure {
+                class: Class::ClientError | Class::ContextLength,
+                status: Some(status),
+                body,
+                reset_hint_ms: None,
+            },
+        )) => RoutedResult::Refused { target, status, body },
+        // Seed 002 / issue 27: spent credit on a route that does not opt in to `402` reaches
+        // the caller as the payment error it is (402; Anthropic's "credit balance too low"
+        // comes as a 400 and is the same fact), never as a 502 an SDK would retry.
+        Some((target, Failure { class: Class::CreditExhausted, body, .. })) => {
+            RoutedResult::Refused { target, status: 402, body }
+        }
         _ => RoutedResult::Unavailable,
     }
 }
