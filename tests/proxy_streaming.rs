@@ -224,3 +224,37 @@ async fn curl_n_and_the_official_sdk_stream_unchanged() {
     assert_eq!(result["failovers"], "1");
     assert_eq!(result["model"], "model-up");
 }
+
+/// TCP connections the stack's mock accepted so far, read on a connection of its own (counted
+/// too, before the answer: consecutive readings differ by one more than the proxy opened).
+async fn mock_connections(stack: &Stack) -> u64 {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let body: Value =
+        client.get(format!("http://{}/_mock/connections", stack.mock)).send().await.unwrap().json().await.unwrap();
+    body["accepted"].as_u64().unwrap()
+}
+
+/// Issue 27: a connection's idle time starts when its answer's body ends, not when its head
+/// arrived. Five sequential streams of ~5 s each (longer than the pool's 4 s idle timeout) go
+/// over one upstream connection; a call after the idle timeout opens a fresh one.
+#[tokio::test]
+async fn long_streams_reuse_their_upstream_connection() {
+    let stack = Stack::start().await;
+    stack.mock_target("slow", "chunks:10;chunkdelay:500", json!({})).await;
+    stack.put_route("slow", json!({"targets": ["slow"]})).await;
+    let (key, _) = stack.key(None).await;
+    let before = mock_connections(&stack).await;
+    for _ in 0..5 {
+        let (status, _, data) = stream(&stack, &key, stream_body("slow")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    }
+    let after = mock_connections(&stack).await;
+    assert_eq!(after - before - 1, 1, "five long streams, one upstream connection");
+    // Idle past the pool's 4 s: the next call does not race the upstream's keep-alive expiry.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    let (status, _, _) = stream(&stack, &key, stream_body("slow")).await;
+    assert_eq!(status, StatusCode::OK);
+    let last = mock_connections(&stack).await;
+    assert_eq!(last - after - 1, 1, "a fresh connection after the idle timeout");
+}

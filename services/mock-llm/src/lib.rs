@@ -33,6 +33,8 @@
 //!   without the log's cap (load tests reconcile 100,000 calls against it).
 //! * `GET /_mock/streams?id=TAG` — `{started, completed, dropped}`: streams the client dropped
 //!   before the end are counted, so tests can prove nothing keeps generating for nobody.
+//! * `GET /_mock/connections` — `{"accepted": N}`: TCP connections accepted since start, so
+//!   tests can prove a gateway reuses its upstream connections.
 
 mod anthropic;
 
@@ -250,6 +252,9 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
         let id = query_id();
         let counts = state.streams.lock().get(&id).copied().unwrap_or_default();
         return HttpResponse::Ok().json(counts);
+    }
+    if req.path() == "/_mock/connections" {
+        return HttpResponse::Ok().json(json!({"accepted": CONNECTIONS.load(std::sync::atomic::Ordering::Relaxed)}));
     }
     if req.path() == "/healthz" {
         return HttpResponse::Ok().json(json!({"status": "ok"}));
@@ -494,12 +499,14 @@ pub(crate) fn stream(
         let scenario = scenario.clone();
         let wire = wire.clone();
         async move {
+            // The body ends right after its last event, as a provider's does (a delay before
+            // the chunked terminator would keep a gateway from reusing the connection).
+            if n == usize::MAX {
+                return None;
+            }
             let delay = if n == skip { scenario.ttfb } else { scenario.chunk_delay };
             if let Some(delay) = delay {
                 tokio::time::sleep(delay).await;
-            }
-            if n == usize::MAX {
-                return None;
             }
             loop {
                 let piece = if n == skip && scenario.error_first {
@@ -598,6 +605,9 @@ fn requests(req: &HttpRequest, state: &MockState) -> HttpResponse {
     HttpResponse::Ok().json(matching)
 }
 
+/// TCP connections accepted by this process's mock (one mock per process).
+static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub async fn serve(addr: &str) -> std::io::Result<()> {
     let state = web::Data::new(MockState::default());
     tracing::info!(%addr, "mock LLM listening");
@@ -608,6 +618,7 @@ pub async fn serve(addr: &str) -> std::io::Result<()> {
             .default_service(web::to(handle))
     })
     .on_connect(|connection, _| {
+        CONNECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {
             let _ = tcp.set_nodelay(true);
         }

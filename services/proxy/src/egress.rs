@@ -22,7 +22,6 @@ use futures_util::StreamExt;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, Uri};
 use http_body_util::{BodyDataStream, BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::{GaiResolver, Name};
@@ -163,7 +162,7 @@ impl Egress {
         allow_private: bool,
         headers: HeaderMap,
         body: Vec<u8>,
-    ) -> Result<impl std::future::Future<Output = Result<Response<Incoming>, CallError>> + use<>, Failure> {
+    ) -> Result<impl std::future::Future<Output = Result<Response<pool::Tracked>, CallError>> + use<>, Failure> {
         if !allow_private && url_private_reason(url).is_some() {
             return Err(Failure::of(Class::UnsafeUrl));
         }
@@ -270,7 +269,7 @@ impl Egress {
         headers: HeaderMap,
         body: Bytes,
         timeout: Duration,
-    ) -> Result<(http::response::Parts, BodyDataStream<Incoming>), String> {
+    ) -> Result<(http::response::Parts, BodyDataStream<pool::Tracked>), String> {
         let request = build(Method::POST, &url, headers, Full::new(body)).ok_or("the URL is not valid for HTTP")?;
         match tokio::time::timeout(timeout, self.private_ok.send(request)).await {
             Err(_) => Err("timed out".into()),
@@ -306,7 +305,7 @@ fn build(method: Method, url: &Url, headers: HeaderMap, body: Full<Bytes>) -> Op
 }
 
 /// The whole body, or `None` past `limit` bytes; `Err` when the connection broke.
-async fn read_body(mut body: Incoming, limit: usize) -> Result<Option<Vec<u8>>, hyper::Error> {
+async fn read_body(mut body: pool::Tracked, limit: usize) -> Result<Option<Vec<u8>>, hyper::Error> {
     use hyper::body::Body;
     let hint = body.size_hint().exact().unwrap_or(4096).min(1 << 20) as usize;
     let mut bytes = Vec::with_capacity(hint);

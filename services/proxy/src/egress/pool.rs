@@ -13,9 +13,17 @@
 //! What the pooled client did that matters is kept: a request that a reused connection closed
 //! before it went out is sent again on a new connection (never one that may have reached the
 //! upstream); idle connections are dropped after [`POOL_IDLE`](super::POOL_IDLE), so a
-//! server's own keep-alive expiry (5 s for uvicorn and actix) is never raced.
+//! server's own keep-alive expiry (5 s for uvicorn and actix) is never raced. Idle time counts
+//! from when the answer's body was read to its end ([`Tracked`]), not from its head: a stream
+//! that lasts longer than the idle timeout leaves a connection as reusable as a short answer
+//! (issue 27: timed from the head, every long stream's connection expired as it finished, and
+//! each call to a real provider paid a new TLS handshake).
 
 use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use actix_web::web::Bytes;
@@ -56,8 +64,72 @@ impl SendError {
 /// A connection that answered: reusable once hyper reports it ready.
 struct Pooled {
     sender: SendRequest<Body>,
-    /// When it was last handed a request (so it has been idle at most since then).
+    /// When it was last handed a request.
     used: Instant,
+    /// When its last answer's body was read to the end ([`Tracked`]): idle since then.
+    body_done: Arc<BodyDone>,
+}
+
+impl Pooled {
+    /// Since when the connection has been idle: the end of its last answer's body, or the
+    /// answer's head when the body was never read to its end (an empty body nobody polled).
+    fn idle_since(&self) -> Instant {
+        self.body_done.at().map_or(self.used, |done| done.max(self.used))
+    }
+}
+
+/// When an answer's body ended, shared by the body ([`Tracked`]) and its pooled connection.
+#[derive(Default)]
+struct BodyDone(AtomicU64);
+
+/// The instants [`BodyDone`] stores, as nanoseconds since this.
+static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+impl BodyDone {
+    fn mark(&self) {
+        let nanos = u64::try_from(EPOCH.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.0.store(nanos, Ordering::Relaxed);
+    }
+
+    fn at(&self) -> Option<Instant> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            nanos => Some(*EPOCH + Duration::from_nanos(nanos)),
+        }
+    }
+}
+
+/// An answer's body that notes when it was read to its end, so its connection's idle time
+/// starts then.
+pub struct Tracked {
+    inner: Incoming,
+    done: Arc<BodyDone>,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None))
+            || (matches!(polled, Poll::Ready(Some(Ok(_)))) && self.inner.is_end_stream())
+        {
+            self.done.mark();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The connections of one scheme, host and port.
@@ -113,7 +185,7 @@ where
 
     /// Sends `request` (an absolute URI) on a pooled connection to its origin, or a new one,
     /// and returns the answer's head with its body still to read.
-    pub async fn send(&self, mut request: Request<Body>) -> Result<Response<Incoming>, SendError> {
+    pub async fn send(&self, mut request: Request<Body>) -> Result<Response<Tracked>, SendError> {
         let uri = request.uri().clone();
         let (https, host, port) = parts(&uri).ok_or(SendError::Uri)?;
         let (pooled, host_header) = self.checkout(https, host, port, &uri)?;
@@ -125,10 +197,7 @@ where
         request.headers_mut().insert(HOST, host_header);
         if let Some(mut sender) = pooled {
             match sender.try_send_request(request).await {
-                Ok(response) => {
-                    self.checkin(https, host, port, sender);
-                    return Ok(response);
-                }
+                Ok(response) => return Ok(self.checkin(https, host, port, sender, response)),
                 Err(mut failed) => match failed.take_message() {
                     // The pooled connection closed before the request went out: it never
                     // reached the upstream, so it goes again on a new connection.
@@ -140,8 +209,7 @@ where
         // Boxed: connecting (DNS, TCP, TLS, handshake) is a large future and rare on a warm pool.
         let mut sender = Box::pin(self.connect(uri.clone())).await?;
         let response = sender.send_request(request).await.map_err(SendError::Broken)?;
-        self.checkin(https, host, port, sender);
-        Ok(response)
+        Ok(self.checkin(https, host, port, sender, response))
     }
 
     /// A ready idle connection to the origin, if there is one, and the origin's `Host:`.
@@ -186,18 +254,30 @@ where
     /// Whether a pooled connection stays: open, and either busy with an answer or idle for
     /// less than the idle timeout.
     fn keep(&self, pooled: &Pooled, now: Instant) -> bool {
-        let expired = pooled.sender.is_ready() && now.duration_since(pooled.used) >= self.idle_timeout;
+        let expired =
+            pooled.sender.is_ready() && now.saturating_duration_since(pooled.idle_since()) >= self.idle_timeout;
         !pooled.sender.is_closed() && !expired
     }
 
-    /// Back to its origin's list: usable again once its answer has been read.
-    fn checkin(&self, https: bool, host: &str, port: u16, sender: SendRequest<Body>) {
+    /// Back to its origin's list: usable again once its answer has been read. The answer's
+    /// body is tracked so the connection's idle time starts at the body's end.
+    fn checkin(
+        &self,
+        https: bool,
+        host: &str,
+        port: u16,
+        sender: SendRequest<Body>,
+        response: Response<Incoming>,
+    ) -> Response<Tracked> {
+        let done = Arc::new(BodyDone::default());
         let mut origins = self.origins.lock();
         if let Some(origin) = origins.list.iter_mut().find(|o| o.is(https, host, port))
             && origin.connections.len() < MAX_IDLE_PER_ORIGIN
         {
-            origin.connections.push(Pooled { sender, used: Instant::now() });
+            origin.connections.push(Pooled { sender, used: Instant::now(), body_done: done.clone() });
         }
+        drop(origins);
+        response.map(|inner| Tracked { inner, done })
     }
 
     /// A new connection (TLS for `https`), its reading and writing driven by a task of its own
