@@ -48,15 +48,20 @@ async fn a_quota_answer_parks_the_target_until_reset() {
 }
 
 /// Issue 14: `402` is opt-in (the default `on` does not rescue a route from it) and a 429 whose
-/// body says the quota is spent follows `429`; either way the target is parked.
+/// body says the quota is spent follows `429`; either way the target is parked. Issue 27: the
+/// 402 that does not fail over reaches the caller as a 402 naming the target, in its own shape
+/// (an OpenAI error; Anthropic's `billing_error`), not as a 502 that SDKs retry.
 #[tokio::test]
 async fn payment_required_is_opt_in_and_a_spent_quota_follows_429() {
     let stack = Stack::start().await;
     stack.mock_target("credits", "status:402", json!({})).await;
+    stack.mock_target("credits-m", "status:402", json!({})).await;
     stack.mock_target("quota", "status:429;err:insufficient_quota", json!({})).await;
     stack.mock_target("backup-a", "", json!({})).await;
     stack.mock_target("backup-b", "", json!({})).await;
+    stack.mock_target("backup-m", "", json!({})).await;
     stack.put_route("default-on", json!({"targets": ["credits", "backup-a"]})).await;
+    stack.put_route("default-on-m", json!({"targets": ["credits-m", "backup-m"]})).await;
     stack
         .put_route(
             "no-429",
@@ -64,17 +69,45 @@ async fn payment_required_is_opt_in_and_a_spent_quota_follows_429() {
         )
         .await;
     let (key, _) = stack.key(None).await;
-    for (route, failed, status) in [("default-on", "credits", 402), ("no-429", "quota", 429)] {
-        let (code, _, body) = stack.chat(&key, chat_body(route), &[]).await;
-        assert_eq!(code, StatusCode::BAD_GATEWAY, "{route}: not rescued: {body}");
-        assert_eq!(body["error"]["code"], "ineligible_failure", "{route}: {body}");
-        let attempts = body["error"]["attempts"].as_array().unwrap();
-        assert_eq!(attempts.len(), 1, "{route}: {body}");
-        assert_eq!(
-            (attempts[0]["target"].as_str(), attempts[0]["class"].as_str()),
-            (Some(failed), Some("quota_exhausted"))
-        );
-        assert_eq!(attempts[0]["status"], status);
+    let (code, headers, body) = stack.chat(&key, chat_body("default-on"), &[]).await;
+    assert_eq!(code, StatusCode::PAYMENT_REQUIRED, "relayed as the payment error it is: {body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("target `credits` answered 402"), "{body}");
+    assert_eq!(headers["x-shield-target"], "credits");
+    assert_eq!(body["x_shield"]["routing"]["halt"], "ineligible_failure", "{body}");
+    let attempts = body["x_shield"]["routing"]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{body}");
+    assert_eq!(attempts[0]["class"], "quota_exhausted");
+    // The same through /v1/messages: Anthropic's `billing_error`.
+    let response = stack
+        .client
+        .post(format!("http://{}/v1/messages", stack.proxy))
+        .header("x-api-key", &key)
+        .header("anthropic-version", "2023-06-01")
+        .json(&json!({"model": "default-on-m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(
+        (body["type"].as_str(), body["error"]["type"].as_str()),
+        (Some("error"), Some("billing_error")),
+        "{body}"
+    );
+    assert!(body["error"]["message"].as_str().unwrap().contains("credits-m"), "{body}");
+
+    let (code, _, body) = stack.chat(&key, chat_body("no-429"), &[]).await;
+    assert_eq!(code, StatusCode::BAD_GATEWAY, "not rescued: {body}");
+    assert_eq!(body["error"]["code"], "ineligible_failure", "{body}");
+    let attempts = body["error"]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{body}");
+    assert_eq!(
+        (attempts[0]["target"].as_str(), attempts[0]["class"].as_str()),
+        (Some("quota"), Some("quota_exhausted"))
+    );
+    assert_eq!(attempts[0]["status"], 429);
+    for (route, failed) in [("default-on", "credits"), ("default-on-m", "credits-m"), ("no-429", "quota")] {
         // Parked regardless: the next call skips it and the backup answers.
         let (code, headers, body) = stack.chat(&key, chat_body(route), &[]).await;
         assert_eq!(code, StatusCode::OK, "{route}: {body}");
