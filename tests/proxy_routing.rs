@@ -78,6 +78,10 @@ async fn availability_failures_fail_over_and_are_classified() {
         ("quota", "status:429;err:insufficient_quota", "quota_exhausted"),
         ("garbage", "body:garbage", "bad_response"),
         ("nochoices", "body:nochoices", "bad_response"),
+        // Issue 27: laid out like a completion, but an array; a completion with a non-UTF-8
+        // byte. Relayed, either would reach the caller as a 200 that is not valid JSON.
+        ("array", "body:array", "bad_response"),
+        ("badutf8", "body:badutf8", "bad_response"),
         // A 200 whose body is an OpenAI error (ROUTING.md: a 2xx that is not a completion).
         ("error200", "body:error", "bad_response"),
         // The status line at once, then the body a byte every 20 ms: ~5 s against timeout_s 1.

@@ -213,3 +213,66 @@ async fn the_native_endpoint_shares_the_path_with_its_own_shapes() {
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert_eq!(body["routing"]["halt"], "exhausted");
 }
+
+/// Issue 27: a digit of another script inside an IBAN-shaped run once panicked the PII
+/// detector (a byte slice inside a character) and dropped the caller's connection. Through
+/// both endpoints, with PII detection blocking input and output, the call is answered and the
+/// proxy keeps serving.
+#[tokio::test]
+async fn an_iban_with_a_foreign_digit_is_answered_on_both_endpoints() {
+    let stack = Stack::start().await;
+    guardrails(&stack, json!({"pii_detection": {"mode": "block"}})).await;
+    stack.mock_target("a", "", json!({})).await;
+    stack.put_route("smart", json!({"targets": ["a"]})).await;
+    let (key, _) = stack.key(None).await;
+    let text = "Pay to DE3\u{663} 3704 0044 0532 0130 00 please";
+    for _ in 0..2 {
+        let (status, _, body) = stack.chat(&key, say(text), &[]).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop", "{body}");
+        let response = stack
+            .client
+            .post(format!("http://{}/v1/messages", stack.proxy))
+            .header("x-api-key", &key)
+            .json(&json!({"model": "smart", "max_tokens": 32, "messages": [{"role": "user", "content": text}]}))
+            .send()
+            .await
+            .expect("the proxy answers");
+        assert_eq!(response.status(), StatusCode::OK);
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["type"], "message", "{body}");
+    }
+    // A valid IBAN is still caught, by the same process.
+    let (status, _, body) = stack.chat(&key, say("Pay to DE89 3704 0044 0532 0130 00"), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "content_filter", "{body}");
+    assert!(!stack.all_logs().contains("panicked"), "no panic was logged");
+}
+
+/// Issue 27: nothing an upstream sends is taken as Shield's own data. An OpenAI-flavour
+/// upstream that adds a field named like Shield's old internal side channel
+/// (`x_anthropic_content`) carrying an e-mail address does not get it past the output
+/// guardrails to a `/v1/messages` caller: the answer is built from the completion itself.
+#[tokio::test]
+async fn an_upstream_field_is_never_taken_as_shields_own_blocks() {
+    let stack = Stack::start().await;
+    guardrails(&stack, json!({"pii_detection": {"mode": "block"}})).await;
+    stack.mock_target("a", "body:native", json!({})).await;
+    stack.put_route("smart", json!({"targets": ["a"]})).await;
+    let (key, _) = stack.key(None).await;
+    let response = stack
+        .client
+        .post(format!("http://{}/v1/messages", stack.proxy))
+        .header("x-api-key", &key)
+        .json(&json!({"model": "smart", "max_tokens": 32, "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await
+        .expect("the proxy answers");
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = response.text().await.unwrap();
+    assert!(!text.contains("leak@example.com"), "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["type"], "message", "{body}");
+    assert_eq!(body["content"][0]["type"], "text", "{body}");
+    assert!(body["content"][0]["text"].as_str().unwrap().contains("hello"), "the completion's own text: {body}");
+}

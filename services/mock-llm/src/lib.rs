@@ -10,7 +10,10 @@
 //!   forever: exactly a third of the calls fail), `delay:MS`, `hang` (never answer),
 //!   `reset` (send the status line, then drop the connection mid-body), `retry-after:S`,
 //!   `err:CODE` (the error body's `code`, e.g. `insufficient_quota`), `usage:P-C` (reported
-//!   prompt/completion tokens), `body:garbage` (a 200 that is not JSON), `body:nochoices`
+//!   prompt/completion tokens), `body:garbage` (a 200 that is not JSON), `body:array` (a JSON
+//!   array laid out like a completion), `body:badutf8` (a completion with a non-UTF-8 byte in
+//!   its `id`), `body:native` (a completion with an extra `x_anthropic_content` holding an
+//!   e-mail address), `body:nochoices`
 //!   (a 200 JSON without `choices`), `body:error` (a 200 whose JSON is an OpenAI error, as some
 //!   providers answer), `drip:MS` (a non-streamed answer sent one byte at a time, MS apart),
 //!   `redirect:TAG` (a 302 to `/mock/id:TAG/v1/chat/completions`
@@ -337,6 +340,23 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
         ("POST", "/v1/chat/completions") => match scenario.body.as_deref() {
             Some("garbage") => response.content_type("application/json").body("this is not json"),
             Some("nochoices") => response.json(json!({"id": "x", "object": "chat.completion"})),
+            // A JSON array laid out like a completion's fields, in their order.
+            Some("array") => response
+                .content_type("application/json")
+                .body(r#"["mock",[{"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]]"#),
+            // A completion whose `id` holds a byte that is not UTF-8.
+            Some("badutf8") => response.content_type("application/json").body(
+                b"{\"id\":\"c\xff1\",\"object\":\"chat.completion\",\"model\":\"mock\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}"
+                    .to_vec(),
+            ),
+            // A completion carrying a field named like one the gateway once used internally,
+            // holding an e-mail address its own content does not.
+            Some("native") => {
+                let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let mut answer = completion(&request, scenario.usage, &scenario);
+                answer["x_anthropic_content"] = json!([{"type": "text", "text": "write to leak@example.com"}]);
+                response.json(answer)
+            }
             Some("error") => response.json(
                 json!({"error": {"message": "mock: the model is overloaded", "type": "server_error", "code": null, "param": null}}),
             ),

@@ -61,14 +61,14 @@ pub fn usage_json(usage: &TokenUsage) -> Value {
 }
 
 /// A normalised completion as a `message`.
-fn message(body: &Map<String, Value>, model: &str, usage: TokenUsage) -> Value {
+fn message(body: &Map<String, Value>, native: Option<&[Value]>, model: &str, usage: TokenUsage) -> Value {
     let choice = body.get("choices").and_then(|c| c.get(0));
     let reply = choice.and_then(|c| c.get("message"));
     let mut content = Vec::new();
-    // An Anthropic target's own blocks, thinking and signatures included, when it had any.
-    let native = body.get(crate::provider::NATIVE_CONTENT).and_then(Value::as_array);
+    // An Anthropic target's own blocks, thinking and signatures included, when it had any
+    // (kept by its adapter beside the completion: never anything an upstream put in it).
     if let Some(native) = native {
-        content.clone_from(native);
+        content.extend_from_slice(native);
     }
     if let Some(text) =
         reply.and_then(|m| m.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty() && native.is_none())
@@ -131,7 +131,8 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
             let usage = usage.unwrap_or_default();
-            let mut answer = message(&body.into_tree(), &model, usage);
+            let native = body.native_blocks().map(<[Value]>::to_vec);
+            let mut answer = message(&body.into_tree(), native.as_deref(), &model, usage);
             answer["x_shield"] =
                 json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(answer)
@@ -184,17 +185,15 @@ mod tests {
 
     #[test]
     fn an_anthropic_targets_own_blocks_reach_an_anthropic_caller() {
-        let mut body: Map<String, Value> =
+        let body: Map<String, Value> =
             serde_json::from_value(json!({"id": "msg_1", "choices": [{"message": {"content": "42",
             "tool_calls": [{"id": "t", "function": {"name": "f", "arguments": "{}"}}]}, "finish_reason": "stop"}]}))
             .unwrap();
-        let converted = message(&body, "m", TokenUsage::default());
+        let converted = message(&body, None, "m", TokenUsage::default());
         assert_eq!(converted["content"].as_array().unwrap().len(), 2, "text and the tool call, converted");
-        body.insert(
-            crate::provider::NATIVE_CONTENT.into(),
-            json!([{"type": "thinking", "thinking": "hm", "signature": "s"}, {"type": "text", "text": "42"}]),
-        );
-        let native = message(&body, "m", TokenUsage::default());
+        let blocks =
+            [json!({"type": "thinking", "thinking": "hm", "signature": "s"}), json!({"type": "text", "text": "42"})];
+        let native = message(&body, Some(&blocks), "m", TokenUsage::default());
         assert_eq!(native["content"][0]["signature"], "s");
         assert_eq!(native["content"].as_array().unwrap().len(), 2, "the target's own blocks, nothing added");
     }

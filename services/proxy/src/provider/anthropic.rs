@@ -31,9 +31,6 @@ const DEFAULT_MAX_TOKENS: u64 = 4096;
 /// relayed as thinking blocks to Anthropic-shaped callers, dropped for the others.
 pub const THINKING: &str = "x_thinking";
 
-/// Where an answer keeps Anthropic's own content blocks when it had thinking in it; only the
-/// Anthropic-shaped ingress reads it, and the OpenAI-shaped answer drops it.
-pub const NATIVE_CONTENT: &str = "x_anthropic_content";
 const VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
 const BETA_HEADER: HeaderName = HeaderName::from_static("anthropic-beta");
 
@@ -107,14 +104,16 @@ impl Provider for Anthropic {
             completion.insert("usage".into(), openai_usage(&usage));
         }
         // Thinking blocks (and their signatures) have no place in a chat completion, but a
-        // caller in Anthropic's shape needs them back for its next turn: kept aside for it.
-        if blocks
+        // caller in Anthropic's shape needs them back for its next turn: kept beside it.
+        let body = if blocks
             .iter()
             .any(|b| matches!(b.get("type").and_then(Value::as_str), Some("thinking" | "redacted_thinking")))
         {
-            completion.insert(NATIVE_CONTENT.into(), Value::Array(blocks.clone()));
-        }
-        Some(Answer { body: super::Completion::Tree(completion), usage })
+            super::Completion::Native { chat: completion, blocks: blocks.clone() }
+        } else {
+            super::Completion::Tree(completion)
+        };
+        Some(Answer { body, usage })
     }
 
     fn decoder(&self) -> Box<dyn StreamDecoder> {

@@ -10,8 +10,14 @@
 //! * [`Completion::Tree`]: a JSON map, for adapters that convert (Anthropic) and for the
 //!   rare upstream answer the borrowed parse does not take (a non-string `content`, a
 //!   duplicate key, an upstream's own `x_shield`): those take the general path, unchanged.
+//! * [`Completion::Native`]: converted from a provider's own content blocks, the blocks kept
+//!   beside it (never inside the map) for callers of that provider's shape.
 //!
 //! Either way the same questions get the same answers; the tests below hold both to it.
+//! Nothing an upstream sends is taken as Shield's own data: an answer that is not a JSON
+//! object in valid UTF-8 is no completion (issue 27: an array laid out like one, or a non-UTF-8
+//! byte in a field the borrowed parse skips, was spliced and relayed as broken JSON), and the
+//! native blocks are only ever what an adapter produced.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -26,6 +32,12 @@ use shield_core::usage::TokenUsage;
 pub enum Completion {
     Raw(Box<RawCompletion>),
     Tree(Map<String, Value>),
+    /// `chat` is the completion in OpenAI's shape; `blocks` the provider's own content
+    /// (thinking and its signatures included) for a caller in that provider's shape.
+    Native {
+        chat: Map<String, Value>,
+        blocks: Vec<Value>,
+    },
 }
 
 /// An upstream completion as sent, with what Shield reads of it.
@@ -110,7 +122,13 @@ struct FunctionView<'a> {
 impl Completion {
     /// An OpenAI-shaped answer body: `None` when it is not a completion (no `choices` array).
     pub fn parse_openai(bytes: Vec<u8>) -> Option<Completion> {
-        if let Some(raw) = RawCompletion::parse(&bytes) {
+        // A JSON object in UTF-8, or nothing: the borrowed parse skips what it does not read
+        // without checking it, and would take an array whose elements line up with its fields.
+        let text = std::str::from_utf8(&bytes).ok()?;
+        if !text.trim_start().starts_with('{') {
+            return None;
+        }
+        if let Some(raw) = RawCompletion::parse(text) {
             return Some(Completion::Raw(Box::new(RawCompletion { bytes, ..raw })));
         }
         match serde_json::from_slice::<Value>(&bytes) {
@@ -123,15 +141,38 @@ impl Completion {
     pub fn token_usage(&self) -> Option<TokenUsage> {
         match self {
             Completion::Raw(raw) => raw.usage,
-            Completion::Tree(map) => map.get("usage").and_then(super::openai::usage_of),
+            Completion::Tree(map) | Completion::Native { chat: map, .. } => {
+                map.get("usage").and_then(super::openai::usage_of)
+            }
         }
     }
 
-    /// The assistant text of every choice (what the output guardrails read).
+    /// The assistant text of every choice (what the output guardrails read), and the text of
+    /// the provider's own blocks when it sent any (thinking reaches callers of its shape).
     pub fn text(&self) -> Cow<'_, str> {
         match self {
             Completion::Raw(raw) => Cow::Borrowed(&raw.text),
             Completion::Tree(map) => Cow::Owned(shield_core::output_guard::answer_text(map)),
+            Completion::Native { chat, blocks } => {
+                let mut text = shield_core::output_guard::answer_text(chat);
+                for block in blocks {
+                    for key in ["thinking", "text"] {
+                        if let Some(more) = block.get(key).and_then(Value::as_str) {
+                            text.push('\n');
+                            text.push_str(more);
+                        }
+                    }
+                }
+                Cow::Owned(text)
+            }
+        }
+    }
+
+    /// The provider's own content blocks, when the adapter kept them.
+    pub fn native_blocks(&self) -> Option<&[Value]> {
+        match self {
+            Completion::Native { blocks, .. } => Some(blocks),
+            _ => None,
         }
     }
 
@@ -139,7 +180,7 @@ impl Completion {
     pub fn tool_names(&self) -> Vec<String> {
         match self {
             Completion::Raw(raw) => raw.tools.clone(),
-            Completion::Tree(map) => {
+            Completion::Tree(map) | Completion::Native { chat: map, .. } => {
                 shield_core::output_guard::tool_names(map.get("choices").and_then(Value::as_array), "message")
             }
         }
@@ -148,7 +189,7 @@ impl Completion {
     /// The completion as a map, for renderers that rebuild the answer (other caller shapes).
     pub fn into_tree(self) -> Map<String, Value> {
         match self {
-            Completion::Tree(map) => map,
+            Completion::Tree(map) | Completion::Native { chat: map, .. } => map,
             Completion::Raw(raw) => match serde_json::from_slice(&raw.bytes) {
                 Ok(Value::Object(map)) => map,
                 _ => Map::new(),
@@ -162,10 +203,9 @@ impl Completion {
     pub fn render_openai(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
         match self {
             Completion::Raw(raw) => (*raw).render(model, x_shield),
-            Completion::Tree(mut body) => {
+            Completion::Tree(mut body) | Completion::Native { chat: mut body, .. } => {
                 body.insert("model".into(), Value::String(model.to_string()));
                 body.remove("x_shield");
-                body.remove(super::NATIVE_CONTENT);
                 #[derive(serde::Serialize)]
                 struct AnswerBody<'a, X> {
                     #[serde(flatten)]
@@ -180,8 +220,9 @@ impl Completion {
 
 impl RawCompletion {
     /// The borrowed look at `bytes`; `None` sends them down the general path.
-    fn parse(bytes: &[u8]) -> Option<RawCompletion> {
-        let view: View<'_> = serde_json::from_slice(bytes).ok()?;
+    fn parse(text: &str) -> Option<RawCompletion> {
+        let bytes = text.as_bytes();
+        let view: View<'_> = serde_json::from_str(text).ok()?;
         if view.x_shield.is_some() {
             return None;
         }
@@ -276,6 +317,18 @@ mod tests {
         assert!(Completion::parse_openai(br#"{"choices":{}}"#.to_vec()).is_none());
     }
 
+    /// Issue 27: what the borrowed parse would have taken but is no completion.
+    #[test]
+    fn arrays_and_invalid_utf8_are_not_completions() {
+        let array = br#"["mock",[{"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]]"#;
+        assert!(Completion::parse_openai(array.to_vec()).is_none());
+        let bad = b"{\"id\":\"c\xff1\",\"model\":\"m\",\"choices\":[{\"message\":{\"content\":\"hi\"}}]}";
+        assert!(Completion::parse_openai(bad.to_vec()).is_none());
+        // An upstream's field named like Shield's old side channel is its own, never blocks.
+        let named = br#"{"model":"m","choices":[{"message":{"content":"hi"}}],"x_anthropic_content":[{"type":"text","text":"x"}]}"#;
+        assert!(Completion::parse_openai(named.to_vec()).unwrap().native_blocks().is_none());
+    }
+
     #[test]
     fn both_paths_read_usage_alike_whatever_its_shape() {
         for usage in [
@@ -299,6 +352,31 @@ mod tests {
     }
 
     proptest! {
+        /// Whatever bytes an upstream sends, an answer taken as a completion renders as one
+        /// JSON object: flipped, cut or inserted bytes in a valid completion, or noise.
+        #[test]
+        fn a_completion_always_renders_as_a_json_object(
+            cut in 0usize..200,
+            at in 0usize..200,
+            byte in any::<u8>(),
+            noise in proptest::collection::vec(any::<u8>(), 0..64),
+            wrap in 0u8..3,
+        ) {
+            let valid = br#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+            let mut bytes = valid.to_vec();
+            match wrap {
+                0 => { let i = at % bytes.len(); bytes[i] = byte; }
+                1 => { bytes.truncate(cut % bytes.len()); bytes.extend_from_slice(&noise); }
+                _ => { let i = at % bytes.len(); bytes.splice(i..i, noise.iter().copied()); }
+            }
+            if let Some(completion) = Completion::parse_openai(bytes) {
+                let out = completion.render_openai("t", &json!({"routing": 1}));
+                let parsed: Value = serde_json::from_slice(&out).expect("valid JSON");
+                prop_assert!(parsed.is_object());
+                prop_assert_eq!(&parsed["x_shield"], &json!({"routing": 1}));
+            }
+        }
+
         /// Any completion with text, tool calls and extra fields: the raw path answers as the
         /// tree path does.
         #[test]

@@ -20,7 +20,7 @@ mod anthropic;
 mod completion;
 mod openai;
 
-pub use anthropic::{NATIVE_CONTENT, THINKING};
+pub use anthropic::THINKING;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
