@@ -1,5 +1,5 @@
 //! The real `shield` binary, as a user runs it: scriptable output, env defaults, a store that
-//! is down, and `shield up --demo` twice in a row.
+//! is down, `shield up --demo` twice in a row, and logs without colour codes off a terminal.
 
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -295,4 +295,70 @@ async fn up_demo_seeds_a_working_tenant_and_is_idempotent() {
     }
     assert_eq!(seen[0], seen[1], "a restart keeps the same demo key and login");
     assert!(scratch.0.join(".shield/jwt_secret").exists() && scratch.0.join(".shield/vault_key").exists());
+}
+
+/// Reads `child`'s stderr line by line until a line contains `until` (or 30 s pass); returns
+/// everything read.
+async fn stderr_until(child: &mut tokio::process::Child, until: &str) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr is piped")).lines();
+    let mut seen = String::new();
+    let read = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains(until) {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(30), read).await;
+    seen
+}
+
+/// Issue 27, item 7: logs that go to a pipe or a file are plain text, without the terminal's
+/// colour codes.
+#[tokio::test]
+async fn logs_to_a_pipe_are_plain_text() {
+    let scratch = Scratch::new();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut mock = shield(&scratch.0, &[("RUST_LOG", "info".to_string())])
+        .args(["mock-llm", "--addr", &addr])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shield mock-llm");
+    let logs = stderr_until(&mut mock, "mock LLM listening").await;
+    mock.kill().await.unwrap();
+    assert!(logs.contains("mock LLM listening"), "the mock logs at info: {logs:?}");
+    assert!(!logs.contains('\x1b'), "no ANSI escape in piped logs: {logs:?}");
+}
+
+/// On a terminal the logs keep their colours, unless `NO_COLOR` is set to anything but the
+/// empty string (no-color.org). `script` gives the binary a pseudo-terminal as its stderr.
+#[tokio::test]
+async fn logs_on_a_terminal_are_coloured_unless_no_color_is_set() {
+    let cases = [(None, true), (Some("1"), false), (Some(""), true)];
+    let runs = cases.map(|(no_color, coloured)| async move {
+        let scratch = Scratch::new();
+        let addr = format!("127.0.0.1:{}", free_port());
+        let inner = format!("timeout -s INT 2 {} mock-llm --addr {addr}", shield_bin().display());
+        let mut script = Command::new("script");
+        script
+            .args(["-qec", &inner, "/dev/null"])
+            .current_dir(&scratch.0)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .kill_on_drop(true);
+        if let Some(value) = no_color {
+            script.env("NO_COLOR", value);
+        }
+        let out = run(&mut script).await;
+        let terminal = text(&out.stdout);
+        assert!(terminal.contains("mock LLM listening"), "NO_COLOR={no_color:?}: {terminal:?}");
+        assert_eq!(terminal.contains("\x1b["), coloured, "NO_COLOR={no_color:?}: {terminal:?}");
+    });
+    futures_util::future::join_all(runs).await;
 }
