@@ -3,6 +3,7 @@
 //! command with one clear line and exit code 1, never a panic.
 
 mod demo;
+mod private_stores;
 mod settings;
 mod stores;
 
@@ -160,7 +161,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate => {
-            let settings = Settings::from_env_without_secrets();
+            let settings = Settings::from_env_without_secrets()?;
             stores::create_database_if_missing(&settings.database_url).await?;
             let db = stores::postgres(&settings.database_url).await?;
             stores::migrate(&db).await?;
@@ -169,7 +170,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::MockLlm { addr } => Ok(shield_mock_llm::serve(&addr).await?),
         Command::Tenant { command: TenantCommand::Create { slug, admin_email, name } } => {
-            let settings = Settings::from_env_without_secrets();
+            let settings = Settings::from_env_without_secrets()?;
             let db = stores::postgres(&settings.database_url).await?;
             stores::migrate(&db).await?;
             let created = provision::create_tenant(&db, &slug, &name, &admin_email, "cli").await?;
@@ -201,7 +202,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Key { command: KeyCommand::Create { tenant, name, agent, role } } => {
-            let settings = Settings::from_env_without_secrets();
+            let settings = Settings::from_env_without_secrets()?;
             let db = stores::postgres(&settings.database_url).await?;
             stores::migrate(&db).await?;
             let tenant_row = shield_admin::repo::tenants::by_slug(&db, &tenant).await?.ok_or_else(|| {
