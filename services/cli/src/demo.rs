@@ -13,7 +13,9 @@ use shield_admin::auth::{Scope, Tokens};
 use shield_admin::error::ApiError;
 use shield_admin::provision;
 use shield_admin::repo::{keys, tenants, users};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
+use crate::private_stores::{Absent, PrivateStores};
 use crate::settings::Settings;
 use crate::stores;
 
@@ -59,32 +61,110 @@ pub fn dev_secret(name: &str) -> anyhow::Result<String> {
 }
 
 pub async fn up(demo: bool) -> anyhow::Result<()> {
-    // The database first: when Postgres is down, that is the one line to print.
-    let database_url = Settings::from_env_without_secrets().database_url;
-    stores::create_database_if_missing(&database_url).await?;
-    let db = stores::postgres(&database_url).await?;
+    // Registered first, so that Ctrl-C, SIGTERM or a hang-up at any point ends `up` through
+    // here and the private stores stop with it.
+    let mut stop = StopSignals::listen()?;
+    let settings = Settings::from_env_without_secrets()?;
+    let absent = Absent::probe(&settings);
+    // The user's database first: when that Postgres is down, that is the one line to print.
+    let db = match absent.postgres {
+        Some(_) => None,
+        None => match stop.unless(open_database(&settings.database_url)).await {
+            Ok(db) => Some(db?),
+            Err(Stopped { .. }) => return Ok(()),
+        },
+    };
+    let mut stores = PrivateStores::start(absent, &dir()?)?;
+    let served = serve(demo, db, &settings.database_url, &mut stop).await;
+    let stopped = stores.stop();
+    served.and(stopped)
+}
+
+/// Creates the database if missing, connects and migrates.
+async fn open_database(url: &str) -> anyhow::Result<sqlx::PgPool> {
+    stores::create_database_if_missing(url).await?;
+    let db = stores::postgres(url).await?;
     stores::migrate(&db).await?;
+    Ok(db)
+}
+
+/// Runs admin, proxy and (with `demo`) the mock LLM until one of them fails or a signal
+/// arrives; `Ok` after a signal.
+async fn serve(demo: bool, db: Option<sqlx::PgPool>, database_url: &str, stop: &mut StopSignals) -> anyhow::Result<()> {
+    let db = match db {
+        Some(db) => db,
+        None => match stop.unless(open_database(database_url)).await {
+            Ok(db) => db?,
+            Err(Stopped { .. }) => return Ok(()),
+        },
+    };
     let settings = Settings::from_env(true)?;
     let config = settings.admin_config()?;
-    let admin = actix_web::rt::spawn(shield_admin::serve(config.clone(), db.clone()));
-    let proxy = actix_web::rt::spawn(shield_proxy::serve(settings.proxy_config()?));
-    let mock = demo.then(|| {
-        let addr = mock_addr();
-        actix_web::rt::spawn(async move { shield_mock_llm::serve(&addr).await })
-    });
+    let mut roles = tokio::task::JoinSet::new();
+    let (admin_config, admin_db) = (config.clone(), db.clone());
+    roles.spawn_local(async move { shield_admin::serve(admin_config, admin_db).await.context("admin") });
+    let proxy_config = settings.proxy_config()?;
+    roles.spawn_local(async move { shield_proxy::serve(proxy_config).await.context("proxy") });
     if demo {
-        wait_until_up(&settings.admin_addr).await?;
-        let seeded = seed(&settings, &db, &config.jwt_secret).await?;
-        print_welcome(&settings, &seeded);
-    }
-    let first = async {
-        tokio::select! {
-            r = admin => r.map_err(|e| anyhow!("admin stopped: {e}"))?.context("admin"),
-            r = proxy => r.map_err(|e| anyhow!("proxy stopped: {e}"))?.context("proxy"),
-            r = async { match mock { Some(m) => m.await, None => std::future::pending().await } } => r.map_err(|e| anyhow!("mock stopped: {e}"))?.context("mock LLM"),
+        let addr = mock_addr();
+        roles.spawn_local(async move { shield_mock_llm::serve(&addr).await.context("mock LLM") });
+        let seeding = async {
+            wait_until_up(&settings.admin_addr).await?;
+            seed(&settings, &db, &config.jwt_secret).await
+        };
+        match stop.unless(seeding).await {
+            Ok(seeded) => print_welcome(&settings, &seeded?),
+            Err(Stopped { .. }) => return Ok(()),
         }
-    };
-    first.await
+    }
+    match stop.unless(roles.join_next()).await {
+        // A role ended by itself: an error (its address is taken, say).
+        Ok(Some(Ok(Err(err)))) => Err(err),
+        Ok(Some(Err(err))) => Err(anyhow!("a role stopped: {err}")),
+        Ok(Some(Ok(Ok(())))) | Ok(None) => Ok(()),
+        Err(Stopped { hangup }) => {
+            // Ctrl-C and SIGTERM reach the roles' servers too, which stop gracefully (the proxy
+            // then flushes buffered usage to Redis): give them a moment before the stores go.
+            if !hangup {
+                let all_ended = async { while roles.join_next().await.is_some() {} };
+                let _ = tokio::time::timeout(Duration::from_secs(10), all_ended).await;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A stop signal arrived; `hangup` for SIGHUP, which the roles' servers do not act on.
+struct Stopped {
+    hangup: bool,
+}
+
+/// Ctrl-C (SIGINT), SIGTERM and SIGHUP, caught for the whole of `up`.
+struct StopSignals {
+    interrupt: Signal,
+    terminate: Signal,
+    hangup: Signal,
+}
+
+impl StopSignals {
+    fn listen() -> anyhow::Result<StopSignals> {
+        let listen = |kind| signal(kind).context("cannot listen for signals");
+        Ok(StopSignals {
+            interrupt: listen(SignalKind::interrupt())?,
+            terminate: listen(SignalKind::terminate())?,
+            hangup: listen(SignalKind::hangup())?,
+        })
+    }
+
+    /// `work`'s output, or `Stopped` when a signal comes first.
+    async fn unless<T>(&mut self, work: impl std::future::Future<Output = T>) -> Result<T, Stopped> {
+        tokio::select! {
+            output = work => Ok(output),
+            _ = self.interrupt.recv() => Err(Stopped { hangup: false }),
+            _ = self.terminate.recv() => Err(Stopped { hangup: false }),
+            _ = self.hangup.recv() => Err(Stopped { hangup: true }),
+        }
+    }
 }
 
 /// The demo mock's address: 127.0.0.1:9100 unless `SHIELD_MOCK_ADDR` says otherwise (tests).

@@ -3,9 +3,11 @@
 //! command with one clear line and exit code 1, never a panic.
 
 mod demo;
+mod private_stores;
 mod settings;
 mod stores;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -132,7 +134,15 @@ fn init_logging() {
     {
         filter = filter.add_directive(quiet);
     }
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let colour = log_colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour).with_writer(std::io::stderr).init();
+}
+
+/// Logs are coloured only on a terminal: sent to a file or a pipe they are plain text (no
+/// ANSI escapes), and `NO_COLOR` set to anything but the empty string turns colour off
+/// everywhere (no-color.org).
+fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -151,7 +161,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate => {
-            let settings = Settings::from_env_without_secrets();
+            let settings = Settings::from_env_without_secrets()?;
             stores::create_database_if_missing(&settings.database_url).await?;
             let db = stores::postgres(&settings.database_url).await?;
             stores::migrate(&db).await?;
@@ -160,7 +170,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::MockLlm { addr } => Ok(shield_mock_llm::serve(&addr).await?),
         Command::Tenant { command: TenantCommand::Create { slug, admin_email, name } } => {
-            let settings = Settings::from_env_without_secrets();
+            let settings = Settings::from_env_without_secrets()?;
             let db = stores::postgres(&settings.database_url).await?;
             stores::migrate(&db).await?;
             let created = provision::create_tenant(&db, &slug, &name, &admin_email, "cli").await?;
@@ -192,7 +202,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Key { command: KeyCommand::Create { tenant, name, agent, role } } => {
-            let settings = Settings::from_env_without_secrets();
+            let settings = Settings::from_env_without_secrets()?;
             let db = stores::postgres(&settings.database_url).await?;
             stores::migrate(&db).await?;
             let tenant_row = shield_admin::repo::tenants::by_slug(&db, &tenant).await?.ok_or_else(|| {
@@ -218,4 +228,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn chrono_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::log_colour;
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(log_colour(true, None));
+        assert!(log_colour(true, Some(OsStr::new(""))), "an empty NO_COLOR is not set");
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(!log_colour(true, Some(OsStr::new("false"))), "any value turns colour off");
+        assert!(!log_colour(false, None), "a file or a pipe gets plain text");
+        assert!(!log_colour(false, Some(OsStr::new(""))));
+    }
 }

@@ -11,6 +11,12 @@ use shield_proxy::ProxyConfig;
 pub struct Settings {
     pub database_url: String,
     pub redis_url: String,
+    /// The port of the default Postgres (127.0.0.1) when `DATABASE_URL` is not set; `None`
+    /// when the user named a database. `up` starts a private Postgres there when nothing
+    /// answers.
+    pub default_postgres_port: Option<u16>,
+    /// Likewise for Redis and `REDIS_URL`.
+    pub default_redis_port: Option<u16>,
     pub proxy_addr: String,
     pub admin_addr: String,
     pub redis_prefix: String,
@@ -29,23 +35,49 @@ fn env_parse<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> 
     }
 }
 
+/// `Some(port)` when `url_var` is not set: the port of the default address, Postgres's or
+/// Redis's own unless `port_var` moves it (an extension, for tests: `up` against private stores
+/// on free ports, away from the real ones).
+fn default_port(url_var: &str, port_var: &str, standard: u16) -> anyhow::Result<Option<u16>> {
+    if std::env::var(url_var).is_ok_and(|v| !v.is_empty()) {
+        return Ok(None);
+    }
+    match std::env::var(port_var).ok().filter(|v| !v.is_empty()) {
+        None => Ok(Some(standard)),
+        Some(text) => match text.trim().parse::<u16>() {
+            Ok(port @ 1..) => Ok(Some(port)),
+            _ => bail!("{port_var} must be a port number from 1 to 65535, not {text:?}"),
+        },
+    }
+}
+
 impl Settings {
-    pub fn from_env_without_secrets() -> Settings {
-        Settings {
-            database_url: env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/shield"),
-            redis_url: env_or("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    pub fn from_env_without_secrets() -> anyhow::Result<Settings> {
+        let default_postgres_port = default_port("DATABASE_URL", "SHIELD_DEFAULT_POSTGRES_PORT", 5432)?;
+        let default_redis_port = default_port("REDIS_URL", "SHIELD_DEFAULT_REDIS_PORT", 6379)?;
+        Ok(Settings {
+            database_url: match default_postgres_port {
+                Some(port) => format!("postgres://postgres@127.0.0.1:{port}/shield"),
+                None => env_or("DATABASE_URL", ""),
+            },
+            redis_url: match default_redis_port {
+                Some(port) => format!("redis://127.0.0.1:{port}/0"),
+                None => env_or("REDIS_URL", ""),
+            },
+            default_postgres_port,
+            default_redis_port,
             proxy_addr: env_or("SHIELD_PROXY_ADDR", "127.0.0.1:8080"),
             admin_addr: env_or("SHIELD_ADMIN_ADDR", "127.0.0.1:8081"),
             redis_prefix: env_or("SHIELD_REDIS_PREFIX", ""),
             jwt_secret: std::env::var("SHIELD_JWT_SECRET").ok().filter(|v| !v.is_empty()),
             vault_key: std::env::var("SHIELD_VAULT_KEY").ok().filter(|v| !v.is_empty()),
-        }
+        })
     }
 
     /// Outside `shield up`, the secrets are required; `up` passes `generate = true` to create
     /// development ones in `.shield/`.
     pub fn from_env(generate: bool) -> anyhow::Result<Settings> {
-        let mut settings = Settings::from_env_without_secrets();
+        let mut settings = Settings::from_env_without_secrets()?;
         if generate && settings.jwt_secret.is_none() {
             settings.jwt_secret = Some(crate::demo::dev_secret("jwt_secret")?);
         }
