@@ -38,6 +38,12 @@ pub const WINDOW_MS: u64 = 60_000;
 pub const IDLE_MS: u64 = 2_000;
 /// How often an offline bucket tries Redis again.
 pub const PROBE_MS: u64 = 1_000;
+/// How often a bucket that found the fleet's window full asks again while requests are being
+/// refused: other processes may have given units back since (issue 27).
+pub const RECHECK_MS: u64 = 250;
+/// The leases a bucket remembers (to give units back to); older ones' units leave the window
+/// on their own.
+const MAX_LEASES: usize = 128;
 pub const MAX_RPM: u64 = 10_000_000;
 pub const MAX_TPM: u64 = 10_000_000_000;
 /// A token reservation's output part when the request sets no `max_tokens` (issue 18).
@@ -204,6 +210,14 @@ struct Slot {
 
 const SLOTS: usize = (WINDOW_MS / 1000) as usize;
 
+/// A lease this process holds units of in the fleet's window.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    seq: u64,
+    units: u64,
+    at: u64,
+}
+
 /// One process's state for one limit. See the module comment for the protocol.
 #[derive(Debug, Clone)]
 pub struct Bucket {
@@ -230,8 +244,12 @@ pub struct Bucket {
     /// The largest single request admitted while the bucket has been busy.
     largest: u64,
     seq: u64,
-    /// The last lease with units still held: where an idle give-back goes.
-    last_lease: Option<(u64, u64)>,
+    /// This process's leases still in the window, oldest first: `(seq, units in the window,
+    /// leased at)`. Give-backs go to them (issue 27: a settled reservation's surplus may have
+    /// come from any of them, not only the last).
+    leases: std::collections::VecDeque<Lease>,
+    /// The fleet's window was found full: no new lease is asked before this (see RECHECK_MS).
+    recheck_at: u64,
     leasing: bool,
     local: [Slot; SLOTS],
 }
@@ -253,7 +271,8 @@ impl Bucket {
             need: 0,
             largest: 0,
             seq: 0,
-            last_lease: None,
+            leases: std::collections::VecDeque::new(),
+            recheck_at: 0,
             leasing: false,
             local: [Slot::default(); SLOTS],
         }
@@ -312,7 +331,10 @@ impl Bucket {
             };
         }
         if now < self.exhausted_until {
-            return Err(Refused::after(self.exhausted_until - now));
+            // Known full as of the last lease; worth asking again once RECHECK_MS has passed
+            // (units given back since may have made room), so the caller may wait for it.
+            let pending = !self.leasing && now >= self.recheck_at;
+            return Err(Refused { retry_after_ms: self.exhausted_until - now, pending });
         }
         let owed = self.debt + (n - self.held);
         let allowance = if self.debt == 0 { self.max_block().max(n) } else { self.max_block() };
@@ -341,7 +363,8 @@ impl Bucket {
     }
 
     /// A token reservation settles to what was reported: the difference is taken, or given
-    /// back to what this process holds.
+    /// back to what this process holds (and what it holds beyond its block goes back to the
+    /// fleet's window at the leaser's next turn: [`Bucket::give_back`]).
     pub fn settle(&mut self, reserved: u64, actual: u64, now: u64) {
         if actual > reserved {
             self.take(actual - reserved, now);
@@ -365,7 +388,8 @@ impl Bucket {
                 return false;
             }
         } else if now < self.exhausted_until {
-            return false;
+            // Asked again only while requests are being refused, at most every RECHECK_MS.
+            return self.need > 0 && now >= self.recheck_at;
         }
         let active = self.last_used.is_some_and(|at| now.saturating_sub(at) <= IDLE_MS);
         self.debt > 0 || (active && self.held < self.block.div_ceil(2))
@@ -395,12 +419,17 @@ impl Bucket {
         self.debt -= repaid;
         let kept = reply.granted - repaid;
         self.held += kept;
-        if kept > 0 {
-            self.last_lease = Some((ask.seq, kept));
+        if reply.granted > 0 {
+            if self.leases.len() == MAX_LEASES {
+                self.leases.pop_front();
+            }
+            self.leases.push_back(Lease { seq: ask.seq, units: reply.granted, at: now });
         }
         self.fleet_room = reply.room;
         self.reset_at = now + reply.reset_ms;
-        self.exhausted_until = if reply.granted < ask.want { now + reply.wait_ms.max(1) } else { 0 };
+        let short = reply.granted < ask.want;
+        self.exhausted_until = if short { now + reply.wait_ms.max(1) } else { 0 };
+        self.recheck_at = if short { now + RECHECK_MS } else { 0 };
         self.need = 0;
     }
 
@@ -411,22 +440,51 @@ impl Bucket {
         self.next_probe = now + PROBE_MS;
     }
 
-    /// An idle bucket's unused units, to give back to the lease they came from: `(seq,
-    /// units)`. Units from older leases are dropped (they leave the window on their own).
-    pub fn idle_return(&mut self, now: u64) -> Option<(u64, u64)> {
+    /// Units to give back to the fleet's window now, as `(lease seq, units)` (oldest lease
+    /// first): everything held once the bucket is idle, and what it holds beyond its block
+    /// while busy (issue 27: a settled reservation's surplus must reach the fleet, or a burst
+    /// of large reservations locks a key out for the rest of the window). Held units no live
+    /// lease covers are dropped: they have left the window already.
+    pub fn give_back(&mut self, now: u64) -> Vec<(u64, u64)> {
         let idle = self.last_used.is_none_or(|at| now.saturating_sub(at) > IDLE_MS);
-        if self.leasing || !idle || self.held == 0 {
-            return None;
+        let keep = if idle { 0 } else { self.block };
+        if self.leasing || self.held == 0 || (!idle && self.held <= 2 * self.block.max(1)) {
+            return Vec::new();
         }
-        let held = std::mem::take(&mut self.held);
-        let (seq, units) = self.last_lease.take()?;
-        Some((seq, units.min(held)))
+        let mut surplus = self.held - keep;
+        self.held = keep;
+        self.leases.retain(|lease| lease.at + WINDOW_MS > now && lease.units > 0);
+        let mut back = Vec::new();
+        for lease in self.leases.iter_mut() {
+            if surplus == 0 {
+                break;
+            }
+            let units = lease.units.min(surplus);
+            lease.units -= units;
+            surplus -= units;
+            back.push((lease.seq, units));
+        }
+        back
     }
 
-    /// Units this bucket gives back to the fleet's window when its lease is returned: added to
-    /// what the headers call the fleet's room.
+    /// A give-back the store did not take: its units are held again, against their leases.
+    pub fn give_back_failed(&mut self, leases: &[(u64, u64)]) {
+        for &(seq, units) in leases {
+            self.held += units;
+            if let Some(lease) = self.leases.iter_mut().find(|lease| lease.seq == seq) {
+                lease.units += units;
+            }
+        }
+    }
+
+    /// Units this bucket gave back to the fleet's window: room for every process again, so a
+    /// window this process found full is no longer known to be.
     pub fn returned(&mut self, units: u64) {
         self.fleet_room = (self.fleet_room + units).min(self.limit);
+        if units > 0 {
+            self.exhausted_until = 0;
+            self.recheck_at = 0;
+        }
     }
 
     /// For the `x-ratelimit-*` headers.
@@ -547,16 +605,23 @@ if #newest > 0 then reset = tonumber(newest[2]) + window - now end
 return {grant, math.max(wait, 0), math.max(limit - sum, 0), processes, math.max(reset, 0)}
 "#;
 
-/// Gives `units` back to lease `ARGV[1]` (what an idle process did not use). KEYS as
-/// [`LEASE_SCRIPT`]'s first three. A lease that has left the window is gone already.
+/// Gives units back to leases (what a process did not use): ARGV holds pairs of a lease name
+/// and its units. KEYS as [`LEASE_SCRIPT`]'s first three. A lease that has left the window is
+/// gone already. Returns the units given back.
 pub const GIVE_BACK_SCRIPT: &str = r#"
-local have = tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
-if have == nil then return 0 end
-local back = math.min(have, tonumber(ARGV[2]))
-if back <= 0 then return 0 end
-redis.call('HINCRBY', KEYS[2], ARGV[1], -back)
-if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('DECRBY', KEYS[3], back) end
-return back
+local total = 0
+for i = 1, #ARGV, 2 do
+  local have = tonumber(redis.call('HGET', KEYS[2], ARGV[i]))
+  if have ~= nil then
+    local back = math.min(have, tonumber(ARGV[i + 1]))
+    if back > 0 then
+      redis.call('HINCRBY', KEYS[2], ARGV[i], -back)
+      total = total + back
+    end
+  end
+end
+if total > 0 and redis.call('EXISTS', KEYS[3]) == 1 then redis.call('DECRBY', KEYS[3], total) end
+return total
 "#;
 
 #[cfg(test)]

@@ -199,6 +199,9 @@ pub async fn pipeline(
     let Some((tenant, route)) = resolved else {
         // The default path relays the body as sent and reads no usage: a token reservation
         // stands as the request's count.
+        if let Some(admission) = &admission {
+            admission.keep_reservation();
+        }
         return Box::pin(default_path::forward(state, egress, &request.model, raw, hop + 1))
             .await
             .map(|response| served(Outcome::Relayed(response)));

@@ -41,6 +41,11 @@ impl Window {
         LeaseReply { granted: grant, wait_ms: wait, room, processes: self.processes.len() as u64, reset_ms: reset }
     }
 
+    /// Units counted in the window now.
+    fn sum(&self, now: u64) -> u64 {
+        self.leases.iter().filter(|l| l.0 + WINDOW_MS > now).map(|l| l.2).sum()
+    }
+
     fn give_back(&mut self, process: u64, seq: u64, units: u64) -> u64 {
         match self.leases.iter_mut().find(|l| l.1 == process * 1_000_000 + seq) {
             Some(lease) => {
@@ -167,10 +172,178 @@ fn an_idle_bucket_gives_back_what_it_holds() {
     let ask = bucket.lease_wanted(0).unwrap();
     bucket.leased(ask, LeaseReply { granted: 50, wait_ms: 0, room: 7950, processes: 1, reset_ms: 60_000 }, 0);
     bucket.take(1, 100);
-    assert!(bucket.idle_return(1000).is_none(), "still in use");
-    assert_eq!(bucket.idle_return(2200), Some((ask.seq, 48)));
+    // Still in use: it keeps its block (two a second: two units) and gives back the rest.
+    assert_eq!(bucket.give_back(1000), [(ask.seq, 46)]);
+    assert!(bucket.give_back(1100).is_empty(), "nothing beyond its block");
+    assert_eq!(bucket.give_back(2200), [(ask.seq, 2)], "idle: the rest");
+    bucket.give_back_failed(&[(ask.seq, 2)]);
+    assert_eq!(bucket.held(), 2, "a give-back the store did not take is held again");
+    assert_eq!(bucket.give_back(2300), [(ask.seq, 2)], "and given back at the next turn");
     assert_eq!(bucket.held(), 0);
     assert!(bucket.lease_wanted(2300).is_none(), "an idle key holds none and asks for none");
+}
+
+/// Issue 27's scenario: a key at 3000 tpm, six requests reserving ~1010 tokens each at once.
+/// Three are admitted; their answers use 15 tokens each. Once they settle, the surplus goes back
+/// to the fleet's window and the next request is admitted at once, with the headers counting
+/// what was used, not what was reserved.
+#[test]
+fn settled_reservations_give_their_surplus_back_to_the_fleet() {
+    let mut window = Window::new(3000);
+    let mut bucket = Bucket::new(3000);
+    let mut now = 0;
+    let mut admitted = 0;
+    let cycle = |bucket: &mut Bucket, window: &mut Window, now: u64| {
+        if let Some(ask) = bucket.lease_wanted(now) {
+            let reply = window.lease(0, ask, now);
+            bucket.leased(ask, reply, now);
+        }
+        let leases = bucket.give_back(now);
+        let back = leases.iter().map(|&(seq, units)| window.give_back(0, seq, units)).sum();
+        bucket.returned(back);
+    };
+    for _ in 0..6 {
+        // A refusal that only waits for a lease is retried after it (admit_waiting).
+        for _ in 0..2 {
+            match bucket.check(1010, now) {
+                Ok(()) => {
+                    bucket.take(1010, now);
+                    admitted += 1;
+                    break;
+                }
+                Err(refused) => {
+                    bucket.refused(1010);
+                    if !refused.pending {
+                        break;
+                    }
+                    cycle(&mut bucket, &mut window, now);
+                }
+            }
+        }
+        now += 1;
+    }
+    assert_eq!(admitted, 3, "three fit, then the window is full");
+    for _ in 0..admitted {
+        bucket.settle(1010, 15, now);
+    }
+    now += 100;
+    cycle(&mut bucket, &mut window, now);
+    assert!(window.sum(now) <= 3 * 15 + bucket.block, "the surplus went back: {} in the window", window.sum(now));
+    let status = bucket.status(now);
+    assert!(status.remaining >= 3000 - 3 * 15 - bucket.block, "{status:?}");
+    // The next request: at most one lease away (a re-check of the window).
+    let mut ok = bucket.check(1010, now);
+    if ok.as_ref().is_err_and(|r| r.pending) {
+        cycle(&mut bucket, &mut window, now);
+        ok = bucket.check(1010, now);
+    }
+    assert!(ok.is_ok(), "admitted within a second of the burst: {ok:?}");
+    bucket.take(1010, now);
+    for _ in 0..3 {
+        now += 100;
+        cycle(&mut bucket, &mut window, now);
+    }
+    bucket.settle(1010, 15, now);
+    for _ in 0..30 {
+        now += 100;
+        cycle(&mut bucket, &mut window, now);
+    }
+    assert_eq!(bucket.held(), 0, "idle: everything given back");
+    assert!(window.sum(now) <= 4 * 15, "{} in the window", window.sum(now));
+    let mut ok = bucket.check(1010, now);
+    if ok.as_ref().is_err_and(|r| r.pending) {
+        cycle(&mut bucket, &mut window, now);
+        ok = bucket.check(1010, now);
+    }
+    assert!(ok.is_ok(), "admitted once idle: {ok:?} {bucket:?}");
+}
+
+/// A bucket that found the window full asks again after RECHECK_MS while requests are being
+/// refused (another process may have given units back), not only when the window said.
+#[test]
+fn a_full_window_is_asked_again_while_requests_wait() {
+    let mut bucket = Bucket::new(100);
+    bucket.take(1, 0);
+    let ask = bucket.lease_wanted(0).unwrap();
+    bucket.leased(ask, LeaseReply { granted: 0, wait_ms: 50_000, room: 0, processes: 2, reset_ms: 50_000 }, 0);
+    assert!(bucket.lease_wanted(10).is_none(), "nobody waits");
+    let refused = bucket.check(1, 10).unwrap_err();
+    assert!(!refused.pending, "too soon to ask again");
+    bucket.refused(1);
+    let refused = bucket.check(1, RECHECK_MS).unwrap_err();
+    assert!(refused.pending, "worth waiting for a lease");
+    assert!(bucket.lease_wanted(RECHECK_MS).is_some());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Issue 27, the window arithmetic under any interleaving of admissions, settlements and
+    /// time: once every request has settled and the bucket has been idle, the fleet's window
+    /// counts no more than the tokens actually used in it (no reservation is left standing),
+    /// and this process holds nothing.
+    #[test]
+    fn settled_windows_count_what_was_used(
+        limit in 100u64..20_000,
+        ops in proptest::collection::vec((0u8..4, 1u64..2000, 0u64..2000, 0u64..400), 1..80),
+        delay in 0u64..3,
+    ) {
+        let mut window = Window::new(limit);
+        let mut bucket = Bucket::new(limit);
+        let mut in_flight: Vec<(u64, u64)> = Vec::new(); // (reserved, actual)
+        let mut used: Vec<(u64, u64)> = Vec::new(); // (at, tokens)
+        let mut leases: Vec<(u64, LeaseAsk)> = Vec::new();
+        let mut now = 0u64;
+        let step = |bucket: &mut Bucket, window: &mut Window, leases: &mut Vec<(u64, LeaseAsk)>, now: u64| {
+            for (due, ask) in std::mem::take(leases) {
+                if due <= now {
+                    let reply = window.lease(0, ask, now);
+                    bucket.leased(ask, reply, now);
+                } else {
+                    leases.push((due, ask));
+                }
+            }
+            if let Some(ask) = bucket.lease_wanted(now) {
+                leases.push((now + delay * 10, ask));
+            }
+            let back: u64 = bucket.give_back(now).iter().map(|&(seq, units)| window.give_back(0, seq, units)).sum();
+            bucket.returned(back);
+        };
+        for (op, size, actual, wait) in ops {
+            match op {
+                0 | 1 => {
+                    if bucket.check(size, now).is_ok() {
+                        bucket.take(size, now);
+                        in_flight.push((size, actual));
+                    } else {
+                        bucket.refused(size);
+                    }
+                }
+                2 if !in_flight.is_empty() => {
+                    let (reserved, actual) = in_flight.remove((size as usize) % in_flight.len());
+                    bucket.settle(reserved, actual, now);
+                    used.push((now, actual));
+                }
+                _ => now += wait,
+            }
+            step(&mut bucket, &mut window, &mut leases, now);
+            now += 1;
+        }
+        for (reserved, actual) in std::mem::take(&mut in_flight) {
+            bucket.settle(reserved, actual, now);
+            used.push((now, actual));
+        }
+        for _ in 0..40 {
+            now += 100;
+            step(&mut bucket, &mut window, &mut leases, now);
+        }
+        let used_in_window: u64 = used.iter().filter(|(at, _)| at + WINDOW_MS > now).map(|(_, t)| t).sum();
+        prop_assert_eq!(bucket.held(), 0);
+        prop_assert!(
+            window.sum(now) <= used_in_window,
+            "the window counts {} with {} used in it", window.sum(now), used_in_window
+        );
+    }
 }
 
 proptest! {
@@ -218,8 +391,9 @@ proptest! {
                 if let Some(ask) = bucket.lease_wanted(now) {
                     in_flight.push((now + delay_ticks * tick, p, ask));
                 }
-                if let Some((seq, units)) = bucket.idle_return(now) {
-                    let back = window.give_back(p as u64, seq, units);
+                let leases = bucket.give_back(now);
+                if !leases.is_empty() {
+                    let back = leases.iter().map(|&(seq, units)| window.give_back(p as u64, seq, units)).sum();
                     bucket.returned(back);
                 }
             }

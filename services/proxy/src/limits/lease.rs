@@ -1,5 +1,6 @@
 //! The leaser: a background task that keeps every active bucket supplied from the fleet's
-//! windows in Redis and gives back what idle buckets hold. It wakes when a request leaves a
+//! windows in Redis and gives back what idle buckets hold, and what busy ones hold beyond
+//! their block (settled reservations' surplus). It wakes when a request leaves a
 //! bucket low, and every 100 ms for expiries, probes and give-backs. All the leases it needs
 //! go out in one pipelined round trip (one per tenant in a Redis Cluster), one script call
 //! each ([`LeaseStore`]); a store that fails or does not answer within 500 ms puts those
@@ -32,13 +33,13 @@ pub trait LeaseStore: Send + Sync + 'static {
         calls: &[LeaseCall<'_>],
     ) -> impl Future<Output = Result<Vec<LeaseReply>, String>> + Send;
 
-    /// Gives `units` back to lease `seq` of `entry`'s window; the units given back.
+    /// Gives units back to leases of `entry`'s window (`(seq, units)` each); the units
+    /// given back.
     fn give_back(
         &self,
         process: &str,
         entry: &Entry,
-        seq: u64,
-        units: u64,
+        leases: &[(u64, u64)],
     ) -> impl Future<Output = Result<u64, String>> + Send;
 }
 
@@ -140,18 +141,15 @@ impl LeaseStore for RedisLeases {
         replies.into_iter().map(|r| r.ok_or_else(|| "short reply".to_string())).collect()
     }
 
-    async fn give_back(&self, process: &str, entry: &Entry, seq: u64, units: u64) -> Result<u64, String> {
+    async fn give_back(&self, process: &str, entry: &Entry, leases: &[(u64, u64)]) -> Result<u64, String> {
         let mut conn = self.pool.get().await.map_err(|e| e.to_string())?;
         let [window, units_key, sum] = window_keys(entry);
-        self.give_back
-            .key(window)
-            .key(units_key)
-            .key(sum)
-            .arg(format!("{process}:{seq}"))
-            .arg(units)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())
+        let mut invocation = self.give_back.key(window);
+        invocation.key(units_key).key(sum);
+        for (seq, units) in leases {
+            invocation.arg(format!("{process}:{seq}")).arg(*units);
+        }
+        invocation.invoke_async(&mut conn).await.map_err(|e| e.to_string())
     }
 }
 
@@ -173,8 +171,11 @@ pub fn spawn<S: LeaseStore>(limiter: Arc<Limiter>, store: S, process: String) {
                 let mut bucket = entry.bucket.lock();
                 if let Some(ask) = bucket.lease_wanted(now) {
                     asks.push((entry.clone(), ask, bucket.limit()));
-                } else if let Some((seq, units)) = bucket.idle_return(now) {
-                    returns.push((entry.clone(), seq, units));
+                } else {
+                    let back = bucket.give_back(now);
+                    if !back.is_empty() {
+                        returns.push((entry.clone(), back));
+                    }
                 }
             }
             if !asks.is_empty() {
@@ -211,11 +212,12 @@ pub fn spawn<S: LeaseStore>(limiter: Arc<Limiter>, store: S, process: String) {
             if !asks.is_empty() {
                 limiter.leased.notify_waiters();
             }
-            for (entry, seq, units) in returns {
-                if let Ok(Ok(back)) =
-                    tokio::time::timeout(STORE_TIMEOUT, store.give_back(&process, &entry, seq, units)).await
-                {
-                    entry.bucket.lock().returned(back);
+            for (entry, leases) in returns {
+                match tokio::time::timeout(STORE_TIMEOUT, store.give_back(&process, &entry, &leases)).await {
+                    Ok(Ok(back)) => entry.bucket.lock().returned(back),
+                    // Not given back: held again, to give back at a later turn (dropped, the
+                    // units would stay counted in the fleet's window for nothing).
+                    _ => entry.bucket.lock().give_back_failed(&leases),
                 }
             }
             if now.saturating_sub(last_sweep) > WINDOW_MS {

@@ -88,11 +88,14 @@ impl RateLimited {
     }
 }
 
-/// What one admitted request holds: its grants, to settle and to report.
+/// What one admitted request holds: its grants, to settle and to report. Settled once,
+/// however the request ends (issue 27): by its end's reported usage, or — when it is dropped
+/// unsettled (its client went away mid-call) — to the prompt's estimate, which was sent.
 pub struct Admission {
     grants: Vec<Grant>,
     /// The prompt's share of a token reservation (the rest is `max_tokens` or 256).
     prompt_tokens: u64,
+    settled: std::sync::atomic::AtomicBool,
 }
 
 struct Grant {
@@ -230,7 +233,7 @@ impl Limiter {
             .zip(&applicable)
             .map(|(entry, a)| Grant { entry, kind: a.kind, reserved: units(a.kind) })
             .collect();
-        Ok(Some(Admission { grants, prompt_tokens }))
+        Ok(Some(Admission { grants, prompt_tokens, settled: std::sync::atomic::AtomicBool::new(false) }))
     }
 
     /// [`Limiter::admit`], waiting up to [`LEASE_WAIT`] when the only obstacle is a lease in
@@ -282,12 +285,21 @@ impl Limiter {
 }
 
 impl Admission {
-    /// The request's end: token reservations become the tokens reported (`actual`).
+    /// The request's end: token reservations become the tokens reported (`actual`). Only
+    /// the first call counts.
     pub fn settle(&self, actual: u64) {
+        if self.settled.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
         let now = now_ms();
         for grant in self.grants.iter().filter(|g| g.kind == Kind::Tokens) {
             grant.entry.bucket.lock().settle(grant.reserved, actual, now);
         }
+    }
+
+    /// The reservation stands as the request's count (the default path reads no usage).
+    pub fn keep_reservation(&self) {
+        self.settled.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// `x-ratelimit-*` for the tightest applicable limit of each kind: what is counted against
@@ -310,6 +322,14 @@ impl Admission {
             })
             .collect();
         headers(&statuses)
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        // Ended without a settlement (the request's future was dropped: its client went away
+        // before an answer): the prompt was sent, the output is unknown.
+        self.settle(self.prompt_tokens);
     }
 }
 
@@ -464,6 +484,32 @@ mod tests {
         assert_eq!(reset_text(1500), "1.5s");
         assert_eq!(reset_text(59_000), "59s");
         assert_eq!(reset_text(60_000), "1m0s");
+    }
+
+    /// Issue 27: an admission settles once, however its request ends: by its usage, or —
+    /// dropped unsettled (the client went away) — to its prompt's estimate.
+    #[test]
+    fn an_admission_settles_once_and_when_dropped() {
+        let limiter = Limiter::new(RedisKeys::new("t:"));
+        let key = Limits { rpm: None, tpm: Some(100_000) };
+        let remaining = |limiter: &Limiter| {
+            let entry = limiter.entry("acme", &Limiter::applicable("7", &key, &Limits::default(), None)[0]);
+            let mut bucket = entry.bucket.lock();
+            bucket.status(now_ms()).remaining + bucket.held()
+        };
+        let admission =
+            limiter.admit("acme", ("7", "ci", &key), &Limits::default(), None, (10, 1000)).unwrap().unwrap();
+        let reserved = remaining(&limiter);
+        admission.settle(30);
+        admission.settle(0);
+        assert_eq!(remaining(&limiter), reserved + 1010 - 30, "the second settlement is ignored");
+        drop(admission);
+        assert_eq!(remaining(&limiter), reserved + 1010 - 30, "dropped after settling: nothing more");
+        let admission =
+            limiter.admit("acme", ("7", "ci", &key), &Limits::default(), None, (10, 1000)).unwrap().unwrap();
+        let before = remaining(&limiter);
+        drop(admission);
+        assert_eq!(remaining(&limiter), before + 1000, "dropped unsettled: the prompt's 10 stand");
     }
 
     #[test]
