@@ -494,7 +494,7 @@ mod tests {
         let key = Limits { rpm: None, tpm: Some(100_000) };
         let remaining = |limiter: &Limiter| {
             let entry = limiter.entry("acme", &Limiter::applicable("7", &key, &Limits::default(), None)[0]);
-            let mut bucket = entry.bucket.lock();
+            let bucket = entry.bucket.lock();
             bucket.status(now_ms()).remaining + bucket.held()
         };
         let admission =
