@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use redis::streams::{StreamReadOptions, StreamReadReply};
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::Sha256;
 use shield_core::keys::RedisKeys;
+use shield_core::records::events::GatewayEvent;
 use shield_core::url_safety;
 use shield_core::vault::{Keyring, secret_aad};
 use sqlx::PgPool;
@@ -43,15 +44,11 @@ pub struct Deliverer {
     in_flight: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
 
-/// One `gw_events` entry.
+/// One `gw_events` entry: its stream id and the event (shield-core's decoding).
 #[derive(Debug, Clone)]
 struct Event {
     stream_id: String,
-    id: String,
-    tenant: String,
-    kind: String,
-    at: i64,
-    data: Value,
+    event: GatewayEvent,
 }
 
 impl Deliverer {
@@ -132,29 +129,38 @@ impl Deliverer {
             .await
             .map_err(|e| e.to_string())?;
         let mut events = Vec::new();
+        let mut undecodable = Vec::new();
         for key in reply.keys {
             for entry in key.ids {
-                let field = |name: &str| {
-                    entry
-                        .map
-                        .get(name)
-                        .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
-                        .unwrap_or_default()
-                };
-                events.push(Event {
-                    stream_id: entry.id.clone(),
-                    id: field("id"),
-                    tenant: field("tenant"),
-                    kind: field("type"),
-                    at: field("at").parse().unwrap_or(0),
-                    data: serde_json::from_str(&field("data")).unwrap_or(Value::Null),
+                // Stream values are bulk strings; anything else reads as a missing field.
+                let fields = entry.map.iter().filter_map(|(name, value)| match value {
+                    redis::Value::BulkString(bytes) => Some((name.as_str(), bytes.as_slice())),
+                    _ => None,
                 });
+                match GatewayEvent::decode(fields) {
+                    Ok(event) => events.push(Event { stream_id: entry.id, event }),
+                    Err(err) => {
+                        tracing::warn!(stream_id = %entry.id, error = %err, "gw_events entry not delivered");
+                        undecodable.push(entry.id);
+                    }
+                }
             }
+        }
+        // An entry that does not decode never will: acknowledged, it is not read again at
+        // every start.
+        if !undecodable.is_empty() {
+            redis::cmd("XACK")
+                .arg(&stream)
+                .arg(GROUP)
+                .arg(&undecodable)
+                .query_async::<i64>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
         }
         Ok(events)
     }
 
-    async fn handle(&self, event: &Event) {
+    async fn handle(&self, Event { stream_id, event }: &Event) {
         tracing::debug!(tenant = %event.tenant, kind = %event.kind, "delivering event");
         match webhooks::subscribed(&self.db, &event.tenant, &event.kind).await {
             Ok(hooks) => {
@@ -168,17 +174,13 @@ impl Deliverer {
             }
         }
         if let Ok(mut conn) = self.redis.get().await {
-            let _: Result<i64, _> = redis::cmd("XACK")
-                .arg(self.keys.events())
-                .arg(GROUP)
-                .arg(&event.stream_id)
-                .query_async(&mut conn)
-                .await;
+            let _: Result<i64, _> =
+                redis::cmd("XACK").arg(self.keys.events()).arg(GROUP).arg(stream_id).query_async(&mut conn).await;
         }
     }
 
     /// Every attempt of one event to one webhook, until delivered or finally failed.
-    async fn deliver(&self, hook: &WebhookTarget, event: &Event) {
+    async fn deliver(&self, hook: &WebhookTarget, event: &GatewayEvent) {
         let Some(secret) = hook.sealed().and_then(|sealed| {
             let aad = secret_aad(&event.tenant, &crate::api::webhooks::secret_name(hook.id));
             self.keyring.open(&aad, &sealed).ok().and_then(|bytes| String::from_utf8(bytes).ok())

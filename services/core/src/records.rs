@@ -1,9 +1,10 @@
 //! The Redis records both services touch, each with its one encode/decode beside the key names
-//! ([`crate::keys`]): the proxy writes `gw_health`, `gw_usage` and `gw_spend`; the admin (API
-//! and portal) reads them. Neither side formats a field name or parses a value on its own, so a
+//! ([`crate::keys`]): the proxy writes `gw_health`, `gw_usage`, `gw_spend` and the `gw_events`
+//! stream; the admin (API, portal and webhook deliverer) reads them. Neither side formats a field name or parses a value on its own, so a
 //! new field cannot be written by one and dropped by the other: the round-trip tests below fail
 //! first. Decoding is lenient where the stores are shared with older processes (a row that
-//! does not parse is skipped by the reader, never an error for the caller).
+//! does not parse is skipped by the reader, never an error for the caller); a `gw_events` entry
+//! that does not decode is an [`events::DecodeError`] naming the field, for the deliverer to log.
 
 use std::collections::HashMap;
 
@@ -199,6 +200,109 @@ pub mod spend {
     }
 }
 
+/// `gw_events`: a stream of [`events::GatewayEvent`]s, one entry each, with the fields
+/// [`events::FIELDS`]. The proxy XADDs them, the admin's webhook deliverer reads them.
+pub mod events {
+    /// The event's id (a UUID): the webhook body's `id` and the base of `X-Shield-Delivery`.
+    pub const ID: &str = "id";
+    pub const TENANT: &str = "tenant";
+    /// The event's kind, one of [`KINDS`].
+    pub const TYPE: &str = "type";
+    /// Unix seconds, decimal.
+    pub const AT: &str = "at";
+    /// The kind's details, compact JSON.
+    pub const DATA: &str = "data";
+    /// An entry's fields, in the order [`GatewayEvent::fields`] writes them.
+    pub const FIELDS: [&str; 5] = [ID, TENANT, TYPE, AT, DATA];
+
+    /// A route's month spend reached its budget (claimed once per route and month).
+    pub const BUDGET_EXCEEDED: &str = "budget_exceeded";
+    /// A target's circuit opened (at most once per target per 10 minutes per process).
+    pub const GATEWAY_TARGET_DOWN: &str = "gateway_target_down";
+    /// The kinds there are: the ones a webhook may subscribe to.
+    pub const KINDS: [&str; 2] = [BUDGET_EXCEEDED, GATEWAY_TARGET_DOWN];
+
+    /// One `gw_events` entry.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct GatewayEvent {
+        pub id: String,
+        pub tenant: String,
+        /// The `type` field.
+        pub kind: String,
+        /// Unix seconds.
+        pub at: i64,
+        pub data: serde_json::Value,
+    }
+
+    /// Why a `gw_events` entry is not a [`GatewayEvent`].
+    #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+    pub enum DecodeError {
+        #[error("gw_events entry has no `{0}` field")]
+        Missing(&'static str),
+        #[error("gw_events entry's `{field}` field {reason}")]
+        Garbled { field: &'static str, reason: String },
+    }
+
+    fn garbled(field: &'static str, reason: impl Into<String>) -> DecodeError {
+        DecodeError::Garbled { field, reason: reason.into() }
+    }
+
+    impl GatewayEvent {
+        /// The entry's field/value pairs for XADD, [`FIELDS`] in order.
+        pub fn fields(&self) -> [(&'static str, String); 5] {
+            [
+                (ID, self.id.clone()),
+                (TENANT, self.tenant.clone()),
+                (TYPE, self.kind.clone()),
+                (AT, self.at.to_string()),
+                (DATA, self.data.to_string()),
+            ]
+        }
+
+        /// An entry from its field/value pairs (a stream reply's map, or a list of pairs).
+        /// Fields it does not know are ignored; of a repeated field the first counts. Every
+        /// field of [`FIELDS`] must be there: `id`, `tenant` and `type` non-empty UTF-8, `at`
+        /// an integer, `data` JSON.
+        pub fn decode<K: AsRef<str>, V: AsRef<[u8]>>(
+            entry: impl IntoIterator<Item = (K, V)>,
+        ) -> Result<GatewayEvent, DecodeError> {
+            let mut values: [Option<V>; 5] = Default::default();
+            for (name, value) in entry {
+                if let Some(i) = FIELDS.iter().position(|field| *field == name.as_ref())
+                    && let Some(slot) = values.get_mut(i)
+                    && slot.is_none()
+                {
+                    *slot = Some(value);
+                }
+            }
+            let [id, tenant, kind, at, data] = values;
+            let text = |field: &'static str, value: Option<V>| -> Result<String, DecodeError> {
+                let value = value.ok_or(DecodeError::Missing(field))?;
+                let text = std::str::from_utf8(value.as_ref()).map_err(|_| garbled(field, "is not UTF-8"))?;
+                Ok(text.to_string())
+            };
+            let non_empty = |field: &'static str, value: Option<V>| -> Result<String, DecodeError> {
+                let text = text(field, value)?;
+                if text.is_empty() { Err(garbled(field, "is empty")) } else { Ok(text) }
+            };
+            let id = non_empty(ID, id)?;
+            let tenant = non_empty(TENANT, tenant)?;
+            let kind = non_empty(TYPE, kind)?;
+            let at_text = text(AT, at)?;
+            let at =
+                at_text.parse().map_err(|_| garbled(AT, format!("is not Unix seconds: {:?}", shorten(&at_text))))?;
+            let data =
+                serde_json::from_str(&text(DATA, data)?).map_err(|err| garbled(DATA, format!("is not JSON: {err}")))?;
+            Ok(GatewayEvent { id, tenant, kind, at, data })
+        }
+    }
+
+    /// At most 40 characters of a bad value, for an error message.
+    fn shorten(value: &str) -> &str {
+        value.char_indices().nth(40).map_or(value, |(end, _)| &value[..end])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,5 +369,79 @@ mod tests {
         let fields = vec![("smart".to_string(), "1500".to_string()), ("junk".to_string(), "x".to_string())];
         let spend = spend::decode(fields);
         assert_eq!((spend.get("smart"), spend.get("junk")), (Some(&1500), None));
+    }
+
+    fn event() -> events::GatewayEvent {
+        events::GatewayEvent {
+            id: "6f1c2d4e-0000-4000-8000-000000000001".into(),
+            tenant: "acme".into(),
+            kind: events::BUDGET_EXCEEDED.into(),
+            at: 1_764_000_000,
+            data: serde_json::json!({"route": "smart", "month": "202611", "spend": 12.5, "limit": 10.0}),
+        }
+    }
+
+    /// What the proxy XADDs is what the deliverer reads, through the bytes Redis hands back.
+    #[test]
+    fn events_round_trip() {
+        let event = event();
+        let fields = event.fields();
+        let names: Vec<&str> = fields.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, events::FIELDS);
+        let entry: Vec<(String, Vec<u8>)> =
+            fields.iter().map(|(name, value)| (name.to_string(), value.clone().into_bytes())).collect();
+        assert_eq!(events::GatewayEvent::decode(entry), Ok(event.clone()));
+        // From a stream reply's map too, with a field it does not know.
+        let mut map: HashMap<String, Vec<u8>> =
+            fields.into_iter().map(|(name, value)| (name.to_string(), value.into_bytes())).collect();
+        map.insert("added_later".into(), b"x".to_vec());
+        assert_eq!(events::GatewayEvent::decode(&map), Ok(event));
+    }
+
+    /// The wire format the end-to-end tests and older processes read: these names, `at` in
+    /// decimal seconds, `data` compact JSON.
+    #[test]
+    fn events_keep_their_wire_format() {
+        let fields = event().fields();
+        assert_eq!(fields[0], ("id", "6f1c2d4e-0000-4000-8000-000000000001".to_string()));
+        assert_eq!(fields[1], ("tenant", "acme".to_string()));
+        assert_eq!(fields[2], ("type", "budget_exceeded".to_string()));
+        assert_eq!(fields[3], ("at", "1764000000".to_string()));
+        assert_eq!(fields[4].0, "data");
+        let data: serde_json::Value = serde_json::from_str(&fields[4].1).unwrap();
+        assert_eq!(data["route"], "smart");
+        assert!(!fields[4].1.contains(' '), "compact: {}", fields[4].1);
+        assert_eq!(events::KINDS, ["budget_exceeded", "gateway_target_down"]);
+    }
+
+    /// A missing or garbled field is an error naming it, never a panic or a defaulted event.
+    #[test]
+    fn events_that_do_not_decode_say_why() {
+        use events::{DecodeError, GatewayEvent};
+        let entry = |drop: &str, replace: Option<(&str, &[u8])>| -> Vec<(String, Vec<u8>)> {
+            event()
+                .fields()
+                .into_iter()
+                .filter(|(name, _)| *name != drop)
+                .map(|(name, value)| match replace {
+                    Some((field, bad)) if field == name => (name.to_string(), bad.to_vec()),
+                    _ => (name.to_string(), value.into_bytes()),
+                })
+                .collect()
+        };
+        for field in events::FIELDS {
+            assert_eq!(GatewayEvent::decode(entry(field, None)), Err(DecodeError::Missing(field)));
+        }
+        let garbled = |field: &str, value: &[u8]| GatewayEvent::decode(entry("", Some((field, value))));
+        assert!(matches!(garbled("at", b"soon"), Err(DecodeError::Garbled { field: "at", .. })));
+        assert!(matches!(garbled("data", b"{\"route\":"), Err(DecodeError::Garbled { field: "data", .. })));
+        assert!(matches!(garbled("tenant", b"\xff\xfe"), Err(DecodeError::Garbled { field: "tenant", .. })));
+        assert!(matches!(garbled("type", b""), Err(DecodeError::Garbled { field: "type", .. })));
+        // A long bad value is cut short in the message, at a character boundary.
+        let long = "٣".repeat(100);
+        let message = garbled("at", long.as_bytes()).unwrap_err().to_string();
+        assert!(message.starts_with("gw_events entry's `at` field is not Unix seconds"), "{message}");
+        assert!(message.len() < 150, "{message}");
+        assert_eq!(GatewayEvent::decode(Vec::<(String, Vec<u8>)>::new()), Err(DecodeError::Missing("id")));
     }
 }

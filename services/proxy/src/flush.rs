@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 use shield_core::keys::RedisKeys;
 use shield_core::records;
+use shield_core::records::events::GatewayEvent;
 
 use crate::health::{Health, TargetDown};
 
@@ -99,10 +100,10 @@ pub async fn flush_health(health: &Health, redis: &shield_store::Pool, keys: &Re
 
 async fn write_event(down: &TargetDown, redis: &shield_store::Pool, keys: &RedisKeys) -> Result<(), String> {
     let data = json!({"target": down.target, "process": process_id(), "failures": down.failures, "last_error": down.last_error});
-    write_event_of(&down.tenant, "gateway_target_down", data, redis, keys).await
+    write_event_of(&down.tenant, records::events::GATEWAY_TARGET_DOWN, data, redis, keys).await
 }
 
-/// XADD one event `{id, tenant, type, at, data}` to `gw_events`.
+/// XADD one [`GatewayEvent`] (a new id, now) to `gw_events`, in shield-core's encoding.
 pub async fn write_event_of(
     tenant: &str,
     kind: &str,
@@ -110,29 +111,21 @@ pub async fn write_event_of(
     redis: &shield_store::Pool,
     keys: &RedisKeys,
 ) -> Result<(), String> {
-    let id = uuid::Uuid::new_v4().to_string();
     let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let event = GatewayEvent {
+        id: uuid::Uuid::new_v4().to_string(),
+        tenant: tenant.to_string(),
+        kind: kind.to_string(),
+        at: i64::try_from(at).unwrap_or(i64::MAX),
+        data,
+    };
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg(keys.events()).arg("MAXLEN").arg("~").arg(EVENTS_MAX_LEN).arg("*");
+    for (field, value) in event.fields() {
+        xadd.arg(field).arg(value);
+    }
     let mut conn = redis.get().await.map_err(|e| e.to_string())?;
-    redis::cmd("XADD")
-        .arg(keys.events())
-        .arg("MAXLEN")
-        .arg("~")
-        .arg(EVENTS_MAX_LEN)
-        .arg("*")
-        .arg("id")
-        .arg(&id)
-        .arg("tenant")
-        .arg(tenant)
-        .arg("type")
-        .arg(kind)
-        .arg("at")
-        .arg(at)
-        .arg("data")
-        .arg(data.to_string())
-        .query_async::<String>(&mut conn)
-        .await
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    xadd.query_async::<String>(&mut conn).await.map(|_| ()).map_err(|e| e.to_string())
 }
 
 const USAGE_TTL_S: i64 = 95 * 24 * 3600;
@@ -204,7 +197,8 @@ pub async fn flush_usage(
                 for (route, total, month) in winners {
                     let limit = budgets(&tenant, &route);
                     let data = json!({"route": route, "month": month, "spend": micros_to_usd(&total), "limit": micros_to_usd(&limit.to_string()), "currency": "USD"});
-                    if let Err(err) = write_event_of(&tenant, "budget_exceeded", data, redis, keys).await {
+                    if let Err(err) = write_event_of(&tenant, records::events::BUDGET_EXCEEDED, data, redis, keys).await
+                    {
                         tracing::warn!(tenant, route, error = %err, "budget_exceeded event not written");
                     }
                 }

@@ -16,8 +16,8 @@ use crate::random;
 use crate::repo::audit::{self, Action};
 use crate::repo::webhooks::{self, Delivery, WebhookMeta};
 
-/// The events a webhook may subscribe to.
-pub const EVENTS: [&str; 2] = ["budget_exceeded", "gateway_target_down"];
+/// The events a webhook may subscribe to: every kind the proxy writes to `gw_events`.
+pub const EVENTS: [&str; 2] = shield_core::records::events::KINDS;
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
