@@ -165,8 +165,8 @@ pub fn secrets(text: &str) -> Findings {
 /// A digit run is a candidate only as a whole: not the tail or head of a longer run of digit
 /// groups (an IBAN, a long reference number).
 fn standalone(text: &str, start: usize, end: usize) -> bool {
-    let before = &text.as_bytes()[..start];
-    let after = &text.as_bytes()[end..];
+    let before = text.as_bytes().get(..start).unwrap_or_default();
+    let after = text.as_bytes().get(end..).unwrap_or_default();
     let glued_before = matches!(before, [.., d, b' ' | b'-'] if d.is_ascii_digit());
     let glued_after = matches!(after, [b' ' | b'-', d, ..] if d.is_ascii_digit());
     !glued_before && !glued_after

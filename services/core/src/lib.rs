@@ -5,6 +5,11 @@
 //! reads, Redis key names and the vault's crypto. This crate never performs I/O, never reads a
 //! clock and holds no global state: time, randomness and nonces are passed in.
 
+// Issue 27: no byte-offset slicing of strings and no indexing that can panic on the request
+// path (a slice inside a multi-byte character once crashed a guardrail). Each exception is an
+// `#[allow]` with its reason.
+#![cfg_attr(not(test), deny(clippy::string_slice, clippy::indexing_slicing))]
+
 pub mod breaker;
 pub mod chat_request;
 pub mod detect;

@@ -505,7 +505,7 @@ impl Bucket {
 
     fn local_add(&mut self, n: u64, now: u64) {
         let second = now / 1000;
-        let slot = &mut self.local[(second % SLOTS as u64) as usize];
+        let Some(slot) = self.local.get_mut((second % SLOTS as u64) as usize) else { return };
         if slot.second != second {
             *slot = Slot { second, units: 0 };
         }
@@ -514,7 +514,7 @@ impl Bucket {
 
     fn local_sub(&mut self, n: u64, now: u64) {
         let second = now / 1000;
-        let slot = &mut self.local[(second % SLOTS as u64) as usize];
+        let Some(slot) = self.local.get_mut((second % SLOTS as u64) as usize) else { return };
         if slot.second == second {
             slot.units = slot.units.saturating_sub(n);
         }

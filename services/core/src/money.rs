@@ -103,7 +103,8 @@ fn expand_exponent(text: &str) -> Option<String> {
     } else if point as usize >= digits.len() {
         format!("{digits}{}", "0".repeat(point as usize - digits.len()))
     } else {
-        format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+        let (whole, fraction) = digits.split_at_checked(point as usize).unwrap_or((&digits, ""));
+        format!("{whole}.{fraction}")
     };
     Some(if negative { format!("-{plain}") } else { plain })
 }

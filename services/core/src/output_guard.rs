@@ -178,8 +178,8 @@ impl StreamGuard {
         let window = format!("{}{text}", self.tail);
         let verdict = self.policy.check(&window);
         let skip = window.len().saturating_sub(TAIL_CHARS);
-        self.tail =
-            window[window.char_indices().map(|(i, _)| i).find(|i| *i >= skip).unwrap_or(window.len())..].to_string();
+        let start = window.char_indices().map(|(i, _)| i).find(|i| *i >= skip).unwrap_or(window.len());
+        self.tail = window.get(start..).unwrap_or_default().to_string();
         for result in verdict.results.into_iter().filter(|r| !r.passed) {
             if !self.results.iter().any(|seen| seen.name == result.name) {
                 self.results.push(result);

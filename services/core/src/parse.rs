@@ -52,7 +52,9 @@ fn from_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, (FieldError, bool)> 
 /// serde_json appends " at line 1 column 42"; the field path says more than the position.
 fn clean_message(message: &str) -> String {
     match message.rfind(" at line ") {
-        Some(i) if message[i..].contains("column") => message[..i].to_string(),
+        Some(i) if message.get(i..).is_some_and(|at| at.contains("column")) => {
+            message.get(..i).unwrap_or(message).to_string()
+        }
         _ => message.to_string(),
     }
 }

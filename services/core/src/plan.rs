@@ -118,7 +118,7 @@ pub fn plan(route: &Route, targets: &BTreeMap<String, Target>, facts: &Facts, rn
     let mut out = Plan::default();
     let matched = route.rules.iter().position(|rule| matches(rule, facts));
     out.rule = matched;
-    if let Some(reason) = matched.and_then(|i| route.rules[i].deny.clone()) {
+    if let Some(reason) = matched.and_then(|i| route.rules.get(i)?.deny.clone()) {
         out.refused = Some((Halt::Denied, reason));
         return out;
     }
@@ -133,7 +133,7 @@ pub fn plan(route: &Route, targets: &BTreeMap<String, Target>, facts: &Facts, rn
     };
     let mut narrowed_to_some = false;
     for id in &route.targets {
-        if let Some(rule) = matched.map(|i| &route.rules[i])
+        if let Some(rule) = matched.and_then(|i| route.rules.get(i))
             && !selects(rule, id, targets)
         {
             out.excluded.push(Excluded { target: id.clone(), reason: Exclusion::Rule });

@@ -299,7 +299,7 @@ pub mod events {
 
     /// At most 40 characters of a bad value, for an error message.
     fn shorten(value: &str) -> &str {
-        value.char_indices().nth(40).map_or(value, |(end, _)| &value[..end])
+        value.char_indices().nth(40).and_then(|(end, _)| value.get(..end)).unwrap_or(value)
     }
 }
 

@@ -75,11 +75,11 @@ impl Reproduction {
                 if self.sent_trailing_space {
                     rest.clear();
                 }
-                rest.push_str(&text[at..]);
+                rest.push_str(text.get(at..).unwrap_or_default());
                 return Verdict::Reproduced(rest);
             }
             if !self.pending_space.is_empty() {
-                if self.expected[self.matched] != ' ' {
+                if self.expected.get(self.matched) != Some(&' ') {
                     self.diverged = true;
                     return Verdict::Diverged;
                 }

@@ -70,7 +70,7 @@ pub struct Attempt {
 
 /// Whether `attempts[i]` failed and another target was tried after it.
 pub fn failed_over(attempts: &[Attempt], i: usize) -> bool {
-    attempts[i].outcome == "failed" && attempts.get(i + 1).is_some_and(|next| !next.retry)
+    attempts.get(i).is_some_and(|a| a.outcome == "failed") && attempts.get(i + 1).is_some_and(|next| !next.retry)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

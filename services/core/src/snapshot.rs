@@ -97,8 +97,10 @@ impl Snapshot {
             "targets": self.targets, "routes": self.routes, "guardrails": self.guardrails, "secrets": self.secrets,
         });
         // Only when set: a tenant without limits keeps the digest it had before limits existed.
-        if !self.limits.is_empty() {
-            content["limits"] = serde_json::json!(self.limits);
+        if !self.limits.is_empty()
+            && let Some(content) = content.as_object_mut()
+        {
+            content.insert("limits".into(), serde_json::json!(self.limits));
         }
         hex::encode(Sha256::digest(content.to_string().as_bytes()))
     }

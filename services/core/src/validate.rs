@@ -311,7 +311,7 @@ pub fn validate_route(
         use crate::route::FailoverOn::*;
         if !matches!(class, RateLimited | ServerError | Timeout | Connect) {
             p.push(format!("failover.retry.on[{i}]"), "must be one of 429, 5xx, timeout, connect");
-        } else if retry.on[..i].contains(class) {
+        } else if retry.on.get(..i).is_some_and(|before| before.contains(class)) {
             p.push(format!("failover.retry.on[{i}]"), "is listed twice");
         }
     }

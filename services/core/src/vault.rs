@@ -100,7 +100,8 @@ pub fn secret_aad(tenant: &str, name: &str) -> String {
 /// little (16+); shorter secrets show nothing.
 pub fn hint(value: &str) -> Option<String> {
     let chars: Vec<char> = value.chars().collect();
-    (chars.len() >= 16).then(|| format!("…{}", chars[chars.len() - 4..].iter().collect::<String>()))
+    (chars.len() >= 16)
+        .then(|| format!("…{}", chars.get(chars.len() - 4..).unwrap_or_default().iter().collect::<String>()))
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ impl Day {
 
     /// `yyyymm`.
     pub fn month(&self) -> &str {
-        &self.as_str()[..6]
+        self.as_str().get(..6).unwrap_or_default()
     }
 }
 

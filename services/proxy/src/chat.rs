@@ -443,15 +443,15 @@ fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailR
         RoutedResult::Refused { target, status, body } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
             let mut error = refused_error(&target, status, body.as_deref());
-            error["x_shield"] = x_shield(&routed, Some(&target));
+            crate::json::set(&mut error, &["x_shield"], x_shield(&routed, Some(&target)));
             with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error)
         }
         RoutedResult::Unavailable => {
             let (status, message) = unavailable_message(&routed);
             let mut error = openai_error(&message, "upstream_error", routed.halt.as_str(), Value::Null);
-            error["error"]["attempts"] = json!(routed.attempts);
-            error["error"]["excluded"] = json!(routed.excluded);
-            error["x_shield"] = x_shield(&routed, None);
+            crate::json::set(&mut error, &["error", "attempts"], json!(routed.attempts));
+            crate::json::set(&mut error, &["error", "excluded"], json!(routed.excluded));
+            crate::json::set(&mut error, &["x_shield"], x_shield(&routed, None));
             with_routing_headers(HttpResponse::build(status), &routed, None).json(error)
         }
     }
@@ -513,7 +513,7 @@ pub(crate) fn refused_error(target: &str, status: StatusCode, body: Option<&[u8]
     let kind =
         field("type").and_then(|t| t.as_str().map(str::to_string)).unwrap_or_else(|| "invalid_request_error".into());
     let mut error = openai_error(&message, &kind, "", field("param").unwrap_or(Value::Null));
-    error["error"]["code"] = field("code").unwrap_or(Value::Null);
+    crate::json::set(&mut error, &["error", "code"], field("code").unwrap_or(Value::Null));
     error
 }
 

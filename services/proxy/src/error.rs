@@ -65,7 +65,11 @@ impl ResponseError for ProxyError {
         };
         let mut body = openai_error(&self.to_string(), kind, code, param);
         if let ProxyError::RateLimited(limited) = self {
-            body["error"]["limit"] = json!({"scope": limited.scope, "kind": limited.kind, "limit": limited.limit});
+            crate::json::set(
+                &mut body,
+                &["error", "limit"],
+                json!({"scope": limited.scope, "kind": limited.kind, "limit": limited.limit}),
+            );
         }
         let mut response = HttpResponse::build(self.status_code()).json(body);
         self.decorate(&mut response);

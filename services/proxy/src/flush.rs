@@ -22,7 +22,9 @@ pub fn process_id() -> String {
     static ID: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         let host =
             std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "host".into());
-        format!("{host}-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..6])
+        let mut suffix = uuid::Uuid::new_v4().simple().to_string();
+        suffix.truncate(6);
+        format!("{host}-{}-{suffix}", std::process::id())
     });
     ID.clone()
 }
@@ -173,7 +175,8 @@ pub async fn flush_usage(
         for ((_, day, route, target), row) in &rows {
             let counters = records::usage::counters(row);
             usage.push(json!([index(keys.usage(&tenant, day)), records::usage::field(route, target), counters]));
-            *spend.entry((day[..6].to_string(), route.clone())).or_default() += row.cost_micros;
+            let month = day.get(..6).unwrap_or(day);
+            *spend.entry((month.to_string(), route.clone())).or_default() += row.cost_micros;
         }
         let spend: Vec<serde_json::Value> = spend
             .into_iter()

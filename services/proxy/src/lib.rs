@@ -6,6 +6,11 @@
 //! request path once a key and a tenant are cached ([`cache`]); background tasks keep the
 //! caches fresh ([`sync`]). Never logs a key, a credential or a prompt.
 
+// Issue 27: no byte-offset slicing of strings and no indexing that can panic on the request
+// path (a slice inside a multi-byte character once crashed a guardrail). Each exception is an
+// `#[allow]` with its reason.
+#![cfg_attr(not(test), deny(clippy::string_slice, clippy::indexing_slicing))]
+
 pub mod auth;
 pub mod body;
 pub mod cache;
@@ -21,6 +26,7 @@ pub mod error;
 pub mod flush;
 pub mod guard;
 pub mod health;
+pub mod json;
 pub mod limits;
 pub mod messages;
 pub mod metrics;

@@ -141,7 +141,9 @@ impl Metrics {
                 self.failovers.with_label_values(&[t, r, class.as_str()]).inc();
             }
         }
-        self.added_seconds[usize::from(stream)].observe(added.as_secs_f64());
+        if let Some(histogram) = self.added_seconds.get(usize::from(stream)) {
+            histogram.observe(added.as_secs_f64());
+        }
     }
 
     pub fn stream_ended(&self, tenant: &str, route: &str, target: &str, broken: bool, malformed: u32) {

@@ -112,8 +112,8 @@ fn render(outcome: Outcome) -> HttpResponse {
                 }
             };
             let mut body = body;
-            body["guardrail_results"] = json!(guardrails);
-            body["routing"] = json!(routing_record(&routed, target.as_deref()));
+            crate::json::set(&mut body, &["guardrail_results"], json!(guardrails));
+            crate::json::set(&mut body, &["routing"], json!(routing_record(&routed, target.as_deref())));
             with_routing_headers(HttpResponse::build(status), &routed, target.as_deref()).json(body)
         }
     }

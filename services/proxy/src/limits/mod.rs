@@ -199,8 +199,7 @@ impl Limiter {
                 }
             }
         }
-        if let Some((i, ms)) = worst {
-            let a = &applicable[i];
+        if let Some((a, ms)) = worst.and_then(|(i, ms)| Some((applicable.get(i)?, ms))) {
             let statuses: Vec<(Kind, Status)> =
                 buckets.iter().zip(&applicable).map(|(b, a)| (a.kind, b.status(now))).collect();
             let name = match a.scope {
@@ -404,7 +403,7 @@ fn write_reset(out: &mut BytesMut, ms: u64) {
         let mut buffer = itoa::Buffer::new();
         let digits = buffer.format(millis);
         out.extend_from_slice(b".");
-        out.extend_from_slice(&b"00"[..places.saturating_sub(digits.len())]);
+        out.extend_from_slice(b"00".get(..places.saturating_sub(digits.len())).unwrap_or_default());
         out.extend_from_slice(digits.as_bytes());
     }
     out.extend_from_slice(b"s");

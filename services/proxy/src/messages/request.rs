@@ -275,7 +275,7 @@ fn assistant_turn(blocks: &[Value], requires_anthropic: &mut bool) -> Value {
     }
     let mut message = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) }});
     if !calls.is_empty() {
-        message["tool_calls"] = Value::Array(calls);
+        crate::json::set(&mut message, &["tool_calls"], Value::Array(calls));
     }
     message
 }

@@ -103,8 +103,8 @@ pub fn refusal_message(model: &str, reason: &str) -> Value {
 /// The refusal as a stream: the same message as Anthropic's event sequence.
 pub fn refusal_events(model: &str, reason: &str) -> String {
     let mut start = refusal_message(model, reason);
-    start["content"] = json!([]);
-    start["stop_reason"] = Value::Null;
+    crate::json::set(&mut start, &["content"], json!([]));
+    crate::json::set(&mut start, &["stop_reason"], Value::Null);
     let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
     [
         event("message_start", json!({"type": "message_start", "message": start})),
@@ -133,8 +133,8 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
             let usage = usage.unwrap_or_default();
             let native = body.native_blocks().map(<[Value]>::to_vec);
             let mut answer = message(&body.into_tree(), native.as_deref(), &model, usage);
-            answer["x_shield"] =
-                json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
+            let x_shield = json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
+            crate::json::set(&mut answer, &["x_shield"], x_shield);
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(answer)
         }
         RoutedResult::Refusal { reason, target } => {
@@ -144,16 +144,20 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
         RoutedResult::Refused { target, status, body } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
             let openai = refused_error(&target, status, body.as_deref());
-            let message = openai["error"]["message"].as_str().unwrap_or("the target refused the request").to_string();
+            let message = openai
+                .pointer("/error/message")
+                .and_then(Value::as_str)
+                .unwrap_or("the target refused the request")
+                .to_string();
             let mut error = error_body(status, &message);
-            error["x_shield"] = json!({"routing": routing_record(&routed, Some(&target))});
+            crate::json::set(&mut error, &["x_shield"], json!({"routing": routing_record(&routed, Some(&target))}));
             with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error)
         }
         RoutedResult::Unavailable => {
             let (status, message) = unavailable_message(&routed);
             let status = unavailable_status(&routed, status);
             let mut error = error_body(status, &message);
-            error["x_shield"] = json!({"routing": routing_record(&routed, None)});
+            crate::json::set(&mut error, &["x_shield"], json!({"routing": routing_record(&routed, None)}));
             with_routing_headers(HttpResponse::build(status), &routed, None).json(error)
         }
     }

@@ -51,7 +51,7 @@ impl AnthropicWire {
             None => "msg_shield".into(),
         };
         let mut usage = usage_json(usage);
-        usage["output_tokens"] = json!(1);
+        crate::json::set(&mut usage, &["output_tokens"], json!(1));
         out.push_str(&event(
             "message_start",
             &json!({"type": "message_start", "message": {"id": id, "type": "message",

@@ -248,11 +248,16 @@ impl RawCompletion {
     }
 
     fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
-        let RawCompletion { bytes, model: span, end, .. } = self;
-        let mut out = Vec::with_capacity(bytes.len() + model.len() + 512);
-        out.extend_from_slice(&bytes[..span.start]);
+        let (Some(head), Some(middle)) = (self.bytes.get(..self.model.start), self.bytes.get(self.model.end..self.end))
+        else {
+            // The parse's own offsets: always inside the bytes it parsed. Were they not, the
+            // general path renders the same answer.
+            return Completion::Tree(Completion::Raw(Box::new(self)).into_tree()).render_openai(model, x_shield);
+        };
+        let mut out = Vec::with_capacity(self.bytes.len() + model.len() + 512);
+        out.extend_from_slice(head);
         let _ = serde_json::to_writer(&mut out, model);
-        out.extend_from_slice(&bytes[span.end..end]);
+        out.extend_from_slice(middle);
         out.extend_from_slice(b",\"x_shield\":");
         let _ = serde_json::to_writer(&mut out, x_shield);
         out.push(b'}');
