@@ -37,6 +37,11 @@ fn check(out: &Value, answered_by: &str, tools_by: &str) {
     assert_eq!(sync["model"], format!("model-{answered_by}"));
     assert!(sync["usage"]["input"].as_u64().unwrap() > 0 && sync["usage"]["output"].as_u64().unwrap() > 0, "{sync}");
     assert!(sync["request_id"].as_str().is_some_and(|id| !id.is_empty()));
+    assert_eq!(sync["sdk_request_id"], sync["request_id"], "Anthropic's request-id is the same id");
+    let models = &out["models"];
+    assert_eq!(models["types"], json!(["model"]), "{models}");
+    assert!(models["ids"].as_array().unwrap().iter().any(|id| id == "gpt"), "{models}");
+    assert!(models["one"].is_string(), "{models}");
 
     let tools = &out["tools"];
     assert_eq!(tools["stop_reason"], "tool_use", "{tools}");
@@ -68,6 +73,8 @@ fn check(out: &Value, answered_by: &str, tools_by: &str) {
     assert_eq!(out["errors"]["auth"], json!([401, "authentication_error"]));
     assert_eq!(out["errors"]["not_found"], json!([404, "not_found_error"]));
     assert_eq!(out["errors"]["bad_request"], json!([400, "invalid_request_error"]));
+    assert_eq!(out["errors"]["count_not_found"], json!([404, "not_found_error"]));
+    assert_eq!(out["errors"]["model_not_found"], json!([404, "not_found_error"]));
 }
 
 #[tokio::test]

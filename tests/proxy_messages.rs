@@ -252,3 +252,62 @@ async fn thinking_streams_to_anthropic_callers_and_never_into_text() {
     assert_eq!(content, "mock part1 part2 ");
     assert!(!data.iter().any(|d| d.contains("Let me think") || d.contains("x_thinking")), "{data:?}");
 }
+
+/// Issue 28 (first part): what Claude Code and the Anthropic SDKs read besides messages —
+/// `HEAD /`, Anthropic's `request-id` on every answer in its shape, the model list and one
+/// model in either shape, and a 404 for counting tokens of a model that names no route.
+#[tokio::test]
+async fn models_request_ids_and_probes_in_anthropics_shape() {
+    let stack = Stack::start().await;
+    stack.mock_target("a", "", json!({})).await;
+    stack.put_route("team-coder", json!({"targets": ["a"]})).await;
+    let (key, _) = stack.key(None).await;
+    let head = stack.client.head(format!("http://{}/", stack.proxy)).send().await.unwrap();
+    assert_eq!(head.status(), StatusCode::OK, "Claude Code probes HEAD /");
+
+    let (status, headers, text) = messages(&stack, &key, body("team-coder"), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(headers["request-id"], headers["x-request-id"], "one id, both names");
+
+    let get = |path: &str, anthropic: bool| {
+        let mut request = stack.client.get(format!("http://{}{path}", stack.proxy)).header("x-api-key", &key);
+        if anthropic {
+            request = request.header("anthropic-version", "2023-06-01");
+        }
+        request.send()
+    };
+    let response = get("/v1/models", true).await.unwrap();
+    assert!(response.headers().contains_key("request-id"));
+    let list: Value = response.json().await.unwrap();
+    assert_eq!(
+        list["data"][0],
+        json!({"type": "model", "id": "team-coder", "display_name": "team-coder",
+        "created_at": "1970-01-01T00:00:00Z"})
+    );
+    assert_eq!((list["has_more"].as_bool(), list["first_id"].as_str()), (Some(false), Some("team-coder")));
+    let list: Value = get("/v1/models", false).await.unwrap().json().await.unwrap();
+    assert_eq!((list["object"].as_str(), list["data"][0]["object"].as_str()), (Some("list"), Some("model")));
+    let one: Value = get("/v1/models/team-coder", true).await.unwrap().json().await.unwrap();
+    assert_eq!((one["type"].as_str(), one["id"].as_str()), (Some("model"), Some("team-coder")));
+    let one: Value = get("/v1/models/team-coder", false).await.unwrap().json().await.unwrap();
+    assert_eq!((one["object"].as_str(), one["id"].as_str()), (Some("model"), Some("team-coder")));
+    let missing = get("/v1/models/nope", true).await.unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    assert_eq!(error_of(&missing.text().await.unwrap()).0, "not_found_error");
+    let missing = get("/v1/models/nope", false).await.unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let error: Value = missing.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "model_not_found");
+
+    let count = stack
+        .client
+        .post(format!("http://{}/v1/messages/count_tokens", stack.proxy))
+        .header("x-api-key", &key)
+        .json(&json!({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(count.status(), StatusCode::NOT_FOUND);
+    assert!(count.headers().contains_key("request-id"));
+    assert_eq!(error_of(&count.text().await.unwrap()).0, "not_found_error");
+}

@@ -24,7 +24,14 @@ out["sync"] = {
     "usage": {"input": message.usage.input_tokens, "output": message.usage.output_tokens},
     "target": raw.headers.get("x-shield-target"), "failovers": raw.headers.get("x-shield-failovers"),
     "route": raw.headers.get("x-shield-route"), "request_id": raw.headers.get("x-request-id"),
+    # What the SDK reads as the request id (Anthropic's `request-id` header).
+    "sdk_request_id": message._request_id,
 }
+
+# The model list and one model, in Anthropic's shape (the SDK sends anthropic-version).
+models = client.models.list()
+out["models"] = {"ids": [m.id for m in models.data], "types": sorted({m.type for m in models.data}),
+                 "one": client.models.retrieve(route).id}
 
 # A tool round: the model calls `search`, the caller answers with a tool_result.
 first = client.messages.create(model=tools_route, max_tokens=256, tools=TOOLS,
@@ -86,5 +93,13 @@ try:
     client.messages.create(model=route, max_tokens=5, messages=[])
 except anthropic.BadRequestError as e:
     errors["bad_request"] = [e.status_code, e.body["error"]["type"] if isinstance(e.body, dict) else None]
+try:
+    client.messages.count_tokens(model="no-such-route", messages=[{"role": "user", "content": "x"}])
+except anthropic.NotFoundError as e:
+    errors["count_not_found"] = [e.status_code, e.body["error"]["type"] if isinstance(e.body, dict) else None]
+try:
+    client.models.retrieve("no-such-route")
+except anthropic.NotFoundError as e:
+    errors["model_not_found"] = [e.status_code, e.body["error"]["type"] if isinstance(e.body, dict) else None]
 out["errors"] = errors
 print(json.dumps(out))

@@ -114,12 +114,13 @@ impl ProxyState {
     }
 }
 
-/// What this service is (the address `shield up` prints); callers use `/v1/...`.
-#[get("/")]
+/// What this service is (the address `shield up` prints); callers use `/v1/...`. `HEAD /`
+/// answers too: Claude Code probes it before its first request.
+#[actix_web::route("/", method = "GET", method = "HEAD")]
 async fn index() -> HttpResponse {
     HttpResponse::Ok().json(json!({
         "service": "shield-proxy",
-        "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/shield/chat/completions", "/v1/models"],
+        "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/shield/chat/completions", "/v1/models", "/v1/models/{id}"],
         "health": ["/healthz", "/readyz"],
         "metrics": "/metrics",
     }))
@@ -185,12 +186,22 @@ fn request_id(inbound: Option<&HeaderValue>) -> HeaderValue {
     HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
+/// Anthropic's name for the request id, on answers in its shape (its SDKs read it).
+const ANTHROPIC_REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
+
+/// Whether the answer is in Anthropic's shape: `/v1/messages…`, and the model list when the
+/// caller sent `anthropic-version`.
+fn anthropic_shaped(path: &str, headers: &actix_web::http::header::HeaderMap) -> bool {
+    path.starts_with("/v1/messages") || (path.starts_with("/v1/models") && headers.contains_key("anthropic-version"))
+}
+
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(chat::chat_completions)
         .service(messages::count_tokens)
         .service(messages::messages)
         .service(native::chat)
         .service(models::list)
+        .service(models::get)
         .service(index)
         .service(healthz)
         .service(readyz)
@@ -253,10 +264,14 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
             .app_data(web::Data::new(egress::Egress::default()))
             .wrap_fn(move |req, srv| {
                 let id = request_id(req.headers().get(&request_id_header));
+                let anthropic = anthropic_shaped(req.path(), req.headers());
                 let response = srv.call(req);
                 let header = request_id_header.clone();
                 async move {
                     let mut response = response.await?;
+                    if anthropic {
+                        response.headers_mut().insert(ANTHROPIC_REQUEST_ID, id.clone());
+                    }
                     response.headers_mut().insert(header, id);
                     Ok(response)
                 }

@@ -1,28 +1,57 @@
-//! `GET /v1/models`: the tenant's route names as an OpenAI model list, plus the default
-//! upstream's models when one is configured.
+//! `GET /v1/models` and `GET /v1/models/{id}`: the tenant's route names as models, plus the
+//! default upstream's models when one is configured. In OpenAI's shape, or in Anthropic's when
+//! the request carries `anthropic-version` (what the Anthropic SDKs and Claude Code send):
+//! `{data: [{type: "model", id, display_name, created_at}], has_more, first_id, last_id}`.
+//! A route has no creation date Shield could vouch for: both shapes give the Unix epoch.
 
 use std::time::Duration;
 
+use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, ResponseError, get, web};
 use serde_json::{Value, json};
 
 use crate::ProxyState;
 use crate::auth::authenticate;
 use crate::egress::Egress;
+use crate::error::ProxyError;
 
-#[get("/v1/models")]
-pub async fn list(req: HttpRequest, state: web::Data<ProxyState>, egress: web::Data<Egress>) -> HttpResponse {
-    let caller = match authenticate(&req, &state.caches).await {
-        Ok(caller) => caller,
-        Err(err) => return err.error_response(),
-    };
-    let mut data: Vec<Value> = Vec::new();
+/// Which shape the caller reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    OpenAi,
+    Anthropic,
+}
+
+impl Shape {
+    fn of(req: &HttpRequest) -> Shape {
+        if req.headers().contains_key("anthropic-version") { Shape::Anthropic } else { Shape::OpenAi }
+    }
+
+    fn model(self, id: &str) -> Value {
+        match self {
+            Shape::OpenAi => json!({"id": id, "object": "model", "created": 0, "owned_by": "shield"}),
+            Shape::Anthropic => {
+                json!({"type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z"})
+            }
+        }
+    }
+
+    fn error(self, err: &ProxyError) -> HttpResponse {
+        match self {
+            Shape::OpenAi => err.error_response(),
+            Shape::Anthropic => crate::messages::proxy_error(err),
+        }
+    }
+}
+
+/// The ids the caller may name: enabled routes, then the default upstream's models.
+async fn model_ids(req: &HttpRequest, state: &ProxyState, egress: &Egress) -> Result<Vec<String>, ProxyError> {
+    let caller = authenticate(req, &state.caches).await?;
+    let mut ids: Vec<String> = Vec::new();
     if state.config.routing_enabled
         && let Some(tenant) = state.tenant_config(&caller.tenant).await
     {
-        for route in tenant.snapshot.routes.values().filter(|r| r.enabled) {
-            data.push(json!({"id": route.name, "object": "model", "created": 0, "owned_by": "shield"}));
-        }
+        ids.extend(tenant.snapshot.routes.values().filter(|r| r.enabled).map(|r| r.name.clone()));
     }
     if let Some(base) = &state.config.default_upstream {
         let url = url::Url::parse(&format!("{}/models", base.as_str().trim_end_matches('/')));
@@ -30,8 +59,40 @@ pub async fn list(req: HttpRequest, state: web::Data<ProxyState>, egress: web::D
             && let Some(Value::Array(models)) =
                 egress.get_json(url, Duration::from_secs(3)).await.and_then(|v| v.get("data").cloned())
         {
-            data.extend(models);
+            ids.extend(models.iter().filter_map(|m| m.get("id").and_then(Value::as_str)).map(str::to_string));
         }
     }
-    HttpResponse::Ok().json(json!({"object": "list", "data": data}))
+    Ok(ids)
+}
+
+#[get("/v1/models")]
+pub async fn list(req: HttpRequest, state: web::Data<ProxyState>, egress: web::Data<Egress>) -> HttpResponse {
+    let shape = Shape::of(&req);
+    let ids = match model_ids(&req, &state, &egress).await {
+        Ok(ids) => ids,
+        Err(err) => return shape.error(&err),
+    };
+    let data: Vec<Value> = ids.iter().map(|id| shape.model(id)).collect();
+    let body = match shape {
+        Shape::OpenAi => json!({"object": "list", "data": data}),
+        Shape::Anthropic => {
+            json!({"data": data, "has_more": false, "first_id": ids.first(), "last_id": ids.last()})
+        }
+    };
+    HttpResponse::Ok().json(body)
+}
+
+#[get("/v1/models/{id}")]
+pub async fn get(
+    req: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<ProxyState>,
+    egress: web::Data<Egress>,
+) -> HttpResponse {
+    let shape = Shape::of(&req);
+    match model_ids(&req, &state, &egress).await {
+        Ok(ids) if ids.iter().any(|known| *known == *id) => HttpResponse::build(StatusCode::OK).json(shape.model(&id)),
+        Ok(_) => shape.error(&ProxyError::ModelNotFound(id.into_inner())),
+        Err(err) => shape.error(&err),
+    }
 }

@@ -20,6 +20,7 @@ use crate::egress::Egress;
 use crate::error::ProxyError;
 
 pub use request::BETA_ALLOW_LIST;
+pub use response::proxy_error;
 
 const INGRESS: Ingress = Ingress { stream: true, default_path: false };
 
@@ -51,9 +52,14 @@ pub async fn messages(
 #[post("/v1/messages/count_tokens")]
 pub async fn count_tokens(req: HttpRequest, payload: web::Payload, state: web::Data<ProxyState>) -> HttpResponse {
     let result = async {
-        admit(&req, &state).await?;
+        let caller = admit(&req, &state).await?;
         let raw = body::read(payload).await?;
         let request = request::normalise(&raw, None, true)?;
+        // Only a model the caller could send to: a route of its tenant (no default path here).
+        let tenant = state.tenant_config(&caller.key.tenant).await.filter(|_| state.config.routing_enabled);
+        if !tenant.is_some_and(|t| t.snapshot.routes.get(&request.model).is_some_and(|r| r.enabled)) {
+            return Err(ProxyError::ModelNotFound(request.model.clone()));
+        }
         let tokens = (request.prompt_chars() as u64).div_ceil(4);
         Ok::<_, ProxyError>(HttpResponse::Ok().json(json!({"input_tokens": tokens})))
     };
