@@ -91,7 +91,7 @@ pub async fn get(
 ) -> HttpResponse {
     let shape = Shape::of(&req);
     match model_ids(&req, &state, &egress).await {
-        Ok(ids) if ids.iter().any(|known| *known == *id) => HttpResponse::build(StatusCode::OK).json(shape.model(&id)),
+        Ok(ids) if ids.contains(&id) => HttpResponse::build(StatusCode::OK).json(shape.model(&id)),
         Ok(_) => shape.error(&ProxyError::ModelNotFound(id.into_inner())),
         Err(err) => shape.error(&err),
     }
