@@ -244,8 +244,7 @@ pub struct Bucket {
     /// The largest single request admitted while the bucket has been busy.
     largest: u64,
     seq: u64,
-    /// This process's leases still in the window, oldest first: `(seq, units in the window,
-    /// leased at)`. Give-backs go to them (issue 27: a settled reservation's surplus may have
+    /// This process's leases still in the window, oldest first. Give-backs go to them (issue 27: a settled reservation's surplus may have
     /// come from any of them, not only the last).
     leases: std::collections::VecDeque<Lease>,
     /// The fleet's window was found full: no new lease is asked before this (see RECHECK_MS).
@@ -441,8 +440,8 @@ impl Bucket {
     }
 
     /// Units to give back to the fleet's window now, as `(lease seq, units)` (oldest lease
-    /// first): everything held once the bucket is idle, and what it holds beyond its block
-    /// while busy (issue 27: a settled reservation's surplus must reach the fleet, or a burst
+    /// first): everything held once the bucket is idle; while busy, once it holds more than
+    /// two blocks, all but one block (issue 27: a settled reservation's surplus must reach the fleet, or a burst
     /// of large reservations locks a key out for the rest of the window). Held units no live
     /// lease covers are dropped: they have left the window already.
     pub fn give_back(&mut self, now: u64) -> Vec<(u64, u64)> {

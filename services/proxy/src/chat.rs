@@ -173,7 +173,7 @@ pub async fn pipeline(
     let tenant_arc = tenant.clone();
 
     let routing = tenant.as_deref().filter(|_| state.config.routing_enabled);
-    let resolved = routing.and_then(|t| t.snapshot.routes.get(&request.model).filter(|r| r.enabled).map(|r| (t, r)));
+    let resolved = routing.and_then(|t| t.enabled_route(&request.model).map(|r| (t, r)));
     if resolved.is_some() {
         request.check_routable()?;
         if request.stream() && !ingress.stream {

@@ -192,7 +192,7 @@ const ANTHROPIC_REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
 /// Whether the answer is in Anthropic's shape: `/v1/messages…`, and the model list when the
 /// caller sent `anthropic-version`.
 fn anthropic_shaped(path: &str, headers: &actix_web::http::header::HeaderMap) -> bool {
-    path.starts_with("/v1/messages") || (path.starts_with("/v1/models") && headers.contains_key("anthropic-version"))
+    path.starts_with("/v1/messages") || (path.starts_with("/v1/models") && models::wants_anthropic(headers))
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {

@@ -22,9 +22,15 @@ enum Shape {
     Anthropic,
 }
 
+/// Whether a request to an endpoint both shapes share asks for Anthropic's (its SDKs and
+/// Claude Code send `anthropic-version`).
+pub fn wants_anthropic(headers: &actix_web::http::header::HeaderMap) -> bool {
+    headers.contains_key("anthropic-version")
+}
+
 impl Shape {
     fn of(req: &HttpRequest) -> Shape {
-        if req.headers().contains_key("anthropic-version") { Shape::Anthropic } else { Shape::OpenAi }
+        if wants_anthropic(req.headers()) { Shape::Anthropic } else { Shape::OpenAi }
     }
 
     fn model(self, id: &str) -> Value {

@@ -57,6 +57,11 @@ impl TenantConfig {
         TenantConfig { snapshot, credentials, endpoints, vault_ready }
     }
 
+    /// The route a caller's `model` names, when it exists and is enabled.
+    pub fn enabled_route(&self, name: &str) -> Option<&shield_core::route::Route> {
+        self.snapshot.routes.get(name).filter(|route| route.enabled)
+    }
+
     pub fn target(&self, id: &str) -> Option<&Target> {
         self.snapshot.targets.get(id)
     }

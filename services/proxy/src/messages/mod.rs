@@ -57,7 +57,7 @@ pub async fn count_tokens(req: HttpRequest, payload: web::Payload, state: web::D
         let request = request::normalise(&raw, None, true)?;
         // Only a model the caller could send to: a route of its tenant (no default path here).
         let tenant = state.tenant_config(&caller.key.tenant).await.filter(|_| state.config.routing_enabled);
-        if !tenant.is_some_and(|t| t.snapshot.routes.get(&request.model).is_some_and(|r| r.enabled)) {
+        if tenant.as_deref().and_then(|t| t.enabled_route(&request.model)).is_none() {
             return Err(ProxyError::ModelNotFound(request.model.clone()));
         }
         let tokens = (request.prompt_chars() as u64).div_ceil(4);

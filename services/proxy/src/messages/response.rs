@@ -131,8 +131,8 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
             let usage = usage.unwrap_or_default();
-            let native = body.native_blocks().map(<[Value]>::to_vec);
-            let mut answer = message(&body.into_tree(), native.as_deref(), &model, usage);
+            let (chat, native) = body.into_parts();
+            let mut answer = message(&chat, native.as_deref(), &model, usage);
             let x_shield = json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
             crate::json::set(&mut answer, &["x_shield"], x_shield);
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(answer)

@@ -131,7 +131,7 @@ impl Completion {
         if let Some(raw) = RawCompletion::parse(text) {
             return Some(Completion::Raw(Box::new(RawCompletion { bytes, ..raw })));
         }
-        match serde_json::from_slice::<Value>(&bytes) {
+        match serde_json::from_str::<Value>(text) {
             Ok(Value::Object(map)) if shield_core::outcome::is_completion(&map) => Some(Completion::Tree(map)),
             _ => None,
         }
@@ -168,14 +168,6 @@ impl Completion {
         }
     }
 
-    /// The provider's own content blocks, when the adapter kept them.
-    pub fn native_blocks(&self) -> Option<&[Value]> {
-        match self {
-            Completion::Native { blocks, .. } => Some(blocks),
-            _ => None,
-        }
-    }
-
     /// The tools the answer asks to call (what tool RBAC reads).
     pub fn tool_names(&self) -> Vec<String> {
         match self {
@@ -188,11 +180,17 @@ impl Completion {
 
     /// The completion as a map, for renderers that rebuild the answer (other caller shapes).
     pub fn into_tree(self) -> Map<String, Value> {
+        self.into_parts().0
+    }
+
+    /// The completion as a map, and the provider's own blocks when the adapter kept them.
+    pub fn into_parts(self) -> (Map<String, Value>, Option<Vec<Value>>) {
         match self {
-            Completion::Tree(map) | Completion::Native { chat: map, .. } => map,
+            Completion::Tree(map) => (map, None),
+            Completion::Native { chat, blocks } => (chat, Some(blocks)),
             Completion::Raw(raw) => match serde_json::from_slice(&raw.bytes) {
-                Ok(Value::Object(map)) => map,
-                _ => Map::new(),
+                Ok(Value::Object(map)) => (map, None),
+                _ => (Map::new(), None),
             },
         }
     }
@@ -331,7 +329,7 @@ mod tests {
         assert!(Completion::parse_openai(bad.to_vec()).is_none());
         // An upstream's field named like Shield's old side channel is its own, never blocks.
         let named = br#"{"model":"m","choices":[{"message":{"content":"hi"}}],"x_anthropic_content":[{"type":"text","text":"x"}]}"#;
-        assert!(Completion::parse_openai(named.to_vec()).unwrap().native_blocks().is_none());
+        assert!(Completion::parse_openai(named.to_vec()).unwrap().into_parts().1.is_none());
     }
 
     #[test]

@@ -232,16 +232,16 @@ fn usage_is_final_only_after_message_delta_and_thinking_is_kept_aside() {
     let message = json!({"type": "message", "content": [{"type": "thinking", "thinking": "hm", "signature": "sig"},
         {"type": "text", "text": "42"}], "stop_reason": "end_turn"});
     let completion = ANTHROPIC.answer(message.to_string().into_bytes()).unwrap().body;
-    assert_eq!(completion.native_blocks().unwrap()[0]["signature"], "sig", "kept for Anthropic-shaped callers");
     assert!(completion.text().contains("hm"), "the output guardrails read the thinking too");
-    let body = completion.into_tree();
+    let (body, native) = completion.into_parts();
+    assert_eq!(native.unwrap()[0]["signature"], "sig", "kept for Anthropic-shaped callers");
     assert_eq!(body["choices"][0]["message"]["content"], "42", "no thinking in the text");
     assert!(
         body.keys().all(|k| ["id", "object", "created", "model", "choices", "usage"].contains(&k.as_str())),
         "{body:?}"
     );
     let plain = json!({"type": "message", "content": [{"type": "text", "text": "42"}], "stop_reason": "end_turn"});
-    assert!(ANTHROPIC.answer(plain.to_string().into_bytes()).unwrap().body.native_blocks().is_none());
+    assert!(ANTHROPIC.answer(plain.to_string().into_bytes()).unwrap().body.into_parts().1.is_none());
 }
 
 #[test]
