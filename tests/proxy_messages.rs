@@ -1,8 +1,8 @@
 //! `POST /v1/messages` over plain HTTP (issue 16): every error type in Anthropic's shape,
 //! refusals as a 200 message with `stop_reason: "refusal"`, a stream that breaks after the
-//! commit point ending with an `error` event, fields only Anthropic honours excluding other
-//! flavors (`unsupported_field`), `anthropic-beta` forwarded only to Anthropic targets and only
-//! when allow-listed, and the Shield key taken from `x-api-key`.
+//! commit point ending with an `error` event, fields only Anthropic honours mapped, dropped or
+//! excluding other flavors (issue 28), `anthropic-beta` forwarded verbatim and only to
+//! Anthropic targets, and the Shield key taken from `x-api-key`.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -141,45 +141,92 @@ async fn a_stream_that_breaks_after_the_commit_point_ends_with_an_error_event() 
     assert!(text.contains("stream_broken") || text.contains("broke"), "{text}");
 }
 
+/// Issue 28: what only Anthropic's shape has. Thinking and effort become `reasoning_effort` on
+/// a target that has it and are dropped (and named) on one that does not; content only
+/// Anthropic can read excludes other flavors, and a route with none answers 400, not a 5xx a
+/// client retries; `anthropic-beta` reaches Anthropic targets verbatim, never others; system
+/// messages inside `messages` stay where they stand; an Anthropic target's own error reaches
+/// the caller with its own type and wording.
 #[tokio::test]
-async fn thinking_needs_an_anthropic_target_and_beta_flags_go_only_there() {
+async fn anthropic_only_fields_map_drop_or_need_an_anthropic_target() {
     let stack = Stack::start().await;
     let anthropic_key = shield_e2e::unique("sk-ant-api03-");
     stack.put_secret("claude", &anthropic_key, &["127.0.0.1"]).await;
+    let claude = json!({"flavor": "anthropic", "auth": {"mode": "vault", "secret_ref": "shield://claude"}});
     stack.mock_target("gpt", "", json!({})).await;
-    stack
-        .mock_target(
-            "claude",
-            "",
-            json!({"flavor": "anthropic", "auth": {"mode": "vault", "secret_ref": "shield://claude"}}),
-        )
-        .await;
+    stack.mock_target("gpt-reasoning", "", json!({"capabilities": {"reasoning": true}})).await;
+    stack.mock_target("claude", "", claude.clone()).await;
+    stack.mock_target("claude-strict", "status:400;err:thinking_blocks_cannot_be_modified", claude).await;
     stack.put_route("mixed", json!({"targets": ["gpt", "claude"]})).await;
+    stack.put_route("reasoner", json!({"targets": ["gpt-reasoning"]})).await;
+    stack.put_route("openai-only", json!({"targets": ["gpt"]})).await;
+    stack.put_route("strict", json!({"targets": ["claude-strict"]})).await;
     let (key, _) = stack.key(None).await;
     let beta = ("anthropic-beta", "interleaved-thinking-2025-05-14,made-up-flag-2099-01-01");
 
     // Plain request: the OpenAI target answers, and gets no Anthropic header.
     let (status, headers, _) = messages(&stack, &key, body("mixed"), &[beta]).await;
     assert_eq!((status, headers["x-shield-target"].to_str().unwrap()), (StatusCode::OK, "gpt"));
+    assert!(headers.get("x-shield-dropped-fields").is_none(), "nothing was dropped");
     let sent = &stack.received("gpt").await[0];
     assert!(sent["headers"].get("anthropic-beta").is_none(), "never to a non-Anthropic target");
 
-    // With thinking: the OpenAI target cannot honour it and is excluded, visibly.
-    let mut thinking = body("mixed");
-    thinking["max_tokens"] = json!(4096);
-    thinking["thinking"] = json!({"type": "enabled", "budget_tokens": 2048});
-    thinking["messages"][0]["content"] =
-        json!([{"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}}]);
-    let (status, headers, text) = messages(&stack, &key, thinking, &[beta]).await;
+    // What Claude Code sends on a route it does not know: the OpenAI target answers without
+    // thinking, and the caller is told what was dropped.
+    let mut agent = body("mixed");
+    agent["max_tokens"] = json!(4096);
+    agent["thinking"] = json!({"type": "adaptive"});
+    agent["output_config"] = json!({"effort": "medium"});
+    agent["context_management"] = json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]});
+    agent["messages"] = json!([{"role": "user", "content": "hello"}, {"role": "system", "content": "# Environment"},
+        {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]);
+    let (status, headers, text) = messages(&stack, &key, agent.clone(), &[beta]).await;
+    assert_eq!((status, headers["x-shield-target"].to_str().unwrap()), (StatusCode::OK, "gpt"), "{text}");
+    assert_eq!(headers["x-shield-dropped-fields"], "thinking, output_config.effort, context_management");
+    let sent: Value = serde_json::from_str(stack.received("gpt").await[1]["body"].as_str().unwrap()).unwrap();
+    let roles: Vec<&str> = sent["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "system", "assistant", "user"], "the system message where it stands");
+    for absent in ["thinking", "output_config", "context_management", "reasoning_effort"] {
+        assert!(sent.get(absent).is_none(), "{absent}: {sent}");
+    }
+    // On a target with a reasoning control the effort maps to it.
+    agent["model"] = json!("reasoner");
+    let (status, headers, text) = messages(&stack, &key, agent, &[beta]).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(headers["x-shield-dropped-fields"], "context_management");
+    let sent: Value = serde_json::from_str(stack.received("gpt-reasoning").await[0]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["reasoning_effort"], "medium");
+
+    // A document only Anthropic reads: the OpenAI target is excluded, visibly.
+    let mut document = body("mixed");
+    document["max_tokens"] = json!(4096);
+    document["thinking"] = json!({"type": "enabled", "budget_tokens": 2048});
+    document["messages"][0]["content"] = json!([{"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}},
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "a note"}}]);
+    let (status, headers, text) = messages(&stack, &key, document.clone(), &[beta]).await;
     assert_eq!((status, headers["x-shield-target"].to_str().unwrap()), (StatusCode::OK, "claude"), "{text}");
     let answer: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(answer["x_shield"]["routing"]["excluded"], json!([{"target": "gpt", "reason": "unsupported_field"}]));
     let sent = &stack.received("claude").await[0];
-    assert_eq!(sent["headers"]["anthropic-beta"], "interleaved-thinking-2025-05-14", "only allow-listed flags");
+    assert_eq!(sent["headers"]["anthropic-beta"], beta.1, "every flag, as sent");
+    assert_eq!(sent["headers"]["anthropic-version"], "2023-06-01");
     let sent: Value = serde_json::from_str(sent["body"].as_str().unwrap()).unwrap();
     assert_eq!(sent["thinking"], json!({"type": "enabled", "budget_tokens": 2048}), "passed through unchanged");
     assert_eq!(sent["messages"][0]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
-    assert_eq!(stack.received("gpt").await.len(), 1, "the OpenAI target was not called for it");
+    assert_eq!(stack.received("gpt").await.len(), 2, "the OpenAI target was not called for it");
+    // On a route with no target that reads it: a 400 naming the block, not a retried 5xx.
+    document["model"] = json!("openai-only");
+    let (status, _, text) = messages(&stack, &key, document, &[]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let (kind, message) = error_of(&text);
+    assert_eq!(kind, "invalid_request_error");
+    assert!(message.contains("messages.0.content.1 (document)") && message.contains("openai-only"), "{message}");
+    assert_eq!(stack.received("gpt").await.len(), 2, "no upstream call");
+
+    // An Anthropic target's error, in its own words.
+    let (status, _, text) = messages(&stack, &key, body("strict"), &[]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert_eq!(error_of(&text), ("invalid_request_error".into(), "thinking blocks cannot be modified".into()));
 
     // count_tokens: the router's estimate, no upstream call; Bearer works too.
     let response = stack
@@ -264,6 +311,8 @@ async fn models_request_ids_and_probes_in_anthropics_shape() {
     let (key, _) = stack.key(None).await;
     let head = stack.client.head(format!("http://{}/", stack.proxy)).send().await.unwrap();
     assert_eq!(head.status(), StatusCode::OK, "Claude Code probes HEAD /");
+    let hello = stack.client.head(format!("http://{}/api/hello", stack.proxy)).send().await.unwrap();
+    assert_eq!(hello.status(), StatusCode::OK, "and HEAD /api/hello");
 
     let (status, headers, text) = messages(&stack, &key, body("team-coder"), &[]).await;
     assert_eq!(status, StatusCode::OK, "{text}");

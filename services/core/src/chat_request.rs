@@ -2,18 +2,16 @@
 //! (the target's `model` and `extra_body` are written on the fly). Pure: the proxy reads the
 //! body under its size limit and hands the bytes here; the fuzz target `request_body` drives it.
 
+use std::sync::Arc;
+
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
 /// OpenAI's own limit on `messages`; a longer conversation is refused before any routing.
 pub const MAX_MESSAGES: usize = 2048;
 
-/// Where the Anthropic ingress keeps the caller's original Messages fields (for Anthropic
-/// targets) and what they require. Set only by Shield: a caller's own is removed on parse.
-pub const ANTHROPIC_KEY: &str = "x_anthropic";
-
 /// Fields only Shield reads; never sent upstream (ROUTING.md "body hygiene").
-const SHIELD_ONLY: [&str; 5] = ["x_shield", "prompt", "system", "run_id", ANTHROPIC_KEY];
+const SHIELD_ONLY: [&str; 4] = ["x_shield", "prompt", "system", "run_id"];
 
 /// Why a request body is refused (answered 400 with this text).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,15 +23,84 @@ pub struct BadRequest(pub String);
 pub struct ChatRequest {
     pub fields: Map<String, Value>,
     pub model: String,
+    /// Set when the request arrived in Anthropic's Messages shape: what only that shape has.
+    pub anthropic: Option<Arc<AnthropicOrigin>>,
+}
+
+/// A request that arrived in Anthropic's Messages shape (`POST /v1/messages`). The normalised
+/// `fields` carry what every flavor understands; this carries, typed, what only Anthropic's
+/// API has, and the caller's body as sent, which an Anthropic target gets back (its `model`
+/// set) so that nothing the caller asked for is lost on the same-shape path.
+#[derive(Debug, Clone, Default)]
+pub struct AnthropicOrigin {
+    /// The Messages body as the caller sent it.
+    pub original: Map<String, Value>,
+    /// `anthropic-beta` as the caller sent it (forwarded verbatim to Anthropic targets, less
+    /// the flags a target strips).
+    pub beta: Option<String>,
+    /// `anthropic-version` as the caller sent it.
+    pub version: Option<String>,
+    /// What only an Anthropic target can serve, each named by its field (e.g. `mcp_servers`,
+    /// `messages.0.content.1 (document)`); empty when any flavor can serve the request.
+    pub requires: Vec<String>,
+    /// The text of blocks other flavors have no place for (documents, search results), for
+    /// the input guardrails: an Anthropic target still receives it.
+    pub guard_text: String,
+    /// The caller's reasoning controls (`thinking`, `output_config.effort`).
+    pub reasoning: Option<Reasoning>,
+    /// Fields that shape the answer but that other flavors have no place for (e.g.
+    /// `context_management`, `top_k`, a server tool): dropped for them, and named to the
+    /// caller.
+    pub unmapped: Vec<String>,
+    /// Whether `messages` holds `role: "system"` messages (Claude Code's reminders).
+    pub system_messages: bool,
+}
+
+/// How hard the caller asked the model to think, on the scale every reasoning control shares
+/// (OpenAI's `reasoning_effort`, Anthropic's `output_config.effort`; Anthropic's `xhigh` and
+/// `max` are `High`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effort {
+    Low,
+    Medium,
+    High,
+}
+
+impl Effort {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+        }
+    }
+
+    /// A thinking budget's effort: up to 4,096 tokens is low, up to 16,384 medium, beyond high.
+    pub fn of_budget(budget_tokens: u64) -> Effort {
+        match budget_tokens {
+            0..=4096 => Effort::Low,
+            4097..=16384 => Effort::Medium,
+            _ => Effort::High,
+        }
+    }
+}
+
+/// The caller asked the model to reason: with an effort, or leaving it to the model
+/// (Anthropic's adaptive thinking).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reasoning {
+    pub effort: Option<Effort>,
+    /// The caller's fields that asked for it (`thinking`, `output_config.effort`): named as
+    /// dropped when the answering target has no reasoning control.
+    pub fields: Vec<&'static str>,
 }
 
 impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<ChatRequest, BadRequest> {
         let value: Value = serde_json::from_slice(body).map_err(|e| BadRequest(format!("malformed JSON body: {e}")))?;
-        let Value::Object(mut fields) = value else {
+        let Value::Object(fields) = value else {
             return Err(BadRequest("the body must be a JSON object".into()));
         };
-        fields.remove(ANTHROPIC_KEY);
         let model = match fields.get("model") {
             Some(Value::String(model)) if !model.is_empty() => model.clone(),
             Some(_) => {
@@ -43,23 +110,18 @@ impl ChatRequest {
                 return Err(BadRequest("missing required field `model`".into()));
             }
         };
-        Ok(ChatRequest { fields, model })
+        Ok(ChatRequest { fields, model, anthropic: None })
     }
 
-    /// The caller's original Anthropic Messages fields, when the request came in that shape.
-    pub fn anthropic_original(&self) -> Option<&Map<String, Value>> {
-        self.fields.get(ANTHROPIC_KEY)?.get("original")?.as_object()
+    /// What only an Anthropic target can serve in this request (documents, server tools, MCP
+    /// servers), each named by its field; empty when any flavor can.
+    pub fn requires_anthropic(&self) -> &[String] {
+        self.anthropic.as_deref().map_or(&[], |origin| origin.requires.as_slice())
     }
 
-    /// The allowed `anthropic-beta` flags the caller sent (Anthropic ingress).
-    pub fn anthropic_beta(&self) -> Option<&str> {
-        self.fields.get(ANTHROPIC_KEY)?.get("beta")?.as_str()
-    }
-
-    /// Whether only an Anthropic target can honour the request (it carries `thinking`,
-    /// documents or server tools).
-    pub fn requires_anthropic(&self) -> bool {
-        self.fields.get(ANTHROPIC_KEY).and_then(|n| n.get("requires")).and_then(Value::as_bool).unwrap_or(false)
+    /// Whether the caller asked the model to think first (its first event may come late).
+    pub fn reasons(&self) -> bool {
+        self.anthropic.as_deref().is_some_and(|origin| origin.reasoning.is_some() || !origin.requires.is_empty())
     }
 
     pub fn stream(&self) -> bool {
@@ -83,13 +145,21 @@ impl ChatRequest {
     /// target's, `extra_body` merged over the rest.
     /// With `ask_usage`, `stream_options.include_usage` is set (the client's other stream
     /// options kept).
-    pub fn upstream_body(&self, model: &str, extra: Option<&Map<String, Value>>, ask_usage: bool) -> Vec<u8> {
+    /// `added` are fields the target's adapter sets (e.g. `reasoning_effort`), written over the
+    /// caller's and under `extra_body`.
+    pub fn upstream_body(
+        &self,
+        model: &str,
+        extra: Option<&Map<String, Value>>,
+        ask_usage: bool,
+        added: &[(&str, Value)],
+    ) -> Vec<u8> {
         let stream_options = ask_usage.then(|| {
             let mut options = self.fields.get("stream_options").and_then(Value::as_object).cloned().unwrap_or_default();
             options.insert("include_usage".into(), Value::Bool(true));
             Value::Object(options)
         });
-        let body = UpstreamBody { fields: &self.fields, model, extra, stream_options: stream_options.as_ref() };
+        let body = UpstreamBody { fields: &self.fields, model, extra, stream_options: stream_options.as_ref(), added };
         serde_json::to_vec(&body).unwrap_or_default()
     }
 
@@ -107,8 +177,8 @@ impl ChatRequest {
     /// blocks other APIs lack, e.g. documents), for the input guardrails.
     pub fn prompt_text(&self) -> String {
         let mut text = self.messages_text();
-        if let Some(extra) = self.fields.get(ANTHROPIC_KEY).and_then(|n| n.get("guard_text")).and_then(Value::as_str) {
-            text.push_str(extra);
+        if let Some(origin) = &self.anthropic {
+            text.push_str(&origin.guard_text);
         }
         text
     }
@@ -153,15 +223,18 @@ struct UpstreamBody<'a> {
     model: &'a str,
     extra: Option<&'a Map<String, Value>>,
     stream_options: Option<&'a Value>,
+    added: &'a [(&'a str, Value)],
 }
 
 impl Serialize for UpstreamBody<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let extra_sets = |key: &str| self.extra.is_some_and(|e| e.contains_key(key));
         let overridden = |key: &str| {
             key == "model"
                 || SHIELD_ONLY.contains(&key)
                 || (key == "stream_options" && self.stream_options.is_some())
-                || self.extra.is_some_and(|e| e.contains_key(key))
+                || self.added.iter().any(|(k, _)| *k == key)
+                || extra_sets(key)
         };
         let mut map = serializer.serialize_map(None)?;
         for (key, value) in self.fields.iter().filter(|(k, _)| !overridden(k)) {
@@ -170,6 +243,9 @@ impl Serialize for UpstreamBody<'_> {
         map.serialize_entry("model", self.model)?;
         if let Some(options) = self.stream_options {
             map.serialize_entry("stream_options", options)?;
+        }
+        for (key, value) in self.added.iter().filter(|(k, _)| !extra_sets(k)) {
+            map.serialize_entry(key, value)?;
         }
         for (key, value) in self.extra.into_iter().flatten() {
             map.serialize_entry(key, value)?;
@@ -193,7 +269,7 @@ mod tests {
         )
         .unwrap();
         let extra = json!({"provider": {"order": ["openai"]}}).as_object().cloned();
-        let body: Value = serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref(), false)).unwrap();
+        let body: Value = serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref(), false, &[])).unwrap();
         assert_eq!(
             body,
             json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2, "provider": {"order": ["openai"]}})
@@ -206,8 +282,11 @@ mod tests {
             ChatRequest::parse(br#"{"model": "m", "stream": true, "stream_options": {"x": 1}, "messages": []}"#)
                 .unwrap();
         assert!(!request.wants_usage());
-        let body: Value = serde_json::from_slice(&request.upstream_body("t", None, true)).unwrap();
+        let body: Value =
+            serde_json::from_slice(&request.upstream_body("t", None, true, &[("reasoning_effort", json!("low"))]))
+                .unwrap();
         assert_eq!(body["stream_options"], json!({"x": 1, "include_usage": true}));
+        assert_eq!(body["reasoning_effort"], "low", "an adapter's own field is written");
     }
 
     #[test]

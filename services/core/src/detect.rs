@@ -162,6 +162,19 @@ pub fn secrets(text: &str) -> Findings {
     found
 }
 
+/// `text` with every credential the secrets detector knows replaced by `[redacted]`: for an
+/// upstream's error message relayed to a caller (providers echo parts of keys there).
+pub fn redact_secrets(text: &str) -> String {
+    if !SECRETS_SET.is_match(text) {
+        return text.to_string();
+    }
+    let mut out = text.to_string();
+    for regex in [&*PROVIDER_KEY, &*AWS_KEY, &*GITHUB_TOKEN, &*PRIVATE_KEY, &*BEARER] {
+        out = regex.replace_all(&out, "[redacted]").into_owned();
+    }
+    out
+}
+
 /// A digit run is a candidate only as a whole: not the tail or head of a longer run of digit
 /// groups (an IBAN, a long reference number).
 fn standalone(text: &str, start: usize, end: usize) -> bool {
@@ -343,5 +356,17 @@ mod tests {
         // Issue 27: a digit of another script is not an IBAN's, and never a panic.
         assert!(!iban_valid("DE3\u{663} 3704 0044 0532 0130 00"));
         assert!(pii("IBAN DE3\u{663} 3704 0044 0532 0130 00").is_empty());
+    }
+
+    #[test]
+    fn redaction_removes_every_credential_and_keeps_the_wording() {
+        let said = "invalid x-api-key sk-ant-api03-abcdefghijklmnopqrstuvwxyz012345 (also AKIAABCDEFGHIJKLMNOP, Bearer abc123def456ghi789jkl012mno)";
+        let redacted = redact_secrets(said);
+        assert_eq!(redacted, "invalid x-api-key [redacted] (also [redacted], [redacted])");
+        assert!(secrets(&redacted).is_empty());
+        assert_eq!(
+            redact_secrets("prompt is too long: 210000 tokens > 200000 maximum"),
+            "prompt is too long: 210000 tokens > 200000 maximum"
+        );
     }
 }

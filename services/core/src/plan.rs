@@ -32,8 +32,8 @@ pub enum Exclusion {
     ContextWindow,
     /// The request uses tools and the target declares it cannot.
     ToolsUnsupported,
-    /// The request carries fields that change the answer (Anthropic's `thinking`, documents,
-    /// server tools) and the target's API cannot honour them: never silently dropped.
+    /// The request carries content the target's API cannot read (an Anthropic document,
+    /// search results, server-tool history): never silently dropped.
     UnsupportedField,
     /// The route lists a target the snapshot does not have (defence in depth; writes refuse it).
     Unknown,

@@ -105,14 +105,19 @@ impl Flavor {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Anthropic {
-    /// Sent as `anthropic-version`.
+    /// Sent as `anthropic-version` when the caller sent none (a caller in Anthropic's shape
+    /// has its own forwarded).
     #[serde(default = "defaults::anthropic_version")]
     pub version: String,
+    /// `anthropic-beta` flags never forwarded to this target (e.g. ones its platform refuses);
+    /// every other flag the caller sends reaches it verbatim.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub strip_beta: Vec<String>,
 }
 
 impl Default for Anthropic {
     fn default() -> Self {
-        Anthropic { version: defaults::anthropic_version() }
+        Anthropic { version: defaults::anthropic_version(), strip_beta: Vec::new() }
     }
 }
 
@@ -208,6 +213,16 @@ pub struct Capabilities {
     /// It continues a trailing assistant message (`stream_resume: "continue"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assistant_prefill: Option<bool>,
+    /// It has a reasoning control (OpenAI's `reasoning_effort` for `openai`/`azure` targets): a
+    /// caller's `thinking` or `output_config.effort` maps to it rather than being dropped.
+    /// Anthropic targets take the caller's own fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<bool>,
+    /// An `anthropic` target's model takes `role: "system"` messages inside `messages` where
+    /// they stand (Anthropic accepts them on some models only); otherwise each is folded into
+    /// the user turn before it. Other flavors always take them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_messages: Option<bool>,
 }
 
 pub(crate) mod defaults {

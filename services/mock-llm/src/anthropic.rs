@@ -64,12 +64,15 @@ fn usage(request: &Value, scenario: &Scenario, output_chars: usize) -> Value {
 
 fn message(request: &Value, scenario: &Scenario) -> Value {
     let model = request.get("model").and_then(Value::as_str).unwrap_or("mock");
-    let text = canned(scenario.say.as_deref())
-        .map(str::to_string)
+    let text = scenario
+        .reply
+        .clone()
+        .or_else(|| canned(scenario.say.as_deref()).map(str::to_string))
         .unwrap_or_else(|| format!("mock answer to: {}", last_user_text(request)));
     let (content, stop_reason) = match &scenario.tool {
         Some(tool) => {
-            (json!([{"type": "tool_use", "id": "toolu_mock1", "name": tool, "input": {"q": "mock"}}]), "tool_use")
+            let input: Value = serde_json::from_str(&scenario.tool_arguments()).unwrap_or_else(|_| json!({}));
+            (json!([{"type": "tool_use", "id": "toolu_mock1", "name": tool, "input": input}]), "tool_use")
         }
         None => (json!([{"type": "text", "text": text}]), "end_turn"),
     };

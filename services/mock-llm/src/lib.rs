@@ -24,7 +24,8 @@
 //!   after N chunks), `malformed:N` (the N-th event is not JSON), `nodone` (end without
 //!   `[DONE]`), `empty` (a 200 stream that ends cleanly with no event). `say:secret` or
 //!   `say:card` answers (or streams) a canned sensitive text; `tool:NAME` answers a tool
-//!   call. `downfor:S` fails (503, or the `status:`) for S seconds from the scenario's first
+//!   call. `agent` answers as a coding agent's model: a `Read` call for a path the last user
+//!   turn names, then `the file says: …` once the tool result comes back (both shapes). `downfor:S` fails (503, or the `status:`) for S seconds from the scenario's first
 //!   call, then answers. A usage chunk is
 //!   sent when the request asks `stream_options.include_usage`.
 //! * `POST /v1/messages`, `POST /mock/{scenario}/v1/messages` — the same in Anthropic's
@@ -116,6 +117,12 @@ pub(crate) struct Scenario {
     empty: bool,
     say: Option<String>,
     tool: Option<String>,
+    /// `agent`: answers as a coding agent's model would ([`agent_turn`]).
+    agent: bool,
+    /// The arguments (JSON text) of the `tool:` call; `{"q":"mock"}` when not set.
+    tool_input: Option<String>,
+    /// The answer's exact text, set per request by `agent`.
+    reply: Option<String>,
     /// `cache:R-W`: cache-read and cache-write input tokens (Anthropic answers).
     cache: Option<(u64, u64)>,
     /// `downfor:S`: 503 (or `status:`) for S seconds from this scenario's first call, then 200
@@ -167,6 +174,7 @@ impl Scenario {
                 "empty" => s.empty = true,
                 "say" => s.say = Some(value.to_string()),
                 "tool" => s.tool = Some(value.to_string()),
+                "agent" => s.agent = true,
                 "downfor" => s.down_for = value.parse().ok().map(Duration::from_secs),
                 "cache" => s.cache = value.split_once('-').and_then(|(r, w)| Some((r.parse().ok()?, w.parse().ok()?))),
                 _ => {}
@@ -174,6 +182,75 @@ impl Scenario {
         }
         s
     }
+}
+
+impl Scenario {
+    /// The arguments of the scenario's tool call, as JSON text.
+    pub(crate) fn tool_arguments(&self) -> String {
+        self.tool_input.clone().unwrap_or_else(|| "{\"q\":\"mock\"}".into())
+    }
+}
+
+/// `agent`: a coding agent's model, in either API shape. After a tool result it answers
+/// `the file says: <the result>`; otherwise, when the last user text names a path (a word
+/// starting with `/`), it calls `Read` with `{"file_path": <path>}`; else it answers as usual.
+fn agent_turn(scenario: &mut Scenario, request: &Value) {
+    let messages = request.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let text_of = |content: Option<&Value>| match content {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => {
+            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
+        }
+        _ => String::new(),
+    };
+    // The turn to answer: the last one that is not a system message or a folded reminder.
+    let reminder = |m: &Value| {
+        m.get("role").and_then(Value::as_str) == Some("system")
+            || (m.get("role").and_then(Value::as_str) == Some("user")
+                && without_reminders(&text_of(m.get("content"))).trim().is_empty()
+                && !m.get("content").and_then(Value::as_array).is_some_and(|blocks| {
+                    blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+                }))
+    };
+    let Some(last) = messages.iter().rev().find(|m| !reminder(m)) else { return };
+    // OpenAI's shape: a `tool` message; Anthropic's: a user turn holding a `tool_result`.
+    let result = match last.get("role").and_then(Value::as_str) {
+        Some("tool") => Some(text_of(last.get("content"))),
+        _ => last.get("content").and_then(Value::as_array).and_then(|blocks| {
+            blocks
+                .iter()
+                .find(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+                .map(|b| text_of(b.get("content")))
+        }),
+    };
+    if let Some(result) = result {
+        scenario.reply = Some(format!("the file says: {result}"));
+        return;
+    }
+    let said = without_reminders(&text_of(last.get("content")));
+    let path = said.split_whitespace().rev().find(|w| w.starts_with('/'));
+    match path.map(|p| p.trim_end_matches(['.', ',', '?', '!', ':', ';', '"', '\''])) {
+        Some(path) => {
+            scenario.tool = Some("Read".into());
+            scenario.tool_input = Some(json!({"file_path": path}).to_string());
+        }
+        None => scenario.reply = Some(format!("mock answer to: {}", said.trim())),
+    }
+}
+
+/// `text` without its `<system-reminder>…</system-reminder>` sections.
+fn without_reminders(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("<system-reminder>") {
+        out.push_str(&rest[..start]);
+        rest = match rest[start..].find("</system-reminder>") {
+            Some(end) => &rest[start + end + "</system-reminder>".len()..],
+            None => "",
+        };
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Canned sensitive answers (`say:secret`, `say:card`), so tests can exercise output
@@ -195,15 +272,18 @@ fn completion(body: &Value, usage: Option<(u64, u64)>, scenario: &Scenario) -> V
         .and_then(|m| m.get("content"))
         .and_then(Value::as_str)
         .unwrap_or("");
-    let content =
-        canned(scenario.say.as_deref()).map(str::to_string).unwrap_or_else(|| format!("mock answer to: {last}"));
+    let content = scenario
+        .reply
+        .clone()
+        .or_else(|| canned(scenario.say.as_deref()).map(str::to_string))
+        .unwrap_or_else(|| format!("mock answer to: {last}"));
     let prompt_chars = body.get("messages").map(|m| m.to_string().len()).unwrap_or(0) as u64;
     let (input, output) = usage.unwrap_or((prompt_chars.div_ceil(4), (content.len() as u64).div_ceil(4)));
     json!({
         "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": model,
         "choices": [match &scenario.tool {
             Some(tool) => json!({"index": 0, "message": {"role": "assistant", "content": null,
-                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": tool, "arguments": "{\"q\":\"mock\"}"}}]}, "finish_reason": "tool_calls"}),
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": tool, "arguments": scenario.tool_arguments()}}]}, "finish_reason": "tool_calls"}),
             None => json!({"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}),
         }],
         "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output},
@@ -308,6 +388,9 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     if let Some(location) = &scenario.redirect {
         let location = format!("/mock/id:{location}/v1/chat/completions");
         return HttpResponse::Found().insert_header(("location", location)).finish();
+    }
+    if scenario.agent && status.is_success() {
+        agent_turn(&mut scenario, &serde_json::from_slice(&body).unwrap_or(Value::Null));
     }
     let mut response = HttpResponse::build(status);
     if let Some(retry_after) = &scenario.retry_after {
@@ -468,6 +551,9 @@ impl Wire for OpenAiWire {
 /// directives.
 /// The text of content piece `n` of a streamed answer.
 fn piece_text(scenario: &Scenario, n: usize) -> String {
+    if let Some(reply) = &scenario.reply {
+        return if n == 0 { reply.clone() } else { String::new() };
+    }
     match (n, canned(scenario.say.as_deref())) {
         (0, _) => "mock ".into(),
         (1, Some(text)) => text.into(),
@@ -512,7 +598,11 @@ pub(crate) fn stream(
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     let id = scenario.id.clone().unwrap_or_default();
     state.streams.lock().entry(id.clone()).or_default().started += 1;
-    let chunks = if scenario.tool.is_some() { 3 } else { scenario.chunks.unwrap_or(3) };
+    let chunks = match (&scenario.tool, &scenario.reply) {
+        (Some(_), _) => 3,
+        (None, Some(_)) => 1,
+        (None, None) => scenario.chunks.unwrap_or(3),
+    };
     let guard = StreamGuard { state, id, finished: false };
     let wire = std::sync::Arc::new(wire);
     futures_util::stream::unfold((skip, guard), move |(mut n, mut guard)| {
@@ -549,10 +639,14 @@ pub(crate) fn stream(
                         Piece::Malformed
                     } else if let Some(name) = &scenario.tool {
                         // A tool call in three pieces, whatever `chunks` says.
+                        let arguments = scenario.tool_arguments();
+                        let half =
+                            (0..=arguments.len() / 2).rev().find(|&i| arguments.is_char_boundary(i)).unwrap_or(0);
+                        let (head, tail) = arguments.split_at(half);
                         match n {
                             0 => Piece::ToolCall { name: name.clone() },
-                            1 => Piece::ToolArgs("{\"q\":".into()),
-                            2 => Piece::ToolArgs("\"mock\"}".into()),
+                            1 => Piece::ToolArgs(head.into()),
+                            2 => Piece::ToolArgs(tail.into()),
                             _ => Piece::Finish { tool: true },
                         }
                     } else {

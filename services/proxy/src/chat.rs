@@ -14,8 +14,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use shield_core::limits::Limits;
 use shield_core::money::Usd;
-use shield_core::plan::Excluded;
 use shield_core::plan::Facts;
+use shield_core::plan::{Excluded, Exclusion};
 use shield_core::route::Route;
 use shield_core::run::{Attempt, Halt};
 use shield_core::usage::{TokenUsage, budget_state};
@@ -40,6 +40,8 @@ const ROUTE_HEADER: HeaderName = HeaderName::from_static("x-shield-route");
 const TARGET_HEADER: HeaderName = HeaderName::from_static("x-shield-target");
 const FAILOVERS_HEADER: HeaderName = HeaderName::from_static("x-shield-failovers");
 const BUDGET_HEADER: HeaderName = HeaderName::from_static("x-shield-budget");
+/// The caller's fields the answering target had no place for, comma-separated.
+const DROPPED_HEADER: HeaderName = HeaderName::from_static("x-shield-dropped-fields");
 pub const DATA_CLASS_HEADER: &str = "x-shield-data-class";
 // Inbound header names as parsed names: looking a non-standard name up by `&str` parses (and
 // allocates) it on every request.
@@ -66,7 +68,7 @@ pub async fn chat_completions(
             Outcome::Relayed(response) => response,
             Outcome::Stream(start) => start.respond(Box::new(OpenAiWire { client_wants_usage: request.wants_usage() })),
             Outcome::InputBlocked { reason, guardrails } => refusal(&request, &reason, None, guardrails),
-            Outcome::Routed { routed, guardrails } => respond(routed, &request, guardrails),
+            Outcome::Routed { routed, guardrails } => respond(*routed, &request, guardrails),
         }))
     };
     result.await.unwrap_or_else(|err| err.error_response())
@@ -91,7 +93,7 @@ pub enum Outcome {
     /// The input guardrails refused the request before routing.
     InputBlocked { reason: String, guardrails: Vec<GuardrailRecord> },
     /// A routed, non-streaming call (answered, refused or failed).
-    Routed { routed: Routed, guardrails: Vec<GuardrailRecord> },
+    Routed { routed: Box<Routed>, guardrails: Vec<GuardrailRecord> },
 }
 
 /// What the shared request path came to, and the rate limits it was admitted under.
@@ -215,7 +217,7 @@ pub async fn pipeline(
         expected_output_tokens: request.max_output_tokens().unwrap_or(DEFAULT_OUTPUT_TOKENS),
         max_tokens: request.max_output_tokens(),
         uses_tools: request.fields.get("tools").and_then(|t| t.as_array()).is_some_and(|t| !t.is_empty()),
-        requires_flavor: request.requires_anthropic().then_some(shield_core::target::Flavor::Anthropic),
+        requires_flavor: (!request.requires_anthropic().is_empty()).then_some(shield_core::target::Flavor::Anthropic),
         // Seed §3.3: the flushed month total plus this process's unflushed spend.
         budget: budget_state(
             route.budget.as_ref(),
@@ -260,11 +262,20 @@ pub async fn pipeline(
             }
             Err(routed) => {
                 context.end(Ending::of(routed.halt, &routed.attempts, &routed.excluded, routed.upstream));
-                Outcome::Routed { routed, guardrails }
+                if let Some(err) = unservable(&routed, request) {
+                    settle_nothing(admission.as_deref());
+                    return Err(err);
+                }
+                Outcome::Routed { routed: Box::new(routed), guardrails }
             }
         }));
     }
     let mut routed = dispatch(egress, &state.health, call).await;
+    if let Some(err) = unservable(&routed, request) {
+        context.end(Ending::of(routed.halt, &routed.attempts, &routed.excluded, routed.upstream));
+        settle_nothing(admission.as_deref());
+        return Err(err);
+    }
     let paid = paid(tenant, request, &routed);
     routed.cost_micros = paid.as_ref().map(|p| p.cost_micros);
     // Seed §5: output guardrails and tool RBAC once, on the answer actually returned.
@@ -290,7 +301,31 @@ pub async fn pipeline(
         answered: paid.as_ref().map(|paid| paid.answered(false)).into_iter().collect(),
         ..Ending::of(routed.halt, &routed.attempts, &routed.excluded, routed.upstream)
     });
-    Ok(served(Outcome::Routed { routed, guardrails }))
+    Ok(served(Outcome::Routed { routed: Box::new(routed), guardrails }))
+}
+
+/// A request no target of the route can serve: it carries what only `anthropic` targets read
+/// (a document, say) and the route has none eligible for it. The caller's to change, so a 400
+/// (never a 5xx a client would retry), naming what needs such a target.
+fn unservable(routed: &Routed, request: &ChatRequest) -> Option<ProxyError> {
+    let needs = request.requires_anthropic();
+    let only_unsupported = routed.attempts.is_empty()
+        && !routed.excluded.is_empty()
+        && routed.excluded.iter().all(|e| e.reason == Exclusion::UnsupportedField);
+    (!needs.is_empty() && only_unsupported && matches!(routed.result, RoutedResult::Unavailable)).then(|| {
+        ProxyError::BadRequest(format!(
+            "route `{}` has no target that can read {}: only `anthropic` targets can",
+            routed.route,
+            needs.join(", ")
+        ))
+    })
+}
+
+/// A call refused before any upstream used no tokens.
+fn settle_nothing(admission: Option<&Admission>) {
+    if let Some(admission) = admission {
+        admission.settle(0);
+    }
 }
 
 /// What a non-streaming answer cost: the tokens the upstream reported (estimated at 4
@@ -336,6 +371,9 @@ impl StreamStart {
             .insert_header((TARGET_HEADER, committed.target.as_str()))
             .insert_header((FAILOVERS_HEADER, small_number(failovers)))
             .insert_header((BUDGET_HEADER, committed.budget.as_str()));
+        if let Some(dropped) = dropped_value(&committed.dropped) {
+            response.insert_header((DROPPED_HEADER, dropped));
+        }
         response.streaming(crate::relay::relay(committed, health, context, output, wire, prompt_chars, resumer))
     }
 }
@@ -419,7 +457,15 @@ pub fn with_routing_headers(
     }
     response.insert_header((FAILOVERS_HEADER, small_number(routed.failovers)));
     response.insert_header((BUDGET_HEADER, routed.budget.as_str()));
+    if let Some(dropped) = dropped_value(&routed.dropped) {
+        response.insert_header((DROPPED_HEADER, dropped));
+    }
     response
+}
+
+/// `X-Shield-Dropped-Fields`, when the answering target dropped anything.
+fn dropped_value(dropped: &[String]) -> Option<HeaderValue> {
+    (!dropped.is_empty()).then(|| HeaderValue::from_str(&dropped.join(", ")).ok()).flatten()
 }
 
 fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailRecord>) -> HttpResponse {
@@ -595,6 +641,7 @@ mod tests {
             cost_micros: Some(1350),
             budget: shield_core::usage::BudgetState::Ok,
             upstream: std::time::Duration::ZERO,
+            dropped: Vec::new(),
         };
         let request =
             ChatRequest::parse(br#"{"model": "smart", "messages": [{"role": "user", "content": "hi"}]}"#).unwrap();

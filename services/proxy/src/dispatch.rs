@@ -47,6 +47,9 @@ pub struct Routed {
     /// Time spent in upstream attempts, exactly (each attempt's `ms` is truncated): what
     /// the gateway-added metric subtracts.
     pub upstream: Duration,
+    /// The caller's fields the answering target's adapter had no place for
+    /// (`X-Shield-Dropped-Fields`).
+    pub dropped: Vec<String>,
 }
 
 pub enum RoutedResult {
@@ -221,7 +224,19 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
     };
     let mut run = outcome.run;
     let halt = halt_of(&mut run);
-    routed(&call, outcome.rule, run, outcome.excluded, halt, result, upstream)
+    let mut routed = routed(&call, outcome.rule, run, outcome.excluded, halt, result, upstream);
+    if let RoutedResult::Answer { target, .. } = &routed.result {
+        routed.dropped = dropped_by(&call, target);
+    }
+    routed
+}
+
+/// What the adapter of the answering target dropped of the caller's request.
+fn dropped_by(call: &Call<'_>, target: &str) -> Vec<String> {
+    call.tenant
+        .target(target)
+        .map(|target| provider::for_flavor(target.flavor).dropped(call.request, target))
+        .unwrap_or_default()
 }
 
 /// The routing record of a call that produced nothing usable: a denial, a refused request,
@@ -259,6 +274,7 @@ fn routed(
         cost_micros: None,
         budget: call.facts.budget,
         upstream,
+        dropped: Vec::new(),
     }
 }
 
@@ -290,6 +306,8 @@ pub struct Committed {
     pub run: Run,
     pub excluded: Vec<Excluded>,
     pub idle_timeout: Duration,
+    /// The caller's fields the answering target's adapter had no place for.
+    pub dropped: Vec<String>,
 }
 
 /// A streaming routed call up to the commit point: `Ok` once a target's first usable event
@@ -300,8 +318,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
         let request = prepare(&call, target, true);
         // A model that thinks (or reads documents) first may be silent longer than a first
         // byte normally takes: such requests wait up to the whole call's timeout.
-        let first_byte_s =
-            if call.request.requires_anthropic() { target.timeout_s } else { target.first_byte_timeout_s() };
+        let first_byte_s = if call.request.reasons() { target.timeout_s } else { target.first_byte_timeout_s() };
         let first_byte = remaining.min(Duration::from_secs(u64::from(first_byte_s)));
         async move {
             let (provider, url, headers, body) = request?;
@@ -317,6 +334,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
             let idle_timeout = call.tenant.target(&success.target).map(|t| t.idle_timeout_s).unwrap_or(15);
             let breaker = call.tenant.target(&success.target).map(Target::breaker).unwrap_or_default();
             Ok(Committed {
+                dropped: dropped_by(&call, &success.target),
                 rule: rule_record(&call, outcome.rule),
                 budget: call.facts.budget,
                 price: call.tenant.target(&success.target).and_then(|t| t.price.clone()),

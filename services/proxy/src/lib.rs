@@ -126,6 +126,13 @@ async fn index() -> HttpResponse {
     }))
 }
 
+/// Claude Code's connectivity probe (`HEAD /api/hello`, sent unless its non-essential traffic
+/// is turned off): answered like `HEAD /`, so the client sees a reachable gateway.
+#[actix_web::route("/api/hello", method = "GET", method = "HEAD")]
+async fn hello() -> HttpResponse {
+    HttpResponse::Ok().finish()
+}
+
 #[get("/healthz")]
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
@@ -203,6 +210,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(models::list)
         .service(models::get)
         .service(index)
+        .service(hello)
         .service(healthz)
         .service(readyz)
         .service(metrics_text)

@@ -220,11 +220,8 @@ fn with_prefill(request: &ChatRequest, sent: &str) -> ChatRequest {
         messages.push(prefill.clone());
     }
     // An Anthropic caller's original fields go to Anthropic targets as they were: there too.
-    if let Some(Value::Array(messages)) = request
-        .fields
-        .get_mut(shield_core::chat_request::ANTHROPIC_KEY)
-        .and_then(|native| native.get_mut("original"))
-        .and_then(|original| original.get_mut("messages"))
+    if let Some(origin) = request.anthropic.as_mut()
+        && let Some(Value::Array(messages)) = std::sync::Arc::make_mut(origin).original.get_mut("messages")
     {
         messages.push(prefill);
     }

@@ -19,7 +19,6 @@ use crate::chat::{Ingress, Outcome, admit, pipeline};
 use crate::egress::Egress;
 use crate::error::ProxyError;
 
-pub use request::BETA_ALLOW_LIST;
 pub use response::proxy_error;
 
 const INGRESS: Ingress = Ingress { stream: true, default_path: false };
@@ -34,14 +33,13 @@ pub async fn messages(
     let result = async {
         let caller = admit(&req, &state).await?;
         let raw = body::read(payload).await?;
-        let beta = request::allowed_beta(req.headers().get("anthropic-beta").and_then(|v| v.to_str().ok()));
-        let request = request::normalise(&raw, beta, false)?;
+        let request = request::normalise(&raw, request::Headers::of(req.headers()), false)?;
         let served = pipeline(&req, caller, raw, &request, &state, &egress, INGRESS).await?;
         Ok::<_, ProxyError>(served.render(|outcome| match outcome {
             Outcome::Relayed(response) => response,
             Outcome::Stream(start) => start.respond(Box::new(wire::AnthropicWire::new(&request.model))),
             Outcome::InputBlocked { reason, .. } => response::refusal(HttpResponse::Ok(), &request, &reason),
-            Outcome::Routed { routed, guardrails } => response::respond(routed, &request, guardrails),
+            Outcome::Routed { routed, guardrails } => response::respond(*routed, &request, guardrails),
         }))
     };
     result.await.unwrap_or_else(|err| response::proxy_error(&err))
@@ -54,7 +52,7 @@ pub async fn count_tokens(req: HttpRequest, payload: web::Payload, state: web::D
     let result = async {
         let caller = admit(&req, &state).await?;
         let raw = body::read(payload).await?;
-        let request = request::normalise(&raw, None, true)?;
+        let request = request::normalise(&raw, request::Headers::default(), true)?;
         // Only a model the caller could send to: a route of its tenant (no default path here).
         let tenant = state.tenant_config(&caller.key.tenant).await.filter(|_| state.config.routing_enabled);
         if tenant.as_deref().and_then(|t| t.enabled_route(&request.model)).is_none() {

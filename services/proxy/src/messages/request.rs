@@ -1,41 +1,53 @@
-//! An Anthropic Messages request as the normalised (OpenAI-shaped) chat request the pipeline
-//! routes, guards and accounts, with the caller's original fields kept beside it under the
-//! Shield-only `x_anthropic` key: an Anthropic-flavoured target gets them back as they were
-//! (thinking, documents, `cache_control`, server tools — nothing lost), any other target gets
-//! the conversion. Fields that change the answer and that only Anthropic's API honours
-//! (`thinking`, documents, server tools, MCP servers) mark the request as needing an Anthropic
-//! target; hints (`cache_control`, `top_k`, `service_tier`) are simply absent from the
-//! conversion.
+//! An Anthropic Messages request as the normalised chat request the pipeline routes, guards
+//! and accounts, with what only Anthropic's shape has kept beside it, typed
+//! ([`AnthropicOrigin`]): the caller's body as sent (an Anthropic target gets it back, so
+//! thinking, documents, `cache_control` and server tools are never lost), its `anthropic-beta`
+//! and `anthropic-version`, its reasoning controls, and what other flavors cannot take.
+//!
+//! The rules for other flavors (README "Callers in Anthropic's shape"):
+//! * `role: "system"` messages inside `messages` stay where they stand (OpenAI's shape takes
+//!   them anywhere).
+//! * `thinking` and `output_config.effort` become the target's reasoning control when its
+//!   capabilities say it has one (`reasoning_effort`), else they are dropped and named.
+//! * `context_management`, `top_k`, `output_config.format`, server tools and MCP servers are
+//!   dropped and named (`X-Shield-Dropped-Fields`); hints (`cache_control`, `service_tier`)
+//!   are simply absent.
+//! * Content only Anthropic can read (documents, search results, server-tool history, images
+//!   by file id) makes the request need an Anthropic target; a route with none answers 400.
+
+use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
-use shield_core::chat_request::{ANTHROPIC_KEY, BadRequest, ChatRequest, MAX_MESSAGES};
+use shield_core::chat_request::{AnthropicOrigin, BadRequest, ChatRequest, Effort, MAX_MESSAGES, Reasoning};
 
-/// `anthropic-beta` flags forwarded to Anthropic targets; any other flag is dropped (never sent
-/// to a provider that would reject it, never to a non-Anthropic target).
-pub const BETA_ALLOW_LIST: [&str; 8] = [
-    "prompt-caching-2024-07-31",
-    "extended-cache-ttl-2025-04-11",
-    "token-efficient-tools-2025-02-19",
-    "fine-grained-tool-streaming-2025-05-14",
-    "interleaved-thinking-2025-05-14",
-    "output-128k-2025-02-19",
-    "context-1m-2025-08-07",
-    "context-management-2025-06-27",
-];
+/// The caller's Anthropic headers, forwarded as sent to Anthropic targets.
+#[derive(Default)]
+pub struct Headers {
+    pub beta: Option<String>,
+    pub version: Option<String>,
+}
 
-/// The flags of an `anthropic-beta` header that are on the allow-list, comma-joined.
-pub fn allowed_beta(header: Option<&str>) -> Option<String> {
-    let flags: Vec<&str> = header?.split(',').map(str::trim).filter(|flag| BETA_ALLOW_LIST.contains(flag)).collect();
-    (!flags.is_empty()).then(|| flags.join(","))
+impl Headers {
+    pub fn of(headers: &actix_web::http::header::HeaderMap) -> Headers {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        Headers { beta: text("anthropic-beta").filter(|b| !b.trim().is_empty()), version: text("anthropic-version") }
+    }
 }
 
 fn bad(message: impl Into<String>) -> BadRequest {
     BadRequest(message.into())
 }
 
+/// What the conversion found that other flavors lack.
+#[derive(Default)]
+struct Found {
+    requires: Vec<String>,
+    unmapped: Vec<String>,
+}
+
 /// Checks a Messages body the way Anthropic's API does and converts it. `count_only` is the
 /// token-counting endpoint's body, which has no `max_tokens`.
-pub fn normalise(body: &[u8], beta: Option<String>, count_only: bool) -> Result<ChatRequest, BadRequest> {
+pub fn normalise(body: &[u8], headers: Headers, count_only: bool) -> Result<ChatRequest, BadRequest> {
     let value: Value = serde_json::from_slice(body).map_err(|e| bad(format!("malformed JSON body: {e}")))?;
     let Value::Object(original) = value else { return Err(bad("the body must be a JSON object")) };
     let model = match original.get("model") {
@@ -58,7 +70,8 @@ pub fn normalise(body: &[u8], beta: Option<String>, count_only: bool) -> Result<
         _ => return Err(bad("messages: Field required (an array of messages)")),
     };
     let mut fields = Map::new();
-    let mut requires_anthropic = false;
+    let mut found = Found::default();
+    let mut system_messages = false;
     let mut chat = Vec::new();
     if let Some(system) = original.get("system") {
         let text = text_of(system).ok_or_else(|| bad("system: must be a string or an array of text blocks"))?;
@@ -72,9 +85,16 @@ pub fn normalise(body: &[u8], beta: Option<String>, count_only: bool) -> Result<
         let blocks = blocks_of(content)
             .ok_or_else(|| bad(format!("messages.{i}.content: must be a string or an array of content blocks")))?;
         match role {
-            Some("user") => user_turn(&blocks, &mut chat, &mut requires_anthropic),
-            Some("assistant") => chat.push(assistant_turn(&blocks, &mut requires_anthropic)),
-            _ => return Err(bad(format!("messages.{i}.role: must be \"user\" or \"assistant\""))),
+            Some("user") => user_turn(i, &blocks, &mut chat, &mut found),
+            Some("assistant") => chat.push(assistant_turn(i, &blocks, &mut found)),
+            // Mid-conversation system messages (Claude Code's reminders): kept where they stand.
+            Some("system") => {
+                let text = text_of(content)
+                    .ok_or_else(|| bad(format!("messages.{i}.content: must be a string or text blocks")))?;
+                chat.push(json!({"role": "system", "content": text}));
+                system_messages = true;
+            }
+            _ => return Err(bad(format!("messages.{i}.role: must be \"user\", \"assistant\" or \"system\""))),
         }
     }
     fields.insert("model".into(), Value::String(model.clone()));
@@ -104,8 +124,9 @@ pub fn normalise(body: &[u8], beta: Option<String>, count_only: bool) -> Result<
                     "description": tool.get("description").cloned().unwrap_or(json!("")),
                     "parameters": tool.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object"})),
                 }})),
-                // Server tools (web search, code execution, …) run at Anthropic.
-                Some(_) => requires_anthropic = true,
+                // Server tools (web search, code execution, …) run at Anthropic: other flavors
+                // answer without them.
+                Some(kind) => found.unmapped.push(format!("tools ({kind})")),
             }
         }
         if !functions.is_empty() {
@@ -136,12 +157,18 @@ pub fn normalise(body: &[u8], beta: Option<String>, count_only: bool) -> Result<
     if let Some(user) = original.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str) {
         fields.insert("user".into(), json!(user));
     }
-    if original.get("thinking").is_some_and(|t| t.get("type").and_then(Value::as_str) == Some("enabled"))
-        || original.get("mcp_servers").is_some_and(|m| m.as_array().is_some_and(|m| !m.is_empty()))
-    {
-        requires_anthropic = true;
+    if original.get("mcp_servers").is_some_and(|m| m.as_array().is_some_and(|m| !m.is_empty())) {
+        found.unmapped.push("mcp_servers".into());
     }
-    let mut native = Map::new();
+    for key in ["context_management", "top_k"] {
+        if original.get(key).is_some_and(|v| !v.is_null()) {
+            found.unmapped.push(key.into());
+        }
+    }
+    if original.get("output_config").and_then(|c| c.get("format")).is_some_and(|f| !f.is_null()) {
+        found.unmapped.push("output_config.format".into());
+    }
+    let reasoning = reasoning(&original)?;
     // Text the conversion has no place for (documents, search results, …) still goes past the
     // input guardrails: an Anthropic target receives it.
     let mut guard_text = String::new();
@@ -153,16 +180,47 @@ pub fn normalise(body: &[u8], beta: Option<String>, count_only: bool) -> Result<
             }
         }
     }
-    if !guard_text.is_empty() {
-        native.insert("guard_text".into(), Value::String(guard_text));
+    let origin = AnthropicOrigin {
+        original,
+        beta: headers.beta,
+        version: headers.version,
+        requires: found.requires,
+        guard_text,
+        reasoning,
+        unmapped: found.unmapped,
+        system_messages,
+    };
+    Ok(ChatRequest { fields, model, anthropic: Some(Arc::new(origin)) })
+}
+
+/// `thinking` and `output_config.effort` as the effort every reasoning control shares.
+fn reasoning(original: &Map<String, Value>) -> Result<Option<Reasoning>, BadRequest> {
+    let mut fields = Vec::new();
+    let mut effort = None;
+    if let Some(thinking) = original.get("thinking").filter(|t| !t.is_null()) {
+        match thinking.get("type").and_then(Value::as_str) {
+            Some("enabled") => {
+                let budget = thinking.get("budget_tokens").and_then(Value::as_u64).ok_or_else(|| {
+                    bad("thinking.budget_tokens: Field required (a positive integer) when thinking is enabled")
+                })?;
+                effort = Some(Effort::of_budget(budget));
+                fields.push("thinking");
+            }
+            Some("adaptive") => fields.push("thinking"),
+            Some("disabled") => {}
+            _ => return Err(bad("thinking.type: must be enabled, adaptive or disabled")),
+        }
     }
-    native.insert("original".into(), Value::Object(original));
-    native.insert("requires".into(), Value::Bool(requires_anthropic));
-    if let Some(beta) = beta {
-        native.insert("beta".into(), Value::String(beta));
+    if let Some(level) = original.get("output_config").and_then(|c| c.get("effort")).filter(|e| !e.is_null()) {
+        effort = Some(match level.as_str() {
+            Some("low") => Effort::Low,
+            Some("medium") => Effort::Medium,
+            Some("high" | "xhigh" | "max") => Effort::High,
+            _ => return Err(bad("output_config.effort: must be low, medium, high, xhigh or max")),
+        });
+        fields.push("output_config.effort");
     }
-    fields.insert(ANTHROPIC_KEY.into(), Value::Object(native));
-    Ok(ChatRequest { fields, model })
+    Ok((!fields.is_empty()).then_some(Reasoning { effort, fields }))
 }
 
 /// Every text a block carries, however nested: `text`, `thinking`, string `content`, and the
@@ -215,9 +273,9 @@ fn blocks_of(content: &Value) -> Option<Vec<Value>> {
 
 /// A user turn: its tool results become `tool` messages (first, as OpenAI wants them right
 /// after the assistant's calls), the rest one user message.
-fn user_turn(blocks: &[Value], chat: &mut Vec<Value>, requires_anthropic: &mut bool) {
+fn user_turn(turn: usize, blocks: &[Value], chat: &mut Vec<Value>, found: &mut Found) {
     let mut parts = Vec::new();
-    for block in blocks {
+    for (i, block) in blocks.iter().enumerate() {
         match block.get("type").and_then(Value::as_str) {
             Some("tool_result") => {
                 let content = block.get("content").and_then(text_of).unwrap_or_default();
@@ -231,10 +289,10 @@ fn user_turn(blocks: &[Value], chat: &mut Vec<Value>, requires_anthropic: &mut b
             }
             Some("image") => match image_url(block.get("source").unwrap_or(&Value::Null)) {
                 Some(url) => parts.push(json!({"type": "image_url", "image_url": {"url": url}})),
-                None => *requires_anthropic = true,
+                None => found.requires.push(format!("messages.{turn}.content.{i} (image by file id)")),
             },
             // Documents (PDFs, citations), search results and the like exist only there.
-            Some(_) => *requires_anthropic = true,
+            Some(kind) => found.requires.push(format!("messages.{turn}.content.{i} ({kind})")),
             None => {}
         }
     }
@@ -257,10 +315,10 @@ fn user_turn(blocks: &[Value], chat: &mut Vec<Value>, requires_anthropic: &mut b
 
 /// An assistant turn: text and tool calls (earlier thinking is history: dropped for other
 /// providers, kept in the original for Anthropic).
-fn assistant_turn(blocks: &[Value], requires_anthropic: &mut bool) -> Value {
+fn assistant_turn(turn: usize, blocks: &[Value], found: &mut Found) -> Value {
     let mut text = String::new();
     let mut calls = Vec::new();
-    for block in blocks {
+    for (i, block) in blocks.iter().enumerate() {
         match block.get("type").and_then(Value::as_str) {
             Some("text") => text.push_str(block.get("text").and_then(Value::as_str).unwrap_or("")),
             Some("tool_use") => {
@@ -269,7 +327,7 @@ fn assistant_turn(blocks: &[Value], requires_anthropic: &mut bool) -> Value {
                     "arguments": block.get("input").map(Value::to_string).unwrap_or_else(|| "{}".into())}}))
             }
             Some("thinking" | "redacted_thinking") => {}
-            Some(_) => *requires_anthropic = true,
+            Some(kind) => found.requires.push(format!("messages.{turn}.content.{i} ({kind})")),
             None => {}
         }
     }
@@ -298,7 +356,7 @@ mod tests {
     use super::*;
 
     fn normalised(body: Value) -> ChatRequest {
-        normalise(body.to_string().as_bytes(), None, false).unwrap()
+        normalise(body.to_string().as_bytes(), Headers::default(), false).unwrap()
     }
 
     #[test]
@@ -335,43 +393,96 @@ mod tests {
         assert_eq!(f["tools"][0]["function"]["parameters"], json!({"type": "object"}));
         assert_eq!((f["tool_choice"].clone(), f["parallel_tool_calls"].clone()), (json!("required"), json!(false)));
         assert!(f.get("top_k").is_none(), "a hint other APIs lack is dropped, not renamed");
-        assert_eq!(f[ANTHROPIC_KEY]["requires"], false);
-        assert_eq!(f[ANTHROPIC_KEY]["original"]["top_k"], 5, "an Anthropic target gets the original back");
+        let origin = request.anthropic.as_deref().unwrap();
+        assert!(origin.requires.is_empty());
+        assert_eq!(origin.original["top_k"], 5, "an Anthropic target gets the original back");
+        assert_eq!(origin.unmapped, ["top_k"], "and another flavor's caller is told it was dropped");
+    }
+
+    fn origin_with(key: &str, value: Value) -> AnthropicOrigin {
+        let mut body = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
+        body[key] = value;
+        normalised(body).anthropic.as_deref().unwrap().clone()
     }
 
     #[test]
-    fn fields_that_change_the_answer_need_an_anthropic_target() {
+    fn only_content_other_flavors_cannot_read_needs_an_anthropic_target() {
+        let document = json!([{"role": "user", "content": [{"type": "text", "text": "see"},
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}}]}]);
+        assert_eq!(origin_with("messages", document).requires, ["messages.0.content.1 (document)"]);
+        // Controls and tools other flavors lack are dropped for them (and named), not refused.
+        let server_tool = origin_with("tools", json!([{"type": "web_search_20250305", "name": "web_search"}]));
+        assert!(server_tool.requires.is_empty());
+        assert_eq!(server_tool.unmapped, ["tools (web_search_20250305)"]);
+        assert!(origin_with("thinking", json!({"type": "enabled", "budget_tokens": 2048})).requires.is_empty());
+        assert!(origin_with("tools", json!([{"name": "f", "input_schema": {"type": "object"}}])).unmapped.is_empty());
+        assert_eq!(origin_with("context_management", json!({"edits": []})).unmapped, ["context_management"]);
+        assert_eq!(
+            origin_with("mcp_servers", json!([{"type": "url", "url": "https://m.example"}])).unmapped,
+            ["mcp_servers"]
+        );
+    }
+
+    #[test]
+    fn thinking_and_effort_become_one_effort() {
+        let reasoning = |key: &str, value: Value| origin_with(key, value).reasoning;
+        assert_eq!(
+            reasoning("thinking", json!({"type": "enabled", "budget_tokens": 2048})),
+            Some(Reasoning { effort: Some(Effort::Low), fields: vec!["thinking"] })
+        );
+        assert_eq!(
+            reasoning("thinking", json!({"type": "enabled", "budget_tokens": 32000})).unwrap().effort,
+            Some(Effort::High)
+        );
+        assert_eq!(
+            reasoning("thinking", json!({"type": "adaptive"})),
+            Some(Reasoning { effort: None, fields: vec!["thinking"] }),
+            "adaptive thinking leaves the effort to the model"
+        );
+        assert_eq!(reasoning("thinking", json!({"type": "disabled"})), None);
+        let both = normalised(json!({"model": "m", "max_tokens": 10, "thinking": {"type": "adaptive"},
+            "output_config": {"effort": "xhigh"}, "messages": [{"role": "user", "content": "hi"}]}));
+        assert_eq!(
+            both.anthropic.as_deref().unwrap().reasoning,
+            Some(Reasoning { effort: Some(Effort::High), fields: vec!["thinking", "output_config.effort"] })
+        );
+        let refused = |body: Value| normalise(body.to_string().as_bytes(), Headers::default(), false).err().unwrap().0;
         let base = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
-        let with = |key: &str, value: Value| {
-            let mut body = base.clone();
-            body[key] = value;
-            normalised(body).fields[ANTHROPIC_KEY]["requires"].as_bool().unwrap()
-        };
-        assert!(with("thinking", json!({"type": "enabled", "budget_tokens": 2048})));
-        assert!(with("tools", json!([{"type": "web_search_20250305", "name": "web_search"}])));
-        assert!(!with("tools", json!([{"name": "f", "input_schema": {"type": "object"}}])));
-        assert!(with(
-            "messages",
-            json!([{"role": "user", "content": [{"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}}]}])
-        ));
-        assert!(!with("thinking", json!({"type": "disabled"})));
+        let mut body = base.clone();
+        body["thinking"] = json!({"type": "sometimes"});
+        assert!(refused(body).starts_with("thinking.type"));
+        let mut body = base;
+        body["output_config"] = json!({"effort": "extreme"});
+        assert!(refused(body).starts_with("output_config.effort"));
+    }
+
+    #[test]
+    fn system_messages_inside_messages_stay_where_they_stand() {
+        let request = normalised(json!({"model": "team-coder", "max_tokens": 10, "system": "You are a coder.",
+            "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": [{"type": "text", "text": "reminder"}]},
+                {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]}));
+        let roles: Vec<&str> =
+            request.fields["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "system", "assistant", "user"]);
+        assert_eq!(request.fields["messages"][2]["content"], "reminder");
+        assert!(request.anthropic.as_deref().unwrap().system_messages);
     }
 
     #[test]
     fn requests_anthropic_would_refuse_are_refused_by_name() {
-        let refused = |body: Value| normalise(body.to_string().as_bytes(), None, false).err().unwrap().0;
+        let refused = |body: Value| normalise(body.to_string().as_bytes(), Headers::default(), false).err().unwrap().0;
         assert!(
             refused(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]})).starts_with("max_tokens")
         );
         assert!(refused(json!({"model": "m", "max_tokens": 5, "messages": []})).starts_with("messages"));
         assert!(
-            refused(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}))
+            refused(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}))
                 .starts_with("messages.0.role")
         );
         assert!(refused(json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).starts_with("model"));
-        assert!(normalise(b"{nope", None, false).err().unwrap().0.starts_with("malformed JSON"));
+        assert!(normalise(b"{nope", Headers::default(), false).err().unwrap().0.starts_with("malformed JSON"));
         assert!(
-            normalise(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#, None, true).is_ok(),
+            normalise(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#, Headers::default(), true).is_ok(),
             "count_tokens needs no max_tokens"
         );
     }
@@ -382,22 +493,12 @@ mod tests {
             {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "AKIA-secret-in-a-document"}},
         ]}]}));
         assert!(request.prompt_text().contains("AKIA-secret-in-a-document"));
-        assert!(request.fields[ANTHROPIC_KEY]["requires"].as_bool().unwrap());
+        assert_eq!(request.requires_anthropic(), ["messages.0.content.0 (document)"]);
         assert_eq!(
             request.fields["messages"],
             json!([{"role": "user", "content": ""}]),
             "a document-only turn is a turn"
         );
         assert!(request.check_routable().is_ok());
-    }
-
-    #[test]
-    fn beta_flags_are_allow_listed() {
-        assert_eq!(
-            allowed_beta(Some("prompt-caching-2024-07-31, made-up-2099-01-01")),
-            Some("prompt-caching-2024-07-31".into())
-        );
-        assert_eq!(allowed_beta(Some("made-up-2099-01-01")), None);
-        assert_eq!(allowed_beta(None), None);
     }
 }

@@ -143,13 +143,15 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
         }
         RoutedResult::Refused { target, status, body } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-            let openai = refused_error(&target, status, body.as_deref());
-            let message = openai
-                .pointer("/error/message")
-                .and_then(Value::as_str)
-                .unwrap_or("the target refused the request")
-                .to_string();
-            let mut error = error_body(status, &message);
+            let mut error = anthropic_error(status, body.as_deref()).unwrap_or_else(|| {
+                let openai = refused_error(&target, status, body.as_deref());
+                let message = openai
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("the target refused the request")
+                    .to_string();
+                error_body(status, &message)
+            });
             crate::json::set(&mut error, &["x_shield"], json!({"routing": routing_record(&routed, Some(&target))}));
             with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error)
         }
@@ -161,6 +163,25 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
             with_routing_headers(HttpResponse::build(status), &routed, None).json(error)
         }
     }
+}
+
+/// An Anthropic target's own error, as it said it: Claude Code's recovery (retrying without
+/// thinking, a smaller `max_tokens`, …) matches the upstream's `type` and wording, so they are
+/// relayed unchanged, credentials in the message redacted. A 401/403 is the target's
+/// credential problem, not the caller's: its text is replaced, as for every flavor.
+fn anthropic_error(status: StatusCode, body: Option<&[u8]>) -> Option<Value> {
+    let said: Value = serde_json::from_slice(body?).ok()?;
+    if said.get("type").and_then(Value::as_str) != Some("error") {
+        return None;
+    }
+    let error = said.get("error")?;
+    let kind = error.get("type")?.as_str()?;
+    let message = error.get("message")?.as_str()?;
+    if matches!(status.as_u16(), 401 | 403) {
+        return None;
+    }
+    let message: String = shield_core::detect::redact_secrets(message).chars().take(2000).collect();
+    Some(json!({"type": "error", "error": {"type": kind, "message": message}}))
 }
 
 /// Nothing answered: 504 at the deadline; 429 when every attempt was rate-limited (or every
@@ -186,6 +207,30 @@ fn unavailable_status(routed: &Routed, status: StatusCode) -> StatusCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_anthropic_targets_error_keeps_its_type_and_wording() {
+        let body = br#"{"type":"error","error":{"type":"invalid_request_error","message":"messages.1: thinking blocks cannot be modified (key sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123)"}}"#;
+        let error = anthropic_error(StatusCode::BAD_REQUEST, Some(body)).unwrap();
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+        assert_eq!(error["error"]["message"], "messages.1: thinking blocks cannot be modified (key [redacted])");
+        assert!(
+            anthropic_error(
+                StatusCode::UNAUTHORIZED,
+                Some(br#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#)
+            )
+            .is_none(),
+            "a credential problem is Shield's to word"
+        );
+        assert!(
+            anthropic_error(
+                StatusCode::BAD_REQUEST,
+                Some(br#"{"error":{"message":"x","type":"invalid_request_error"}}"#)
+            )
+            .is_none(),
+            "OpenAI's shape is converted, not relayed"
+        );
+    }
 
     #[test]
     fn an_anthropic_targets_own_blocks_reach_an_anthropic_caller() {

@@ -39,24 +39,36 @@ impl Provider for Anthropic {
         join(target, "/messages")
     }
 
+    /// A caller in Anthropic's shape has its `anthropic-version` and `anthropic-beta` forwarded
+    /// as sent (less the flags the target strips); others get the target's version.
     fn headers(&self, target: &Target, request: &ChatRequest, headers: &mut HeaderMap) {
-        let version = target.anthropic.as_ref().map_or("2023-06-01", |a| a.version.as_str());
+        let options = target.anthropic.as_ref();
+        let origin = request.anthropic.as_deref();
+        let version = origin
+            .and_then(|o| o.version.as_deref())
+            .unwrap_or_else(|| options.map_or("2023-06-01", |a| a.version.as_str()));
         if let Ok(value) = HeaderValue::from_str(version) {
             headers.insert(VERSION_HEADER, value);
         }
-        if let Some(beta) = request.anthropic_beta().and_then(|b| HeaderValue::from_str(b).ok()) {
+        let strip = options.map_or(&[][..], |a| a.strip_beta.as_slice());
+        if let Some(beta) = origin.and_then(|o| o.beta.as_deref()).and_then(|beta| forwarded_beta(beta, strip)) {
             headers.insert(BETA_HEADER, beta);
         }
     }
 
     /// A caller who spoke Anthropic's shape gets its own fields back as they were (model set to
-    /// the target's); others' requests are converted.
+    /// the target's, system messages folded for a model that does not take them); others'
+    /// requests are converted.
     fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
-        let mut body = match request.anthropic_original() {
-            Some(original) => {
-                let mut body = original.clone();
+        let mut body = match request.anthropic.as_deref() {
+            Some(origin) => {
+                let mut body = origin.original.clone();
                 body.insert("model".into(), Value::String(target.model.clone()));
                 body.remove("stream");
+                let takes_system = target.capabilities.as_ref().and_then(|c| c.system_messages).unwrap_or(false);
+                if origin.system_messages && !takes_system {
+                    fold_system_messages(&mut body);
+                }
                 body
             }
             None => messages_request(&request.fields, target),
@@ -68,6 +80,14 @@ impl Provider for Anthropic {
             body.insert(key.clone(), value.clone());
         }
         serde_json::to_vec(&body).unwrap_or_default()
+    }
+
+    /// An OpenAI-shaped caller's fields the Messages API has no place for.
+    fn dropped(&self, request: &ChatRequest, _target: &Target) -> Vec<String> {
+        if request.anthropic.is_some() {
+            return Vec::new();
+        }
+        OPENAI_ONLY.iter().filter(|key| request.fields.contains_key(**key)).map(|key| key.to_string()).collect()
     }
 
     fn answer(&self, body: Vec<u8>) -> Option<Answer> {
@@ -127,6 +147,70 @@ impl Provider for Anthropic {
             .flatten();
         Failure { class, status: Some(status), body: Some(body), reset_hint_ms }
     }
+}
+
+/// Chat Completions fields that change the answer and that the Messages API has no place for.
+const OPENAI_ONLY: [&str; 11] = [
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "reasoning_effort",
+    "audio",
+    "prediction",
+];
+
+/// `anthropic-beta` as the caller sent it, less the flags the target strips; `None` when
+/// nothing is left.
+fn forwarded_beta(beta: &str, strip: &[String]) -> Option<HeaderValue> {
+    if strip.is_empty() {
+        return HeaderValue::from_str(beta).ok();
+    }
+    let kept: Vec<&str> =
+        beta.split(',').map(str::trim).filter(|flag| !flag.is_empty() && !strip.iter().any(|s| s == flag)).collect();
+    (!kept.is_empty()).then(|| HeaderValue::from_str(&kept.join(",")).ok()).flatten()
+}
+
+/// For a model that does not take `role: "system"` messages inside `messages`: each becomes a
+/// user turn in its place holding one `<system-reminder>` text block (Anthropic joins
+/// consecutive user turns; the turns before keep their bytes, so a prompt cache still hits),
+/// and one before any other turn joins the top-level `system`.
+fn fold_system_messages(body: &mut Map<String, Value>) {
+    let Some(Value::Array(messages)) = body.remove("messages") else { return };
+    let mut folded = Vec::with_capacity(messages.len());
+    let mut leading = Vec::new();
+    for message in messages {
+        if message.get("role").and_then(Value::as_str) != Some("system") {
+            folded.push(message);
+            continue;
+        }
+        let text = text_blocks(message.get("content"))
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str).map(str::to_string))
+            .collect::<Vec<_>>()
+            .join("\n");
+        if folded.is_empty() {
+            leading.push(json!({"type": "text", "text": text}));
+        } else {
+            let reminder = format!("<system-reminder>\n{text}\n</system-reminder>");
+            folded.push(json!({"role": "user", "content": [{"type": "text", "text": reminder}]}));
+        }
+    }
+    body.insert("messages".into(), Value::Array(folded));
+    if leading.is_empty() {
+        return;
+    }
+    let mut system = match body.remove("system") {
+        Some(Value::String(text)) if !text.is_empty() => vec![json!({"type": "text", "text": text})],
+        Some(Value::Array(blocks)) => blocks,
+        _ => Vec::new(),
+    };
+    system.extend(leading);
+    body.insert("system".into(), Value::Array(system));
 }
 
 /// The Messages request for `target` from an OpenAI-shaped chat request.

@@ -112,8 +112,14 @@ pub trait Provider: Sync {
     fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8>;
 
     /// Headers a request to `target` carries besides the credential and the hop (e.g.
-    /// Anthropic's `anthropic-version` and the caller's allowed `anthropic-beta` flags).
+    /// Anthropic's `anthropic-version` and the caller's `anthropic-beta` flags).
     fn headers(&self, _target: &Target, _request: &ChatRequest, _headers: &mut HeaderMap) {}
+
+    /// The caller's fields that [`Self::body`] had no place for on `target` (named to the
+    /// caller in `X-Shield-Dropped-Fields` when this target answers).
+    fn dropped(&self, _request: &ChatRequest, _target: &Target) -> Vec<String> {
+        Vec::new()
+    }
 
     /// Puts the credential on the request. Sees the final body, so a provider that signs
     /// requests (Bedrock SigV4) signs it here.

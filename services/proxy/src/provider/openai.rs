@@ -40,7 +40,21 @@ impl Provider for OpenAi {
     /// `stream_options`).
     fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
         let ask_usage = stream && self.flavor == Flavor::Openai;
-        request.upstream_body(&target.model, target.extra_body.as_ref(), ask_usage)
+        let effort = reasoning_effort(request, target).map(|effort| ("reasoning_effort", Value::from(effort)));
+        request.upstream_body(&target.model, target.extra_body.as_ref(), ask_usage, effort.as_slice())
+    }
+
+    /// A caller in Anthropic's shape: what this shape has no place for, and its reasoning
+    /// controls unless the target has `reasoning_effort` (adaptive thinking on such a target
+    /// is the model's default reasoning: nothing is dropped).
+    fn dropped(&self, request: &ChatRequest, target: &Target) -> Vec<String> {
+        let Some(origin) = request.anthropic.as_deref() else { return Vec::new() };
+        let mut dropped = Vec::new();
+        if let Some(reasoning) = origin.reasoning.as_ref().filter(|_| !has_reasoning(target)) {
+            dropped.extend(reasoning.fields.iter().map(|f| f.to_string()));
+        }
+        dropped.extend(origin.unmapped.iter().cloned());
+        dropped
     }
 
     fn answer(&self, body: Vec<u8>) -> Option<Answer> {
@@ -57,6 +71,17 @@ impl Provider for OpenAi {
         let reset_hint_ms = matches!(status, 402 | 429).then(|| reset_hint(headers)).flatten();
         Failure { class: classify_status(status, &body), status: Some(status), body: Some(body), reset_hint_ms }
     }
+}
+
+/// Whether the target's capabilities say it takes `reasoning_effort`.
+fn has_reasoning(target: &Target) -> bool {
+    target.capabilities.as_ref().and_then(|c| c.reasoning).unwrap_or(false)
+}
+
+/// The `reasoning_effort` for a caller's thinking or effort, on a target that takes it.
+fn reasoning_effort(request: &ChatRequest, target: &Target) -> Option<&'static str> {
+    let reasoning = request.anthropic.as_deref()?.reasoning.as_ref()?;
+    has_reasoning(target).then_some(reasoning.effort?.as_str())
 }
 
 /// OpenAI's `usage` object: `prompt_tokens` (cached ones included, counted again in
@@ -151,5 +176,30 @@ mod tests {
             "https://x.example.com/v1/openai/deployments/d1/chat/completions?api-version=2024-06-01"
         );
         assert_eq!(OPENAI.endpoint(&target).unwrap().as_str(), "https://x.example.com/v1/chat/completions");
+    }
+
+    #[test]
+    fn thinking_becomes_reasoning_effort_where_the_target_has_it_and_is_named_where_not() {
+        use shield_core::chat_request::{AnthropicOrigin, Effort, Reasoning};
+        let mut request =
+            ChatRequest::parse(br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#).unwrap();
+        request.anthropic = Some(std::sync::Arc::new(AnthropicOrigin {
+            reasoning: Some(Reasoning { effort: Some(Effort::High), fields: vec!["thinking", "output_config.effort"] }),
+            unmapped: vec!["context_management".into()],
+            ..Default::default()
+        }));
+        let target = |capabilities: serde_json::Value| -> Target {
+            serde_json::from_value(serde_json::json!({"base_url": "https://x.example.com/v1", "model": "gpt-x",
+                "capabilities": capabilities}))
+            .unwrap()
+        };
+        let reasoning = target(serde_json::json!({"reasoning": true}));
+        let body: serde_json::Value = serde_json::from_slice(&OPENAI.body(&request, &reasoning, false)).unwrap();
+        assert_eq!(body["reasoning_effort"], "high");
+        assert_eq!(OPENAI.dropped(&request, &reasoning), ["context_management"]);
+        let plain = target(serde_json::json!({}));
+        let body: serde_json::Value = serde_json::from_slice(&OPENAI.body(&request, &plain, false)).unwrap();
+        assert!(body.get("reasoning_effort").is_none());
+        assert_eq!(OPENAI.dropped(&request, &plain), ["thinking", "output_config.effort", "context_management"]);
     }
 }

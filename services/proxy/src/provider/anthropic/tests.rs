@@ -249,3 +249,67 @@ fn openai_temperatures_above_one_are_clamped() {
     let body = request(json!({"model": "m", "temperature": 1.7, "messages": [{"role": "user", "content": "x"}]}));
     assert_eq!(body["temperature"], 1.0);
 }
+
+/// A request as the Anthropic ingress makes it, with the caller's headers.
+fn from_anthropic(body: Value, beta: Option<&str>) -> ChatRequest {
+    let mut request = ChatRequest::parse(br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#).unwrap();
+    let original = body.as_object().unwrap().clone();
+    let system_messages = original["messages"].as_array().unwrap().iter().any(|m| m["role"] == "system");
+    request.anthropic = Some(std::sync::Arc::new(shield_core::chat_request::AnthropicOrigin {
+        original,
+        beta: beta.map(str::to_string),
+        version: Some("2023-06-01".into()),
+        system_messages,
+        ..Default::default()
+    }));
+    request
+}
+
+#[test]
+fn system_messages_are_folded_for_a_model_that_does_not_take_them() {
+    let caller = json!({"model": "team-coder", "max_tokens": 100, "system": [{"type": "text", "text": "S"}],
+        "messages": [{"role": "system", "content": "first"}, {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]});
+    let request = from_anthropic(caller.clone(), None);
+    let folded: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false)).unwrap();
+    assert_eq!(folded["system"], json!([{"type": "text", "text": "S"}, {"type": "text", "text": "first"}]));
+    assert_eq!(
+        folded["messages"],
+        json!([{"role": "user", "content": "hi"},
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>\n# Environment\n</system-reminder>"}]},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}])
+    );
+    let takes = target(json!({"capabilities": {"system_messages": true}}));
+    let kept: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &takes, false)).unwrap();
+    assert_eq!(kept["messages"], caller["messages"], "a model that takes them gets them where they stand");
+}
+
+#[test]
+fn the_callers_beta_and_version_are_forwarded_as_sent_less_what_the_target_strips() {
+    let caller = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
+    let flags = "claude-code-20250219,made-up-2099-01-01,context-management-2025-06-27";
+    let request = from_anthropic(caller, Some(flags));
+    let mut headers = HeaderMap::new();
+    ANTHROPIC.headers(&target(json!({})), &request, &mut headers);
+    assert_eq!(headers["anthropic-beta"], flags);
+    assert_eq!(headers["anthropic-version"], "2023-06-01");
+    let strips = target(json!({"anthropic": {"strip_beta": ["made-up-2099-01-01"]}}));
+    let mut headers = HeaderMap::new();
+    ANTHROPIC.headers(&strips, &request, &mut headers);
+    assert_eq!(headers["anthropic-beta"], "claude-code-20250219,context-management-2025-06-27");
+    let openai_caller =
+        ChatRequest::parse(br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#).unwrap();
+    let mut headers = HeaderMap::new();
+    ANTHROPIC.headers(&strips, &openai_caller, &mut headers);
+    assert!(headers.get("anthropic-beta").is_none());
+}
+
+#[test]
+fn an_openai_callers_fields_without_a_place_are_named() {
+    let request = ChatRequest::parse(
+        br#"{"model": "m", "seed": 1, "response_format": {"type": "json_object"}, "temperature": 1, "messages": []}"#,
+    )
+    .unwrap();
+    assert_eq!(ANTHROPIC.dropped(&request, &target(json!({}))), ["response_format", "seed"]);
+}
