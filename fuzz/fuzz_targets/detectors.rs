@@ -1,8 +1,8 @@
 //! Every detector over arbitrary Unicode text, through the entry points the proxy calls: the
 //! PII and secrets detectors alone (ungated), then a guardrail policy on the input (`check` on
 //! a parsed request's prompt text, as chat.rs), on a whole answer (`check_answer_parts` as
-//! chat.rs, `check_answer` on a completion's body) and on a streamed answer (`StreamGuard`
-//! chunk by chunk, as relay.rs), with the records and refusal texts the proxy writes from
+//! chat.rs, on a typed answer's text) and on a streamed answer (`StreamGuard` delta by delta,
+//! as relay.rs), with the records and refusal texts the proxy writes from
 //! them. The input's first byte chooses the policy's modes (off, monitor, warn, block for each
 //! detector: every pair is one byte flip away) and the stream's chunk size; the rest of it is
 //! text too (bytes that are not UTF-8 read as U+FFFD). One policy per input, not all sixteen:
@@ -17,6 +17,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use shield_core::chat_request::ChatRequest;
 use shield_core::detect;
+use shield_core::exchange::{Answer, Block, Delta};
 use shield_core::guardrails::{Detector, GuardrailPolicy, Mode, Verdict};
 use shield_core::output_guard::{self, StreamGuard};
 
@@ -61,16 +62,15 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(&result.findings, alone, "{} through the policy and alone", result.name);
     }
     assert_eq!(allowed.is_err(), verdict.blocked_by.is_some(), "without tools only a block refuses");
-    // The same answer read from a completion's body.
-    let answer = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]});
-    let answer = answer.as_object().expect("an object");
-    assert_eq!(output_guard::check_answer(&policy, role, answer), (verdict, allowed), "an answer is its choice's text");
+    // The same answer as a provider adapter types it.
+    let answer = Answer { blocks: vec![Block::Text(text.to_string())], ..Answer::default() };
+    let typed = output_guard::check_answer_parts(&policy, role, &answer.text(), &answer.tool_names());
+    assert_eq!(typed, (verdict, allowed), "an answer is its text");
 
     // A streamed answer, as relay.rs: chunk by chunk until one is refused.
     let mut guard = StreamGuard::new(policy, role.map(str::to_string));
     for piece in chunks(text, 1 + usize::from(choice / 16)) {
-        let chunk = json!({"choices": [{"index": 0, "delta": {"content": piece}}]});
-        if guard.check(&chunk).is_err() {
+        if guard.check(&[Delta::Text(piece)]).is_err() {
             break;
         }
     }

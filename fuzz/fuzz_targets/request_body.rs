@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = (request.stream(), request.max_output_tokens(), request.wants_usage(), request.prompt_chars());
     let _ = request.prompt_text();
     for ask_usage in [false, true] {
-        let upstream = request.upstream_body("target-model", None, ask_usage);
+        let upstream = request.upstream_body("target-model", None, ask_usage, &[]);
         let value: serde_json::Value = serde_json::from_slice(&upstream).expect("the upstream body is JSON");
         assert_eq!(value["model"], "target-model");
         assert!(value.get("x_shield").is_none(), "Shield-only fields never go upstream");

@@ -6,6 +6,7 @@
 use futures::StreamExt;
 use libfuzzer_sys::fuzz_target;
 use shield_core::guardrails::{Detector, GuardrailPolicy, Mode};
+use shield_core::exchange::Delta;
 use shield_core::output_guard::StreamGuard;
 
 fn events(chunks: Vec<Vec<u8>>) -> Vec<(String, String)> {
@@ -31,8 +32,8 @@ fuzz_target!(|data: &[u8]| {
         if data == "[DONE]" {
             break;
         }
-        let Ok(chunk) = serde_json::from_str::<serde_json::Value>(&data) else { continue };
-        if guard.check(&chunk).is_err() {
+        // Each event's data as the text a decoder would read from it.
+        if guard.check(&[Delta::Text(data)]).is_err() {
             break;
         }
     }

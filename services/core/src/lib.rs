@@ -14,6 +14,7 @@ pub mod breaker;
 pub mod chat_request;
 pub mod detect;
 pub mod error;
+pub mod exchange;
 pub mod guardrails;
 pub mod keys;
 pub mod limits;

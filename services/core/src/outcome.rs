@@ -139,11 +139,6 @@ fn error_code(body: &[u8]) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(" "))
 }
 
-/// Whether a 2xx JSON object is a chat completion: it has a `choices` array.
-pub fn is_completion(body: &serde_json::Map<String, serde_json::Value>) -> bool {
-    body.get("choices").is_some_and(serde_json::Value::is_array)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,12 +219,5 @@ mod tests {
         );
         assert_eq!(classify_error_event(br#"{"error":{"code":"rate_limit_exceeded"}}"#), Class::RateLimited);
         assert_eq!(classify_error_event(br#"{"error":{"code":"insufficient_quota"}}"#), Class::QuotaExhausted);
-    }
-
-    #[test]
-    fn completions() {
-        let object = |v: serde_json::Value| v.as_object().cloned().unwrap();
-        assert!(is_completion(&object(serde_json::json!({"choices": []}))));
-        assert!(!is_completion(&object(serde_json::json!({"error": {"message": "x"}}))));
     }
 }

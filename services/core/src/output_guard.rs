@@ -4,10 +4,8 @@
 //! since that would turn routing into a guardrail bypass. Tool RBAC is checked on the answer's
 //! tool calls. Results carry kinds and counts, never the matched text.
 
+use crate::exchange::Delta;
 use crate::guardrails::{GuardrailPolicy, GuardrailResult, Verdict};
-#[cfg(test)]
-use serde_json::json;
-use serde_json::{Map, Value};
 
 /// One `x_shield.guardrail_results` entry: a result with the phase it ran in. Serialised
 /// straight into the answer (fields in the order they always had on the wire).
@@ -88,39 +86,8 @@ pub fn blocked_reason(phase: &str, guardrail: &str) -> String {
     format!("Blocked by {} ({phase})", GuardrailPolicy::title(guardrail))
 }
 
-/// The assistant text of a completion (all choices).
-pub fn answer_text(body: &Map<String, Value>) -> String {
-    let choices = body.get("choices").and_then(Value::as_array);
-    choices
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.pointer("/message/content").and_then(Value::as_str))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The tool names a completion (or a stream chunk's delta) asks to call.
-pub fn tool_names(choices: Option<&Vec<Value>>, message_key: &str) -> Vec<String> {
-    choices
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.get(message_key).and_then(|m| m.get("tool_calls")).and_then(Value::as_array))
-        .flatten()
-        .filter_map(|call| call.pointer("/function/name").and_then(Value::as_str).map(str::to_string))
-        .collect()
-}
-
-/// Checks a whole answer: output guardrails, then tool RBAC. `Err` is the refusal reason.
-pub fn check_answer(
-    policy: &GuardrailPolicy,
-    role: Option<&str>,
-    body: &Map<String, Value>,
-) -> (Verdict, Result<(), String>) {
-    let tools = tool_names(body.get("choices").and_then(Value::as_array), "message");
-    check_answer_parts(policy, role, &answer_text(body), &tools)
-}
-
-/// [`check_answer`] on what it reads of an answer: its text and the tools it calls.
+/// Checks a whole answer on what it reads of it, its text and the tools it calls: output
+/// guardrails, then tool RBAC. `Err` is the refusal reason.
 pub fn check_answer_parts(
     policy: &GuardrailPolicy,
     role: Option<&str>,
@@ -162,16 +129,20 @@ impl StreamGuard {
         StreamGuard { policy, role, tail: String::new(), results: Vec::new() }
     }
 
-    /// `Err(reason)` when this chunk must not be forwarded and the stream must end.
-    pub fn check(&mut self, chunk: &Value) -> Result<(), String> {
-        let choices = chunk.get("choices").and_then(Value::as_array);
-        let tools = tool_names(choices, "delta");
-        let tools: Vec<&str> = tools.iter().map(String::as_str).collect();
+    /// `Err(reason)` when these deltas (one upstream event's) must not be forwarded and the
+    /// stream must end.
+    pub fn check(&mut self, deltas: &[Delta]) -> Result<(), String> {
+        let tools: Vec<&str> = deltas
+            .iter()
+            .filter_map(|delta| match delta {
+                Delta::ToolCall { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
         if let Some(tool) = self.policy.refused_tool(self.role.as_deref(), &tools) {
             return Err(tool_refusal(&self.policy, self.role.as_deref(), tool));
         }
-        let text: String =
-            choices.into_iter().flatten().filter_map(|c| c.pointer("/delta/content").and_then(Value::as_str)).collect();
+        let text: String = deltas.iter().filter_map(Delta::text).collect();
         if text.is_empty() {
             return Ok(());
         }
@@ -211,7 +182,7 @@ mod tests {
                         assert_eq!(serde_json::to_string(&record).unwrap(), expected);
                         assert_eq!(
                             serde_json::to_value(&record).unwrap(),
-                            serde_json::from_str::<Value>(&expected).unwrap()
+                            serde_json::from_str::<serde_json::Value>(&expected).unwrap()
                         );
                         assert_eq!(
                             serde_json::to_string(&vec![record.clone(), record]).unwrap(),
@@ -230,21 +201,28 @@ mod tests {
     fn a_secret_split_across_chunks_is_caught() {
         let policy = GuardrailPolicy { secrets_detection: Detector { mode: Mode::Block }, ..Default::default() };
         let mut guard = StreamGuard::new(policy, None);
-        let chunk = |text: &str| json!({"choices": [{"index": 0, "delta": {"content": text}}]});
+        let chunk = |text: &str| [Delta::Text(text.into())];
         assert!(guard.check(&chunk("your key is sk-proj-abcdefghij")).is_ok());
         let blocked = guard.check(&chunk("klmnopqrstuvwxyz0123 enjoy")).unwrap_err();
         assert_eq!(blocked, "Blocked by secrets detection (output)");
+        let mut guard = StreamGuard::new(
+            GuardrailPolicy { secrets_detection: Detector { mode: Mode::Block }, ..Default::default() },
+            None,
+        );
+        let thinking =
+            [Delta::ThinkingStart, Delta::Thinking("the key is sk-proj-abcdefghijklmnopqrstuvwxyz0123".into())];
+        assert!(guard.check(&thinking).is_err(), "thinking reaches some callers: it is guarded too");
     }
 
     #[test]
     fn tool_calls_in_answers_and_deltas() {
         let mut policy = GuardrailPolicy::default();
         policy.tools.allowed_by_role.insert("contractor".into(), vec!["search".into()]);
-        let body = json!({"choices": [{"message": {"content": null, "tool_calls": [{"function": {"name": "shell", "arguments": "{}"}}]}}]});
-        let (_, result) = check_answer(&policy, Some("contractor"), body.as_object().unwrap());
+        let (_, result) = check_answer_parts(&policy, Some("contractor"), "", &["shell".to_string()]);
         assert_eq!(result.unwrap_err(), "Tool `shell` is not allowed for role contractor");
         let mut guard = StreamGuard::new(policy, Some("contractor".into()));
-        let delta = json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "search"}}]}}]});
-        assert!(guard.check(&delta).is_ok());
+        let call = |name: &str| [Delta::ToolCall { index: 0, id: "t".into(), name: name.into() }];
+        assert!(guard.check(&call("search")).is_ok());
+        assert!(guard.check(&call("shell")).is_err());
     }
 }

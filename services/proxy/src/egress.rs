@@ -143,7 +143,7 @@ pub type Events = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<event
 pub struct Opened {
     pub status: u16,
     /// The normalised chunks of the first event that yielded any (the commit point's).
-    pub first: Vec<serde_json::Value>,
+    pub first: Vec<crate::provider::Chunk>,
     pub rest: Events,
     /// The provider's decoder, which goes on with `rest`.
     pub decoder: Box<dyn StreamDecoder>,

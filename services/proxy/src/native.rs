@@ -10,8 +10,8 @@ use serde_json::{Map, Value, json};
 
 use crate::ProxyState;
 use crate::body::{self, ChatRequest};
+use crate::chat::wire::{OpenAiWire, finish_reason, usage_json};
 use crate::chat::{Ingress, Outcome, admit, pipeline, routing_record, with_routing_headers};
-use crate::client_wire::OpenAiWire;
 use crate::dispatch::RoutedResult;
 use crate::egress::Egress;
 use crate::error::ProxyError;
@@ -68,7 +68,7 @@ fn render(outcome: Outcome) -> HttpResponse {
     match outcome {
         Outcome::Relayed(response) => response,
         // Not reached (the endpoint refuses `stream: true`), answered in OpenAI's shape if it were.
-        Outcome::Stream(start) => start.respond(Box::new(OpenAiWire { client_wants_usage: false })),
+        Outcome::Stream(start) => start.respond(Box::new(OpenAiWire::new(false))),
         Outcome::InputBlocked { reason, guardrails } => HttpResponse::Forbidden().json(
             json!({"error": reason, "guardrail_results": guardrails, "routing": {"reason": reason, "halt": "denied"}}),
         ),
@@ -80,14 +80,16 @@ fn render(outcome: Outcome) -> HttpResponse {
                 RoutedResult::Unavailable => None,
             };
             let (status, body) = match result {
-                RoutedResult::Answer { model, body, .. } => {
-                    let body = body.into_tree();
-                    let choice = body.get("choices").and_then(|c| c.get(0));
+                RoutedResult::Answer { model, body, usage, .. } => {
+                    // API.md: the answer's text (null when it only calls tools), the stop in
+                    // Chat Completions' words, the usage as counted.
+                    let answer = &body.answer;
+                    let text = answer.visible_text();
                     let answer = json!({
-                        "id": body.get("id"), "model": model,
-                        "content": choice.and_then(|c| c.pointer("/message/content")).cloned().unwrap_or(Value::Null),
-                        "finish_reason": choice.and_then(|c| c.get("finish_reason")).cloned().unwrap_or(Value::Null),
-                        "usage": body.get("usage"),
+                        "id": answer.id, "model": model,
+                        "content": if text.is_empty() { Value::Null } else { Value::String(text) },
+                        "finish_reason": answer.stop.map(finish_reason),
+                        "usage": usage.as_ref().map(usage_json),
                     });
                     (StatusCode::OK, answer)
                 }

@@ -14,19 +14,20 @@ use std::time::Duration;
 
 use actix_web::web::Bytes;
 use futures_util::StreamExt;
-use serde_json::Value;
 use shield_core::outcome::Class;
 use shield_core::run::Halt;
 use shield_core::usage::TokenUsage;
 
 use crate::client_wire::ClientWire;
+use crate::client_wire::StreamHead;
 use crate::context::{Ending, RequestContext};
 use crate::dispatch::Committed;
 use crate::guard::StreamGuard;
 use crate::health::Health;
-use crate::provider::Decoded;
+use crate::provider::{Chunk, Decoded};
 use crate::resume::Resumer;
 use crate::usage::Paid;
+use shield_core::exchange::Delta;
 
 /// How a relayed stream ended, for the logs (and, with the budgets work, for usage).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +55,7 @@ struct Relay {
     pending: Option<Bytes>,
     first_flushed: bool,
     /// Normalised chunks of the event being relayed (reused across events).
-    chunks: Vec<Value>,
+    chunks: Vec<Chunk>,
     prompt_chars: usize,
     output_chars: usize,
     malformed: u32,
@@ -180,35 +181,33 @@ impl Relay {
 
     /// One normalised chunk to the client: the model set to the target's, and the usage-only
     /// chunk Shield asked for kept back unless the client asked too.
-    fn forward(&mut self, mut chunk: Value) -> Option<Bytes> {
-        if let Err(reason) = self.output.check(&chunk) {
+    fn forward(&mut self, chunk: Chunk) -> Option<Bytes> {
+        if let Err(reason) = self.output.check(&chunk.deltas) {
             return self.block(&reason);
         }
-        let choices = chunk.get("choices").and_then(Value::as_array);
-        for choice in choices.into_iter().flatten() {
-            if let Some(text) = choice.pointer("/delta/content").and_then(Value::as_str) {
-                self.output_chars += text.len();
-                if self.resumer.is_some() {
-                    self.sent_text.push_str(text);
+        for delta in &chunk.deltas {
+            match delta {
+                Delta::Text(text) => {
+                    self.output_chars += text.len();
+                    if self.resumer.is_some() {
+                        self.sent_text.push_str(text);
+                    }
                 }
-            }
-            if choice.pointer("/delta/tool_calls").is_some() {
-                self.saw_tool_calls = true;
+                Delta::Thinking(text) => self.output_chars += text.len(),
+                Delta::ToolCall { .. } | Delta::ToolArguments { .. } => self.saw_tool_calls = true,
+                _ => {}
             }
         }
-        let has_usage = chunk.get("usage").is_some_and(|u| !u.is_null());
-        let usage_only = choices.is_some_and(|c| c.is_empty()) && has_usage;
-        if usage_only && !self.wire.wants_usage_chunk() {
+        // A chunk that only reports usage reaches the client only when it asked for it.
+        if chunk.deltas.is_empty() && chunk.usage && !self.wire.wants_usage_chunk() {
             return None;
         }
-        if let Some(object) = chunk.as_object_mut() {
-            object.insert("model".into(), Value::String(self.committed.model.clone()));
-        }
         let usage = self.usage_so_far();
-        self.wire.chunk(&chunk, usage)
+        let c = &self.committed;
+        let head = StreamHead { id: c.opened.decoder.message_id(), model: &c.model };
+        self.wire.chunk(chunk, &head, usage)
     }
 
-    /// The upstream finished (with or without its end marker): the client gets its own.
     fn finish(&mut self) -> Option<Bytes> {
         self.end(Ok(()));
         let usage = self.usage_so_far();

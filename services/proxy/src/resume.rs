@@ -31,9 +31,10 @@ use crate::body::ChatRequest;
 use crate::dispatch::prepare_for;
 use crate::egress::{Egress, Opened};
 use crate::health::{Health, HeldPermit};
-use crate::provider::Decoded;
+use crate::provider::{Chunk, Decoded};
 use crate::tenant::TenantConfig;
 use crate::usage::Paid;
+use shield_core::exchange::Delta;
 
 /// What a relay needs to re-issue its request (kept only when the route resumes streams).
 pub struct Resumer {
@@ -59,7 +60,7 @@ pub struct Switch {
     pub breaker: BreakerSettings,
     pub idle_timeout: Duration,
     /// Normalised chunks to pass on first (the remainder after what the client has).
-    pub first: Vec<Value>,
+    pub first: Vec<Chunk>,
     /// Characters the new answer produced so far, withheld ones included (for estimates).
     pub read_chars: usize,
 }
@@ -194,21 +195,55 @@ impl Resumer {
     }
 }
 
-/// Drops the whitespace a continuation starts with (in its first chunk with text).
-fn trim_leading_whitespace(chunks: &mut [Value]) {
+/// Drops the whitespace a continuation starts with (in its first chunk with text). A chunk
+/// Shield rewrites goes out rendered from its deltas, never as the provider sent it.
+fn trim_leading_whitespace(chunks: &mut [Chunk]) {
     for chunk in chunks {
-        let Some(text) = chunk.pointer_mut("/choices/0/delta/content") else { continue };
-        let Some(trimmed) = text.as_str().map(|t| t.trim_start().to_string()) else { continue };
-        let was_empty = trimmed.is_empty();
-        *text = Value::String(trimmed);
-        if !was_empty {
-            return;
+        let mut changed = false;
+        for delta in &mut chunk.deltas {
+            let Delta::Text(text) = delta else { continue };
+            let trimmed = text.trim_start();
+            if trimmed.len() != text.len() {
+                *text = trimmed.to_string();
+                changed = true;
+            }
+            if !text.is_empty() {
+                if changed {
+                    chunk.openai = None;
+                }
+                return;
+            }
+        }
+        if changed {
+            chunk.openai = None;
         }
     }
 }
 
-fn text_len(chunk: &Value) -> usize {
-    chunk.pointer("/choices/0/delta/content").and_then(Value::as_str).map_or(0, str::len)
+/// The assistant text a chunk adds.
+fn text_of(chunk: &Chunk) -> String {
+    chunk
+        .deltas
+        .iter()
+        .filter_map(|d| match d {
+            Delta::Text(text) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn text_len(chunk: &Chunk) -> usize {
+    chunk.deltas.iter().map(|d| if let Delta::Text(text) = d { text.len() } else { 0 }).sum()
+}
+
+/// The chunk with its text replaced by `text` (none when empty), rendered from its deltas.
+fn with_text(chunk: Chunk, text: String) -> Chunk {
+    let mut deltas: Vec<Delta> = Vec::with_capacity(chunk.deltas.len() + 1);
+    if !text.is_empty() {
+        deltas.push(Delta::Text(text));
+    }
+    deltas.extend(chunk.deltas.into_iter().filter(|d| !matches!(d, Delta::Text(_))));
+    Chunk { deltas, usage: chunk.usage, openai: None }
 }
 
 /// The request with the text already sent as a trailing assistant message (trailing
@@ -232,43 +267,36 @@ fn with_prefill(request: &ChatRequest, sent: &str) -> ChatRequest {
 /// remainder) and the characters read, or `Err(characters read)` when it diverged or ended.
 async fn reproduce(
     opened: &mut Opened,
-    first: Vec<Value>,
+    first: Vec<Chunk>,
     sent: &str,
     idle: Duration,
     deadline: Instant,
-) -> Result<(Vec<Value>, usize), usize> {
+) -> Result<(Vec<Chunk>, usize), usize> {
     let mut reproduction = Reproduction::new(sent);
     let mut read = 0;
     let mut chunks = first;
     loop {
         let mut out = Vec::new();
         let mut iter = std::mem::take(&mut chunks).into_iter();
-        for mut chunk in iter.by_ref() {
-            if chunk.pointer("/choices/0/delta/tool_calls").is_some() {
+        for chunk in iter.by_ref() {
+            if chunk.deltas.iter().any(|d| matches!(d, Delta::ToolCall { .. } | Delta::ToolArguments { .. })) {
                 return Err(read);
             }
-            let text = chunk.pointer("/choices/0/delta/content").and_then(Value::as_str).unwrap_or("").to_string();
+            let text = text_of(&chunk);
             read += text.len();
             match reproduction.feed(&text) {
                 Verdict::Diverged => return Err(read),
                 Verdict::Pending => {
                     // Withheld. A finish on it ends the answer here: a resume only if the
                     // answer said exactly what was sent (then the finish goes on, textless).
-                    if chunk.pointer("/choices/0/finish_reason").is_some_and(|f| !f.is_null()) {
+                    if chunk.deltas.iter().any(|d| matches!(d, Delta::Stop(_))) {
                         if reproduction.finish() != Verdict::Reproduced(String::new()) {
                             return Err(read);
                         }
-                        strip_delta(&mut chunk);
-                        out.push(chunk);
+                        out.push(with_text(chunk, String::new()));
                     }
                 }
-                Verdict::Reproduced(rest) => {
-                    if let Some(delta) = chunk.pointer_mut("/choices/0/delta").and_then(Value::as_object_mut) {
-                        delta.remove("role");
-                        delta.insert("content".into(), Value::String(rest));
-                    }
-                    out.push(chunk);
-                }
+                Verdict::Reproduced(rest) => out.push(with_text(chunk, rest)),
             }
             if reproduction.is_reproduced() {
                 out.extend(iter.by_ref());
@@ -292,13 +320,5 @@ async fn reproduce(
             },
             _ => return Err(read),
         }
-    }
-}
-
-/// A withheld chunk that only finishes the answer passes on without its text.
-fn strip_delta(chunk: &mut Value) {
-    if let Some(delta) = chunk.pointer_mut("/choices/0/delta").and_then(Value::as_object_mut) {
-        delta.remove("role");
-        delta.remove("content");
     }
 }

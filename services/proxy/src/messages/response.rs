@@ -4,7 +4,8 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, HttpResponseBuilder, ResponseError};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
+use shield_core::exchange::{self, Block, Stop};
 use shield_core::outcome::Class;
 use shield_core::run::Halt;
 use shield_core::usage::TokenUsage;
@@ -43,13 +44,13 @@ pub fn proxy_error(err: &ProxyError) -> HttpResponse {
     response
 }
 
-/// `stop_reason` from `finish_reason`.
-pub fn stop_reason(finish: Option<&str>) -> &'static str {
-    match finish {
-        Some("length") => "max_tokens",
-        Some("tool_calls" | "function_call") => "tool_use",
-        Some("content_filter") => "refusal",
-        _ => "end_turn",
+/// `stop_reason` of a typed stop.
+pub fn stop_reason(stop: Stop) -> &'static str {
+    match stop {
+        Stop::EndTurn => "end_turn",
+        Stop::MaxTokens => "max_tokens",
+        Stop::ToolUse => "tool_use",
+        Stop::Refusal => "refusal",
     }
 }
 
@@ -60,36 +61,33 @@ pub fn usage_json(usage: &TokenUsage) -> Value {
         "cache_read_input_tokens": usage.cache_read, "cache_creation_input_tokens": usage.cache_write})
 }
 
-/// A normalised completion as a `message`.
-fn message(body: &Map<String, Value>, native: Option<&[Value]>, model: &str, usage: TokenUsage) -> Value {
-    let choice = body.get("choices").and_then(|c| c.get(0));
-    let reply = choice.and_then(|c| c.get("message"));
-    let mut content = Vec::new();
-    // An Anthropic target's own blocks, thinking and signatures included, when it had any
-    // (kept by its adapter beside the completion: never anything an upstream put in it).
-    if let Some(native) = native {
-        content.extend_from_slice(native);
-    }
-    if let Some(text) =
-        reply.and_then(|m| m.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty() && native.is_none())
-    {
-        content.push(json!({"type": "text", "text": text}));
-    }
-    let converted = reply.and_then(|m| m.get("tool_calls")).and_then(Value::as_array).filter(|_| native.is_none());
-    for call in converted.into_iter().flatten() {
-        let arguments = call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("{}");
-        let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
-        content.push(json!({"type": "tool_use", "id": call.get("id").cloned().unwrap_or(json!("")),
-            "name": call.pointer("/function/name").cloned().unwrap_or(json!("")), "input": input}));
-    }
-    let id = match body.get("id").and_then(Value::as_str) {
-        Some(id) if id.starts_with("msg_") => id.to_string(),
-        Some(id) => format!("msg_{id}"),
-        None => "msg_shield".into(),
+/// A typed answer as a `message`: every block (thinking and its signature included), in order.
+fn message(answer: &exchange::Answer, model: &str, usage: TokenUsage) -> Value {
+    let content: Vec<Value> = answer
+        .blocks
+        .iter()
+        .filter_map(|block| match block {
+            Block::Text(text) if text.is_empty() => None,
+            Block::Text(text) => Some(json!({"type": "text", "text": text})),
+            Block::Thinking { thinking, signature } => {
+                Some(json!({"type": "thinking", "thinking": thinking, "signature": signature}))
+            }
+            Block::RedactedThinking(data) => Some(json!({"type": "redacted_thinking", "data": data})),
+            Block::ToolUse { id, name, input } => {
+                // Arguments that are not a JSON object (a model's broken output) become `{}`.
+                let input =
+                    serde_json::from_str::<Value>(input).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
+                Some(json!({"type": "tool_use", "id": id, "name": name, "input": input}))
+            }
+        })
+        .collect();
+    let id = match answer.id.as_str() {
+        id if id.starts_with("msg_") => id.to_string(),
+        "" => "msg_shield".into(),
+        id => format!("msg_{id}"),
     };
-    let finish = choice.and_then(|c| c.get("finish_reason")).and_then(Value::as_str);
     json!({"id": id, "type": "message", "role": "assistant", "model": model, "content": content,
-        "stop_reason": stop_reason(finish), "stop_sequence": null, "usage": usage_json(&usage)})
+        "stop_reason": stop_reason(answer.stop.unwrap_or(Stop::EndTurn)), "stop_sequence": null, "usage": usage_json(&usage)})
 }
 
 /// A refusal (input guardrail, deny rule, budget block, output guardrail): a 200 message whose
@@ -131,8 +129,7 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
             let usage = usage.unwrap_or_default();
-            let (chat, native) = body.into_parts();
-            let mut answer = message(&chat, native.as_deref(), &model, usage);
+            let mut answer = message(&body.answer, &model, usage);
             let x_shield = json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
             crate::json::set(&mut answer, &["x_shield"], x_shield);
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(answer)
@@ -233,17 +230,21 @@ mod tests {
     }
 
     #[test]
-    fn an_anthropic_targets_own_blocks_reach_an_anthropic_caller() {
-        let body: Map<String, Value> =
-            serde_json::from_value(json!({"id": "msg_1", "choices": [{"message": {"content": "42",
-            "tool_calls": [{"id": "t", "function": {"name": "f", "arguments": "{}"}}]}, "finish_reason": "stop"}]}))
-            .unwrap();
-        let converted = message(&body, None, "m", TokenUsage::default());
-        assert_eq!(converted["content"].as_array().unwrap().len(), 2, "text and the tool call, converted");
-        let blocks =
-            [json!({"type": "thinking", "thinking": "hm", "signature": "s"}), json!({"type": "text", "text": "42"})];
-        let native = message(&body, Some(&blocks), "m", TokenUsage::default());
-        assert_eq!(native["content"][0]["signature"], "s");
-        assert_eq!(native["content"].as_array().unwrap().len(), 2, "the target's own blocks, nothing added");
+    fn every_typed_block_reaches_an_anthropic_caller_in_order() {
+        let answer = exchange::Answer {
+            id: "chatcmpl-1".into(),
+            blocks: vec![
+                Block::Thinking { thinking: "hm".into(), signature: "s".into() },
+                Block::Text("42".into()),
+                Block::ToolUse { id: "t".into(), name: "f".into(), input: "not json".into() },
+            ],
+            stop: Some(Stop::ToolUse),
+        };
+        let message = message(&answer, "m", TokenUsage::default());
+        assert_eq!(message["id"], "msg_chatcmpl-1");
+        assert_eq!(message["content"][0], json!({"type": "thinking", "thinking": "hm", "signature": "s"}));
+        assert_eq!(message["content"][1], json!({"type": "text", "text": "42"}));
+        assert_eq!(message["content"][2]["input"], json!({}));
+        assert_eq!(message["stop_reason"], "tool_use");
     }
 }

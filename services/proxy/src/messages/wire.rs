@@ -6,17 +6,19 @@
 
 use actix_web::web::Bytes;
 use serde_json::{Value, json};
+use shield_core::exchange::{Delta, Stop};
 use shield_core::usage::TokenUsage;
 
 use super::response::{stop_reason, usage_json};
-use crate::client_wire::ClientWire;
+use crate::client_wire::{ClientWire, StreamHead};
+use crate::provider::Chunk;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Block {
     Text,
     Thinking,
-    /// A tool call by its OpenAI `index`.
-    Tool(u64),
+    /// A tool call by the answer's call index.
+    Tool(u32),
 }
 
 pub struct AnthropicWire {
@@ -26,7 +28,7 @@ pub struct AnthropicWire {
     /// The open content block and its index.
     open: Option<(u64, Block)>,
     next_index: u64,
-    finish: Option<String>,
+    stop: Option<Stop>,
 }
 
 fn event(name: &str, data: &Value) -> String {
@@ -35,20 +37,20 @@ fn event(name: &str, data: &Value) -> String {
 
 impl AnthropicWire {
     pub fn new(model: &str) -> AnthropicWire {
-        AnthropicWire { model: model.to_string(), started: false, open: None, next_index: 0, finish: None }
+        AnthropicWire { model: model.to_string(), started: false, open: None, next_index: 0, stop: None }
     }
 
-    fn start(&mut self, chunk: &Value, usage: &TokenUsage, out: &mut String) {
+    fn start(&mut self, head: Option<&StreamHead<'_>>, usage: &TokenUsage, out: &mut String) {
         if std::mem::replace(&mut self.started, true) {
             return;
         }
-        if let Some(model) = chunk.get("model").and_then(Value::as_str) {
-            self.model = model.to_string();
+        if let Some(head) = head {
+            self.model = head.model.to_string();
         }
-        let id = match chunk.get("id").and_then(Value::as_str) {
+        let id = match head.map(|h| h.id) {
             Some(id) if id.starts_with("msg_") => id.to_string(),
-            Some(id) => format!("msg_{id}"),
-            None => "msg_shield".into(),
+            Some(id) if !id.is_empty() => format!("msg_{id}"),
+            _ => "msg_shield".into(),
         };
         let mut usage = usage_json(usage);
         crate::json::set(&mut usage, &["output_tokens"], json!(1));
@@ -90,49 +92,39 @@ impl AnthropicWire {
         ));
     }
 
-    /// An Anthropic target's thinking, block by block as it came.
-    fn thinking(&mut self, thinking: &Value, out: &mut String) {
-        match thinking.get("start").and_then(Value::as_str) {
-            Some("redacted_thinking") => {
-                let block =
-                    json!({"type": "redacted_thinking", "data": thinking.get("data").cloned().unwrap_or(json!(""))});
-                self.open(Block::Thinking, block, out);
-                self.close(out);
-            }
-            Some(_) => {
-                self.open(Block::Thinking, json!({"type": "thinking", "thinking": ""}), out);
-            }
-            None => {
-                let index = match self.open {
-                    Some((index, Block::Thinking)) => index,
-                    _ => self.open(Block::Thinking, json!({"type": "thinking", "thinking": ""}), out),
-                };
-                let delta = match (thinking.get("thinking"), thinking.get("signature")) {
-                    (Some(text), _) => json!({"type": "thinking_delta", "thinking": text}),
-                    (None, Some(signature)) => json!({"type": "signature_delta", "signature": signature}),
-                    (None, None) => return,
-                };
-                out.push_str(&event(
-                    "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": index, "delta": delta}),
-                ));
-            }
-        }
+    /// Thinking, block by block as it came: a delta goes on the open thinking block (one is
+    /// opened if none is).
+    fn thinking(&mut self, delta: Value, out: &mut String) {
+        let index = match self.open {
+            Some((index, Block::Thinking)) => index,
+            _ => self.open(Block::Thinking, json!({"type": "thinking", "thinking": ""}), out),
+        };
+        out.push_str(&event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        ));
     }
 
-    fn tool(&mut self, call: &Value, out: &mut String) {
-        let tool = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+    fn tool_call(&mut self, tool: u32, id: &str, name: &str, out: &mut String) {
         // Some servers repeat the call's id on every delta: the open block of the same call
-        // index goes on either way.
-        let index = match (self.open, call.get("id").and_then(Value::as_str)) {
-            (Some((index, Block::Tool(open))), _) if open == tool => index,
-            (_, id) => {
-                let name = call.pointer("/function/name").cloned().unwrap_or(json!(""));
-                let block = json!({"type": "tool_use", "id": id.unwrap_or("toolu_shield"), "name": name, "input": {}});
-                self.open(Block::Tool(tool), block, out)
-            }
+        // index goes on.
+        if self.open.is_some_and(|(_, block)| block == Block::Tool(tool)) {
+            return;
+        }
+        let id = if id.is_empty() { "toolu_shield" } else { id };
+        self.open(Block::Tool(tool), json!({"type": "tool_use", "id": id, "name": name, "input": {}}), out);
+    }
+
+    fn tool_arguments(&mut self, tool: u32, partial: &str, out: &mut String) {
+        let index = match self.open {
+            Some((index, Block::Tool(open))) if open == tool => index,
+            _ => self.open(
+                Block::Tool(tool),
+                json!({"type": "tool_use", "id": "toolu_shield", "name": "", "input": {}}),
+                out,
+            ),
         };
-        if let Some(partial) = call.pointer("/function/arguments").and_then(Value::as_str).filter(|a| !a.is_empty()) {
+        if !partial.is_empty() {
             out.push_str(&event(
                 "content_block_delta",
                 &json!({"type": "content_block_delta", "index": index,
@@ -153,36 +145,43 @@ impl AnthropicWire {
 }
 
 impl ClientWire for AnthropicWire {
-    fn chunk(&mut self, chunk: &Value, usage: TokenUsage) -> Option<Bytes> {
+    fn chunk(&mut self, chunk: Chunk, head: &StreamHead<'_>, usage: TokenUsage) -> Option<Bytes> {
         let mut out = String::new();
-        let delta = chunk.pointer("/choices/0/delta");
-        let has_content = delta.is_some_and(|d| {
-            d.get("content").and_then(Value::as_str).is_some_and(|t| !t.is_empty())
-                || d.get("tool_calls").is_some()
-                || d.get(crate::provider::THINKING).is_some()
+        let has_content = chunk.deltas.iter().any(|d| match d {
+            Delta::Stop(_) => false,
+            Delta::Text(text) => !text.is_empty(),
+            _ => true,
         });
         if has_content || self.started {
-            self.start(chunk, &usage, &mut out);
+            self.start(Some(head), &usage, &mut out);
         }
-        if let Some(thinking) = delta.and_then(|d| d.get(crate::provider::THINKING)) {
-            self.thinking(thinking, &mut out);
-        }
-        if let Some(text) = delta.and_then(|d| d.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty()) {
-            self.text(text, &mut out);
-        }
-        for call in delta.and_then(|d| d.get("tool_calls")).and_then(Value::as_array).into_iter().flatten() {
-            self.tool(call, &mut out);
-        }
-        if let Some(finish) = chunk.pointer("/choices/0/finish_reason").and_then(Value::as_str) {
-            self.finish = Some(finish.to_string());
+        for delta in chunk.deltas {
+            match delta {
+                Delta::Text(text) if !text.is_empty() => self.text(&text, &mut out),
+                Delta::Text(_) => {}
+                Delta::ThinkingStart => {
+                    self.open(Block::Thinking, json!({"type": "thinking", "thinking": ""}), &mut out);
+                }
+                Delta::Thinking(text) => self.thinking(json!({"type": "thinking_delta", "thinking": text}), &mut out),
+                Delta::Signature(signature) => {
+                    self.thinking(json!({"type": "signature_delta", "signature": signature}), &mut out)
+                }
+                Delta::RedactedThinking(data) => {
+                    self.open(Block::Thinking, json!({"type": "redacted_thinking", "data": data}), &mut out);
+                    self.close(&mut out);
+                }
+                Delta::ToolCall { index, id, name } => self.tool_call(index, &id, &name, &mut out),
+                Delta::ToolArguments { index, json } => self.tool_arguments(index, &json, &mut out),
+                Delta::Stop(stop) => self.stop = Some(stop),
+            }
         }
         (!out.is_empty()).then(|| Bytes::from(out))
     }
 
     fn done(&mut self, usage: TokenUsage) -> Bytes {
         let mut out = String::new();
-        self.start(&Value::Null, &usage, &mut out);
-        let reason = stop_reason(self.finish.as_deref());
+        self.start(None, &usage, &mut out);
+        let reason = stop_reason(self.stop.unwrap_or(Stop::EndTurn));
         self.end(reason, &usage, &mut out);
         Bytes::from(out)
     }
@@ -194,7 +193,7 @@ impl ClientWire for AnthropicWire {
     /// What was sent stands; the reason follows as text, and the message ends as a refusal.
     fn blocked(&mut self, reason: &str, _model: &str, _guardrails: Value, usage: TokenUsage) -> Bytes {
         let mut out = String::new();
-        self.start(&Value::Null, &usage, &mut out);
+        self.start(None, &usage, &mut out);
         self.close(&mut out);
         self.text(reason, &mut out);
         self.end("refusal", &usage, &mut out);
@@ -225,21 +224,24 @@ mod tests {
             .collect()
     }
 
+    const HEAD: StreamHead<'static> = StreamHead { id: "chatcmpl-1", model: "gpt-x" };
+
+    fn send(wire: &mut AnthropicWire, deltas: Vec<Delta>, usage: TokenUsage) -> Option<Bytes> {
+        wire.chunk(Chunk::of(deltas), &HEAD, usage)
+    }
+
     #[test]
     fn chunks_become_the_event_sequence() {
         let mut wire = AnthropicWire::new("smart");
         let usage = TokenUsage { input: 12, ..TokenUsage::default() };
-        let chunk = |delta: Value, finish: Value| json!({"id": "chatcmpl-1", "model": "gpt-x", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
         let mut all = Vec::new();
-        all.extend(events(
-            &wire.chunk(&chunk(json!({"role": "assistant", "content": "Hel"}), Value::Null), usage).unwrap(),
-        ));
-        all.extend(events(&wire.chunk(&chunk(json!({"content": "lo"}), Value::Null), usage).unwrap()));
-        let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "search", "arguments": ""}}]});
-        all.extend(events(&wire.chunk(&chunk(call, Value::Null), usage).unwrap()));
-        let more = json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"q\":1}"}}]});
-        all.extend(events(&wire.chunk(&chunk(more, Value::Null), usage).unwrap()));
-        assert!(wire.chunk(&chunk(json!({}), json!("tool_calls")), usage).is_none());
+        all.extend(events(&send(&mut wire, vec![Delta::Text("Hel".into())], usage).unwrap()));
+        all.extend(events(&send(&mut wire, vec![Delta::Text("lo".into())], usage).unwrap()));
+        let call = Delta::ToolCall { index: 0, id: "call_1".into(), name: "search".into() };
+        all.extend(events(&send(&mut wire, vec![call], usage).unwrap()));
+        let more = Delta::ToolArguments { index: 0, json: "{\"q\":1}".into() };
+        all.extend(events(&send(&mut wire, vec![more], usage).unwrap()));
+        assert!(send(&mut wire, vec![Delta::Stop(Stop::ToolUse)], usage).is_none());
         all.extend(events(&wire.done(TokenUsage { input: 12, output: 7, ..TokenUsage::default() })));
         let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
@@ -272,16 +274,14 @@ mod tests {
     fn thinking_is_relayed_as_its_own_block_before_the_text() {
         let mut wire = AnthropicWire::new("smart");
         let usage = TokenUsage::default();
-        let chunk = |delta: Value| json!({"choices": [{"index": 0, "delta": delta}]});
-        let thinking = crate::provider::THINKING;
         let mut all = Vec::new();
         for delta in [
-            json!({thinking: {"start": "thinking"}}),
-            json!({thinking: {"thinking": "Let me see."}}),
-            json!({thinking: {"signature": "sig=="}}),
-            json!({"content": "42"}),
+            Delta::ThinkingStart,
+            Delta::Thinking("Let me see.".into()),
+            Delta::Signature("sig==".into()),
+            Delta::Text("42".into()),
         ] {
-            all.extend(events(&wire.chunk(&chunk(delta), usage).unwrap()));
+            all.extend(events(&send(&mut wire, vec![delta], usage).unwrap()));
         }
         let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
@@ -300,21 +300,22 @@ mod tests {
         assert_eq!(all[2].1["delta"], json!({"type": "thinking_delta", "thinking": "Let me see."}));
         assert_eq!(all[3].1["delta"], json!({"type": "signature_delta", "signature": "sig=="}));
         assert_eq!((all[5].1["index"].clone(), all[5].1["content_block"]["type"].clone()), (json!(1), json!("text")));
-        let mut openai = crate::client_wire::OpenAiWire { client_wants_usage: false };
-        assert!(openai.chunk(&chunk(json!({thinking: {"thinking": "x"}})), usage).is_none(), "never to OpenAI callers");
+        let mut openai = crate::chat::wire::OpenAiWire::new(false);
+        let thinking = Chunk::of(vec![Delta::Thinking("x".into())]);
+        assert!(openai.chunk(thinking, &HEAD, usage).is_none(), "never to OpenAI callers");
     }
 
     #[test]
     fn a_repeated_call_id_stays_one_block() {
         let mut wire = AnthropicWire::new("smart");
         let usage = TokenUsage::default();
-        let delta = |args: &str| {
-            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1",
-            "function": {"name": "f", "arguments": args}}]}}]})
-        };
         let mut all = Vec::new();
         for args in ["{\"a\":", "1}"] {
-            all.extend(events(&wire.chunk(&delta(args), usage).unwrap()));
+            let deltas = vec![
+                Delta::ToolCall { index: 0, id: "call_1".into(), name: "f".into() },
+                Delta::ToolArguments { index: 0, json: args.into() },
+            ];
+            all.extend(events(&send(&mut wire, deltas, usage).unwrap()));
         }
         let starts = all.iter().filter(|(n, _)| n == "content_block_start").count();
         assert_eq!(starts, 1, "{all:?}");

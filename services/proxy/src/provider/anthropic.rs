@@ -1,11 +1,14 @@
 //! Anthropic's Messages API (flavor `anthropic`; wire facts in design/ANTHROPIC.md).
 //!
-//! Out: the normalised (OpenAI-shaped) request becomes a Messages request — system messages to
-//! `system`, consecutive same-role messages merged, tool calls and results to `tool_use` /
-//! `tool_result` blocks, image data URLs to base64 image blocks, `stop` to `stop_sequences`,
-//! `max_tokens` always set. In: a `message` becomes a `chat.completion`; stream events become
-//! `chat.completion.chunk`s, and nothing is yielded before the first content, so an `error`
+//! Out: a caller in Anthropic's shape gets its own body back ([`AnthropicOrigin`]); an
+//! OpenAI-shaped request becomes a Messages request — system messages to `system`, consecutive
+//! same-role messages merged, tool calls and results to `tool_use` / `tool_result` blocks,
+//! image data URLs to base64 image blocks, `stop` to `stop_sequences`, `max_tokens` always
+//! set. In: a `message` becomes the typed answer (thinking and its signature included); stream
+//! events become typed deltas, and nothing is yielded before the first content, so an `error`
 //! event before it still fails over (the commit point is the first byte the client gets).
+//!
+//! [`AnthropicOrigin`]: shield_core::chat_request::AnthropicOrigin
 //! Errors: 429 `rate_limit_error` (its reset headers are hints), 529 and 5xx fail over, a 400
 //! saying the prompt is too long is `context_length`, spend limits and an empty credit balance
 //! are exhaustion.
@@ -17,7 +20,9 @@ use shield_core::target::Target;
 use shield_core::usage::TokenUsage;
 use url::Url;
 
-use super::{Answer, Decoded, Provider, StreamDecoder, join, reset_hint};
+use shield_core::exchange::{self, Block, Delta, Stop};
+
+use super::{Answer, Chunk, Completion, Decoded, Provider, StreamDecoder, join, reset_hint};
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
@@ -27,9 +32,6 @@ pub static ANTHROPIC: Anthropic = Anthropic;
 
 /// `max_tokens` when neither the request nor the target's capabilities set one.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
-/// A normalised chunk's delta field carrying thinking (`{start}`, `{thinking}`, `{signature}`):
-/// relayed as thinking blocks to Anthropic-shaped callers, dropped for the others.
-pub const THINKING: &str = "x_thinking";
 
 const VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
 const BETA_HEADER: HeaderName = HeaderName::from_static("anthropic-beta");
@@ -96,44 +98,31 @@ impl Provider for Anthropic {
             return None;
         }
         let blocks = message.get("content")?.as_array()?;
-        let mut text = String::new();
-        let mut tool_calls = Vec::new();
-        for block in blocks {
-            match block.get("type").and_then(Value::as_str) {
-                Some("text") => text.push_str(block.get("text").and_then(Value::as_str).unwrap_or("")),
-                Some("tool_use") => tool_calls.push(tool_call(block, None)),
-                _ => {}
-            }
-        }
-        let mut reply = Map::new();
-        reply.insert("role".into(), json!("assistant"));
-        let has_text = !text.is_empty() || tool_calls.is_empty();
-        reply.insert("content".into(), if has_text { Value::String(text) } else { Value::Null });
-        if !tool_calls.is_empty() {
-            reply.insert("tool_calls".into(), Value::Array(tool_calls));
-        }
-        let finish = finish_reason(message.get("stop_reason").and_then(Value::as_str));
-        let usage = message.get("usage").map(usage_of);
-        let mut completion = Map::new();
-        completion.insert("id".into(), message.get("id").cloned().unwrap_or(json!("msg")));
-        completion.insert("object".into(), json!("chat.completion"));
-        completion.insert("created".into(), json!(unix_now()));
-        completion.insert("model".into(), message.get("model").cloned().unwrap_or(Value::Null));
-        completion.insert("choices".into(), json!([{"index": 0, "message": reply, "finish_reason": finish}]));
-        if let Some(usage) = usage {
-            completion.insert("usage".into(), openai_usage(&usage));
-        }
-        // Thinking blocks (and their signatures) have no place in a chat completion, but a
-        // caller in Anthropic's shape needs them back for its next turn: kept beside it.
-        let body = if blocks
+        let text = |block: &Value, key: &str| block.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
+        let blocks = blocks
             .iter()
-            .any(|b| matches!(b.get("type").and_then(Value::as_str), Some("thinking" | "redacted_thinking")))
-        {
-            super::Completion::Native { chat: completion, blocks: blocks.clone() }
-        } else {
-            super::Completion::Tree(completion)
+            .filter_map(|block| match block.get("type").and_then(Value::as_str) {
+                Some("text") => Some(Block::Text(text(block, "text"))),
+                Some("thinking") => {
+                    Some(Block::Thinking { thinking: text(block, "thinking"), signature: text(block, "signature") })
+                }
+                Some("redacted_thinking") => Some(Block::RedactedThinking(text(block, "data"))),
+                Some("tool_use") => Some(Block::ToolUse {
+                    id: text(block, "id"),
+                    name: text(block, "name"),
+                    input: block.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
+                }),
+                // Server-tool blocks and kinds added later have no place in the typed answer.
+                _ => None,
+            })
+            .collect();
+        let answer = exchange::Answer {
+            id: text(&message, "id"),
+            blocks,
+            stop: message.get("stop_reason").and_then(Value::as_str).map(stop_of),
         };
-        Some(Answer { body, usage })
+        let usage = message.get("usage").map(usage_of);
+        Some(Answer { body: Completion { answer, openai: None }, usage })
     }
 
     fn decoder(&self) -> Box<dyn StreamDecoder> {
@@ -360,28 +349,14 @@ fn tool_choice(choice: &Value) -> Option<Value> {
     }
 }
 
-/// A `tool_use` block as an OpenAI tool call (`index` for stream deltas).
-fn tool_call(block: &Value, index: Option<usize>) -> Value {
-    let arguments = match block.get("input") {
-        Some(input) if index.is_none() => input.to_string(),
-        _ => String::new(),
-    };
-    let mut call = json!({"id": block.get("id").cloned().unwrap_or(Value::Null), "type": "function",
-        "function": {"name": block.get("name").cloned().unwrap_or(Value::Null), "arguments": arguments}});
-    if let (Some(index), Some(object)) = (index, call.as_object_mut()) {
-        object.insert("index".into(), json!(index));
-    }
-    call
-}
-
-/// `stop_reason` → `finish_reason` (ANTHROPIC.md).
-fn finish_reason(stop_reason: Option<&str>) -> Value {
+/// `stop_reason` as the typed stop (ANTHROPIC.md; `stop_sequence` and `pause_turn` end the
+/// turn).
+fn stop_of(stop_reason: &str) -> Stop {
     match stop_reason {
-        Some("max_tokens") => json!("length"),
-        Some("tool_use") => json!("tool_calls"),
-        Some("refusal") => json!("content_filter"),
-        Some(_) => json!("stop"),
-        None => Value::Null,
+        "max_tokens" | "model_context_window_exceeded" => Stop::MaxTokens,
+        "tool_use" => Stop::ToolUse,
+        "refusal" => Stop::Refusal,
+        _ => Stop::EndTurn,
     }
 }
 
@@ -396,15 +371,6 @@ fn usage_of(usage: &Value) -> TokenUsage {
         cache_read,
         cache_write,
     }
-}
-
-fn openai_usage(usage: &TokenUsage) -> Value {
-    json!({"prompt_tokens": usage.input, "completion_tokens": usage.output, "total_tokens": usage.input + usage.output,
-        "prompt_tokens_details": {"cached_tokens": usage.cache_read}})
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// ANTHROPIC.md "Errors" as failure classes.
@@ -440,107 +406,67 @@ fn classify_event(data: &Value) -> Class {
     }
 }
 
-/// Per-stream state: the message's id and model from `message_start`, which content block is
-/// which tool call, and the usage (input from `message_start`, output from `message_delta`).
+/// Per-stream state: the message's id from `message_start`, which content block is which
+/// tool call, and the usage (input from `message_start`, output from `message_delta`).
 #[derive(Default)]
 struct Decoder {
-    id: Value,
-    model: Value,
+    id: String,
     usage: Option<TokenUsage>,
-    /// Whether a chunk was emitted yet (the first carries `role`).
-    started: bool,
     /// `message_delta` brought the final output count.
     usage_final: bool,
     /// Content block index → tool call index, for tool-use blocks.
-    tools: Vec<(u64, usize)>,
+    tools: Vec<(u64, u32)>,
 }
 
 impl Decoder {
-    fn chunk(&mut self, delta: Value, finish: Value) -> Value {
-        let mut delta = delta;
-        if !self.started {
-            self.started = true;
-            if let Some(object) = delta.as_object_mut() {
-                object.insert("role".into(), json!("assistant"));
-            }
-        }
-        json!({"id": self.id, "object": "chat.completion.chunk", "created": unix_now(), "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-    }
-
-    fn tool_index(&self, block: u64) -> Option<usize> {
+    fn tool_index(&self, block: u64) -> Option<u32> {
         self.tools.iter().find(|(b, _)| *b == block).map(|(_, i)| *i)
     }
 }
 
 impl StreamDecoder for Decoder {
-    fn decode(&mut self, event: &str, data: &str, out: &mut Vec<Value>) -> Decoded {
+    fn decode(&mut self, event: &str, data: &str, out: &mut Vec<Chunk>) -> Decoded {
         let Ok(value) = serde_json::from_str::<Value>(data) else { return Decoded::Malformed };
         let kind = value.get("type").and_then(Value::as_str).unwrap_or(event);
+        let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
         match kind {
             "message_start" => {
                 let message = value.get("message").unwrap_or(&Value::Null);
-                self.id = message.get("id").cloned().unwrap_or(Value::Null);
-                self.model = message.get("model").cloned().unwrap_or(Value::Null);
+                self.id = text(message, "id");
                 self.usage = message.get("usage").map(usage_of);
             }
             "content_block_start" => {
                 let block = value.get("content_block").unwrap_or(&Value::Null);
                 let index = value.get("index").and_then(Value::as_u64).unwrap_or(0);
-                match block.get("type").and_then(Value::as_str) {
-                    Some("text") => {
-                        if let Some(text) = block.get("text").and_then(Value::as_str).filter(|t| !t.is_empty()) {
-                            let chunk = self.chunk(json!({"content": text}), Value::Null);
-                            out.push(chunk);
-                        }
-                    }
+                let delta = match block.get("type").and_then(Value::as_str) {
+                    Some("text") => Some(text(block, "text")).filter(|t| !t.is_empty()).map(Delta::Text),
                     Some("tool_use") => {
-                        let tool = self.tools.len();
+                        let tool = self.tools.len() as u32;
                         self.tools.push((index, tool));
-                        let call = tool_call(block, Some(tool));
-                        let chunk = self.chunk(json!({"tool_calls": [call]}), Value::Null);
-                        out.push(chunk);
+                        Some(Delta::ToolCall { index: tool, id: text(block, "id"), name: text(block, "name") })
                     }
-                    Some("thinking") => {
-                        let chunk = self.chunk(json!({THINKING: {"start": "thinking"}}), Value::Null);
-                        out.push(chunk);
-                    }
-                    Some("redacted_thinking") => {
-                        let data = block.get("data").cloned().unwrap_or(json!(""));
-                        let chunk =
-                            self.chunk(json!({THINKING: {"start": "redacted_thinking", "data": data}}), Value::Null);
-                        out.push(chunk);
-                    }
-                    _ => {}
+                    Some("thinking") => Some(Delta::ThinkingStart),
+                    Some("redacted_thinking") => Some(Delta::RedactedThinking(text(block, "data"))),
+                    _ => None,
+                };
+                if let Some(delta) = delta {
+                    out.push(Chunk::of(vec![delta]));
                 }
             }
             "content_block_delta" => {
-                let delta = value.get("delta").unwrap_or(&Value::Null);
                 let index = value.get("index").and_then(Value::as_u64).unwrap_or(0);
-                match delta.get("type").and_then(Value::as_str) {
-                    Some("text_delta") => {
-                        let text = delta.get("text").cloned().unwrap_or(json!(""));
-                        let chunk = self.chunk(json!({"content": text}), Value::Null);
-                        out.push(chunk);
-                    }
+                let delta = value.get("delta").unwrap_or(&Value::Null);
+                let delta = match delta.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => Delta::Text(text(delta, "text")),
                     Some("input_json_delta") => {
                         let Some(tool) = self.tool_index(index) else { return Decoded::Malformed };
-                        let partial = delta.get("partial_json").cloned().unwrap_or(json!(""));
-                        let call = json!({"index": tool, "function": {"arguments": partial}});
-                        let chunk = self.chunk(json!({"tool_calls": [call]}), Value::Null);
-                        out.push(chunk);
+                        Delta::ToolArguments { index: tool, json: text(delta, "partial_json") }
                     }
-                    // Thinking travels beside the content, for Anthropic-shaped callers only.
-                    Some("thinking_delta") => {
-                        let text = delta.get("thinking").cloned().unwrap_or(json!(""));
-                        out.push(self.chunk(json!({THINKING: {"thinking": text}}), Value::Null));
-                    }
-                    Some("signature_delta") => {
-                        let signature = delta.get("signature").cloned().unwrap_or(json!(""));
-                        out.push(self.chunk(json!({THINKING: {"signature": signature}}), Value::Null));
-                    }
-                    _ => {}
-                }
+                    Some("thinking_delta") => Delta::Thinking(text(delta, "thinking")),
+                    Some("signature_delta") => Delta::Signature(text(delta, "signature")),
+                    _ => return Decoded::Continue,
+                };
+                out.push(Chunk::of(vec![delta]));
             }
             "message_delta" => {
                 if let Some(output) = value.pointer("/usage/output_tokens").and_then(Value::as_u64) {
@@ -548,13 +474,8 @@ impl StreamDecoder for Decoder {
                     usage.output = output;
                     self.usage_final = true;
                 }
-                let finish = finish_reason(value.pointer("/delta/stop_reason").and_then(Value::as_str));
-                let chunk = self.chunk(json!({}), finish);
-                out.push(chunk);
-                if let Some(usage) = self.usage {
-                    out.push(json!({"id": self.id, "object": "chat.completion.chunk", "created": unix_now(),
-                        "model": self.model, "choices": [], "usage": openai_usage(&usage)}));
-                }
+                let stop = value.pointer("/delta/stop_reason").and_then(Value::as_str).map(stop_of);
+                out.push(Chunk { deltas: stop.map(Delta::Stop).into_iter().collect(), usage: true, openai: None });
             }
             "message_stop" => return Decoded::Done,
             "error" => return Decoded::Error(classify_event(&value), data.as_bytes().to_vec()),
@@ -562,6 +483,10 @@ impl StreamDecoder for Decoder {
             _ => {}
         }
         Decoded::Continue
+    }
+
+    fn message_id(&self) -> &str {
+        &self.id
     }
 
     fn usage(&self) -> Option<TokenUsage> {

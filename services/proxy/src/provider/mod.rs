@@ -1,29 +1,30 @@
 //! The provider seam: one adapter per target `flavor` owns everything about a provider's wire
 //! format, and nothing else in the request path knows it.
 //!
-//! An adapter builds the request (URL, headers, body) from the caller's normalised chat
-//! request, authenticates it (a hook that sees the final body, so a signing provider fits),
-//! turns a 2xx answer into a normalised [`Answer`], turns the upstream's SSE events into
-//! normalised chunks ([`StreamDecoder`]), and turns an error answer (status, headers, body)
-//! into a failure class with its reset hint. Planning, the attempt loop, breakers, guardrails,
-//! the relay and accounting see only the normalised types.
+//! An adapter builds the request (URL, headers, body) from the caller's chat request,
+//! authenticates it (a hook that sees the final body, so a signing provider fits), parses a
+//! 2xx answer into the typed answer ([`shield_core::exchange::Answer`]), decodes the upstream's
+//! stream events into typed deltas ([`StreamDecoder`], [`Chunk`]), and turns an error answer
+//! (status, headers, body) into a failure class with its reset hint. Planning, the attempt
+//! loop, breakers, guardrails, the relay and accounting see only the typed answer and deltas,
+//! with usage as [`TokenUsage`].
 //!
-//! The normalised shapes are OpenAI's Chat Completions objects held as JSON (a
-//! `chat.completion` ([`Completion`]: the OpenAI adapter keeps the upstream's own bytes and
-//! reads them with one borrowed parse; every other adapter converts once into a map),
-//! `chat.completion.chunk` values) with usage as [`TokenUsage`].
+//! The one exception is the same shape on both sides: an OpenAI-flavour target's answer (and
+//! each of its stream chunks) is kept as sent beside the typed one, and an OpenAI-shaped
+//! caller gets it with only `model` set, so fields the typed answer does not model (several
+//! choices, `logprobs`, `system_fingerprint`) are not lost there and no answer is rebuilt.
 //!
 //! Adding a provider: one module implementing [`Provider`], one arm in [`for_flavor`], its
 //! tests. Adapters never log a header value or a body.
 
 mod anthropic;
-mod completion;
 mod openai;
 
-pub use anthropic::THINKING;
+pub use openai::OpenAiAnswer;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
+use shield_core::exchange::{self, Delta};
 use shield_core::outcome::Class;
 use shield_core::target::{Flavor, Target};
 use shield_core::usage::TokenUsage;
@@ -32,14 +33,36 @@ use url::Url;
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
-pub use completion::Completion;
-
-/// A 2xx answer, normalised.
+/// A 2xx answer, parsed.
 #[derive(Debug)]
 pub struct Answer {
     pub body: Completion,
     /// What the provider reported; `None` when it reported nothing usable (then estimated).
     pub usage: Option<TokenUsage>,
+}
+
+/// An answer, typed, and (from an OpenAI-flavour target) as the upstream sent it.
+#[derive(Debug)]
+pub struct Completion {
+    pub answer: exchange::Answer,
+    pub openai: Option<OpenAiAnswer>,
+}
+
+/// What one upstream stream event came to: typed deltas, whether it reported usage, and (from
+/// an OpenAI-flavour target) the chunk as sent.
+#[derive(Debug, Default, Clone)]
+pub struct Chunk {
+    pub deltas: Vec<Delta>,
+    /// The event carried a usage report (read into the decoder's [`StreamDecoder::usage`]).
+    pub usage: bool,
+    /// The `chat.completion.chunk` as an OpenAI-flavour target sent it.
+    pub openai: Option<Value>,
+}
+
+impl Chunk {
+    pub fn of(deltas: Vec<Delta>) -> Chunk {
+        Chunk { deltas, ..Chunk::default() }
+    }
 }
 
 /// A target's credential, prepared once per snapshot version and applied per request by its
@@ -78,7 +101,7 @@ impl Credential {
 /// What one upstream SSE event came to.
 #[derive(Debug, PartialEq)]
 pub enum Decoded {
-    /// Go on; any normalised chunks were appended to the caller's buffer.
+    /// Go on; any chunks were appended to the caller's buffer.
     Continue,
     /// The provider said the answer is complete (`[DONE]`, `message_stop`).
     Done,
@@ -88,12 +111,14 @@ pub enum Decoded {
     Error(Class, Vec<u8>),
 }
 
-/// Turns one provider's stream events into normalised chunks, keeping what it needs across
-/// events (ids, the answering model, tool-call indices, usage).
+/// Turns one provider's stream events into typed chunks, keeping what it needs across events
+/// (the message id, tool-call indices, usage).
 pub trait StreamDecoder: Send {
     /// Decodes one event (`event` is the SSE `event:` name, empty when absent), appending the
-    /// normalised chunks it yields to `out`.
-    fn decode(&mut self, event: &str, data: &str, out: &mut Vec<Value>) -> Decoded;
+    /// chunks it yields to `out`.
+    fn decode(&mut self, event: &str, data: &str, out: &mut Vec<Chunk>) -> Decoded;
+    /// The provider's id for the message, once an event said it (empty until then).
+    fn message_id(&self) -> &str;
     /// The usage reported so far.
     fn usage(&self) -> Option<TokenUsage>;
     /// Whether [`Self::usage`] is the provider's final figure (a stream that broke before it
@@ -127,7 +152,7 @@ pub trait Provider: Sync {
         headers.insert(credential.header.clone(), credential.value.clone());
     }
 
-    /// A 2xx body as a normalised answer; `None` when it is not a completion (bad response).
+    /// A 2xx body as a typed answer; `None` when it is not an answer (bad response).
     fn answer(&self, body: Vec<u8>) -> Option<Answer>;
 
     /// A decoder for one streamed answer.

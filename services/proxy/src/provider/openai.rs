@@ -1,15 +1,21 @@
-//! OpenAI's Chat Completions (flavors `openai` and `azure`): the normalised shapes are this
-//! provider's own, so requests go out as the caller sent them (Shield-only fields removed,
-//! `model` and `extra_body` written on the fly) and answers come back as parsed.
+//! OpenAI's Chat Completions (flavors `openai` and `azure`). Requests from OpenAI-shaped
+//! callers go out as sent (Shield-only fields removed, `model` and `extra_body` written on the
+//! fly); answers and stream chunks are read into the typed answer and deltas, and kept as sent
+//! for OpenAI-shaped callers ([`completion`]).
+
+mod completion;
 
 use http::header::HeaderMap;
 use serde_json::Value;
+use shield_core::exchange::Delta;
 use shield_core::outcome::{classify_error_event, classify_status};
 use shield_core::target::{Flavor, Target};
 use shield_core::usage::TokenUsage;
 use url::Url;
 
-use super::{Answer, Completion, Decoded, Provider, StreamDecoder, join, reset_hint};
+pub use completion::OpenAiAnswer;
+
+use super::{Answer, Chunk, Completion, Decoded, Provider, StreamDecoder, join, reset_hint};
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
@@ -58,13 +64,12 @@ impl Provider for OpenAi {
     }
 
     fn answer(&self, body: Vec<u8>) -> Option<Answer> {
-        let completion = Completion::parse_openai(body)?;
-        let usage = completion.token_usage();
-        Some(Answer { body: completion, usage })
+        let (openai, answer, usage) = OpenAiAnswer::parse(body)?;
+        Some(Answer { body: Completion { answer, openai: Some(openai) }, usage })
     }
 
     fn decoder(&self) -> Box<dyn StreamDecoder> {
-        Box::new(Decoder { usage: None })
+        Box::new(Decoder::default())
     }
 
     fn failure(&self, status: u16, headers: &HeaderMap, body: Vec<u8>) -> Failure {
@@ -93,13 +98,46 @@ pub(super) fn usage_of(usage: &Value) -> Option<TokenUsage> {
     Some(TokenUsage { input, output, cache_read, cache_write: 0 })
 }
 
-/// Chunks pass through as parsed; `[DONE]` ends; an `error` object is the provider's error.
+/// Each chunk is read into typed deltas and kept as sent; `[DONE]` ends; an `error` object is
+/// the provider's error.
+#[derive(Default)]
 struct Decoder {
     usage: Option<TokenUsage>,
+    id: String,
+}
+
+/// A chunk's typed deltas: every choice's text, tool-call openings and argument pieces, and
+/// its finish reason.
+fn deltas_of(chunk: &Value) -> Vec<Delta> {
+    let mut deltas = Vec::new();
+    for choice in chunk.get("choices").and_then(Value::as_array).into_iter().flatten() {
+        let delta = choice.get("delta");
+        if let Some(text) = delta.and_then(|d| d.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+            deltas.push(Delta::Text(text.to_string()));
+        }
+        for call in delta.and_then(|d| d.get("tool_calls")).and_then(Value::as_array).into_iter().flatten() {
+            let index = call.get("index").and_then(Value::as_u64).unwrap_or(0) as u32;
+            let function = call.get("function");
+            let id = call.get("id").and_then(Value::as_str);
+            let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
+            if id.is_some() || name.is_some() {
+                let (id, name) = (id.unwrap_or_default().to_string(), name.unwrap_or_default().to_string());
+                deltas.push(Delta::ToolCall { index, id, name });
+            }
+            let arguments = function.and_then(|f| f.get("arguments")).and_then(Value::as_str);
+            if let Some(json) = arguments.filter(|a| !a.is_empty()) {
+                deltas.push(Delta::ToolArguments { index, json: json.to_string() });
+            }
+        }
+        if let Some(finish) = choice.get("finish_reason").and_then(Value::as_str) {
+            deltas.push(Delta::Stop(completion::stop_of(finish)));
+        }
+    }
+    deltas
 }
 
 impl StreamDecoder for Decoder {
-    fn decode(&mut self, _event: &str, data: &str, out: &mut Vec<Value>) -> Decoded {
+    fn decode(&mut self, _event: &str, data: &str, out: &mut Vec<Chunk>) -> Decoded {
         if data.trim() == "[DONE]" {
             return Decoded::Done;
         }
@@ -108,14 +146,24 @@ impl StreamDecoder for Decoder {
                 Decoded::Error(classify_error_event(data.as_bytes()), data.as_bytes().to_vec())
             }
             Ok(chunk @ Value::Object(_)) => {
-                if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()).and_then(usage_of) {
-                    self.usage = Some(usage);
+                let reported = chunk.get("usage").filter(|u| !u.is_null()).and_then(usage_of);
+                if reported.is_some() {
+                    self.usage = reported;
                 }
-                out.push(chunk);
+                if self.id.is_empty()
+                    && let Some(id) = chunk.get("id").and_then(Value::as_str)
+                {
+                    self.id = id.to_string();
+                }
+                out.push(Chunk { deltas: deltas_of(&chunk), usage: reported.is_some(), openai: Some(chunk) });
                 Decoded::Continue
             }
             _ => Decoded::Malformed,
         }
+    }
+
+    fn message_id(&self) -> &str {
+        &self.id
     }
 
     fn usage(&self) -> Option<TokenUsage> {
@@ -135,7 +183,7 @@ mod tests {
 
     /// A stream's error event, classified.
     fn first_error(data: &str) -> Option<Class> {
-        match (Decoder { usage: None }).decode("", data, &mut Vec::new()) {
+        match Decoder::default().decode("", data, &mut Vec::new()) {
             Decoded::Error(class, _) => Some(class),
             _ => None,
         }
@@ -145,7 +193,7 @@ mod tests {
     fn answers_keep_the_upstreams_parse_and_read_usage() {
         let body = br#"{"id":"c","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}"#;
         let answer = OPENAI.answer(body.to_vec()).unwrap();
-        assert_eq!(answer.body.text(), "hi");
+        assert_eq!(answer.body.answer.text(), "hi");
         assert_eq!(answer.usage, Some(TokenUsage { input: 10, output: 3, cache_read: 4, cache_write: 0 }));
         assert!(OPENAI.answer(br#"{"error":{"message":"x"}}"#.to_vec()).is_none(), "not a completion");
         assert!(OPENAI.answer(b"garbage".to_vec()).is_none());
@@ -157,10 +205,22 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(decoder.decode("", r#"{"choices":[{"delta":{"content":"a"}}]}"#, &mut out), Decoded::Continue);
         assert_eq!(out.len(), 1);
+        assert_eq!(out[0].deltas, [Delta::Text("a".into())]);
+        let call = r#"{"id":"c1","choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"f","arguments":"{\"a\""}}]},"finish_reason":null}]}"#;
+        decoder.decode("", call, &mut out);
+        assert_eq!(
+            out[1].deltas,
+            [
+                Delta::ToolCall { index: 0, id: "call_1".into(), name: "f".into() },
+                Delta::ToolArguments { index: 0, json: "{\"a\"".into() }
+            ]
+        );
+        assert_eq!(decoder.message_id(), "c1");
         assert_eq!(decoder.decode("", "{nope", &mut out), Decoded::Malformed);
         let usage = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
         assert_eq!(decoder.decode("", usage, &mut out), Decoded::Continue);
         assert_eq!(decoder.usage().map(|u| (u.input, u.output)), Some((5, 2)));
+        assert!(out.last().unwrap().usage && out.last().unwrap().deltas.is_empty());
         assert_eq!(decoder.decode("", "[DONE]", &mut out), Decoded::Done);
         assert_eq!(first_error(r#"{"error":{"code":"rate_limit_exceeded"}}"#), Some(Class::RateLimited));
     }

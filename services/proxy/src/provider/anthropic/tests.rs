@@ -74,7 +74,7 @@ fn request_with_max(max: u64) -> Value {
 }
 
 #[test]
-fn answers_become_completions_with_usage_and_tool_calls() {
+fn answers_become_typed_answers_with_usage_and_tool_calls() {
     let message = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
         "content": [{"type": "text", "text": "Let me look."},
             {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"q": "x"}}],
@@ -82,27 +82,32 @@ fn answers_become_completions_with_usage_and_tool_calls() {
         "usage": {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20}});
     let answer = ANTHROPIC.answer(message.to_string().into_bytes()).unwrap();
     let usage = answer.usage;
-    let body = answer.body.into_tree();
-    let choice = &body["choices"][0];
-    assert_eq!(choice["finish_reason"], "tool_calls");
-    assert_eq!(choice["message"]["content"], "Let me look.");
-    assert_eq!(choice["message"]["tool_calls"][0]["id"], "toolu_1");
-    assert_eq!(choice["message"]["tool_calls"][0]["function"]["arguments"], r#"{"q":"x"}"#);
+    assert!(answer.body.openai.is_none());
+    let typed = answer.body.answer;
+    assert_eq!(typed.id, "msg_1");
+    assert_eq!(typed.stop, Some(Stop::ToolUse));
+    assert_eq!(
+        typed.blocks,
+        [
+            Block::Text("Let me look.".into()),
+            Block::ToolUse { id: "toolu_1".into(), name: "search".into(), input: r#"{"q":"x"}"#.into() }
+        ]
+    );
     assert_eq!(usage, Some(TokenUsage { input: 130, output: 5, cache_read: 100, cache_write: 20 }));
-    assert_eq!(body["usage"]["prompt_tokens"], 130);
-    assert_eq!(body["object"], "chat.completion");
-    for (reason, finish) in [("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length")] {
+    for (reason, stop) in
+        [("end_turn", Stop::EndTurn), ("stop_sequence", Stop::EndTurn), ("max_tokens", Stop::MaxTokens)]
+    {
         let message = json!({"type": "message", "content": [], "stop_reason": reason});
         let answer = ANTHROPIC.answer(message.to_string().into_bytes()).unwrap();
-        assert_eq!(answer.body.into_tree()["choices"][0]["finish_reason"], finish);
+        assert_eq!(answer.body.answer.stop, Some(stop));
     }
     assert!(ANTHROPIC.answer(br#"{"type":"error","error":{"type":"api_error"}}"#.to_vec()).is_none());
     assert!(ANTHROPIC.answer(b"nope".to_vec()).is_none());
 }
 
-/// A whole text + tool stream, event by event: nothing before the first content, then chunks.
+/// A whole text + tool stream, event by event: nothing before the first content, then deltas.
 #[test]
-fn streams_become_chunks_after_the_first_content() {
+fn streams_become_deltas_after_the_first_content() {
     let events = [
         (
             "message_start",
@@ -148,19 +153,22 @@ fn streams_become_chunks_after_the_first_content() {
         }
     }
     assert_eq!(decoder.decode("message_stop", r#"{"type":"message_stop"}"#, &mut out), Decoded::Done);
-    assert_eq!(out[0]["choices"][0]["delta"], json!({"role": "assistant", "content": "Hel"}));
-    assert_eq!(out[1]["choices"][0]["delta"], json!({"content": "lo"}));
-    assert_eq!(out[2]["choices"][0]["delta"]["tool_calls"][0]["id"], "toolu_1");
-    let arguments: String = out
-        .iter()
-        .filter_map(|c| c.pointer("/choices/0/delta/tool_calls/0/function/arguments").and_then(Value::as_str))
-        .collect();
-    assert_eq!(arguments, r#"{"q":"x"}"#);
-    let finish = &out[out.len() - 2];
-    assert_eq!(finish["choices"][0]["finish_reason"], "tool_calls");
-    assert_eq!(out.last().unwrap()["usage"]["completion_tokens"], 15);
+    let deltas: Vec<Delta> = out.iter().flat_map(|c| c.deltas.clone()).collect();
+    assert_eq!(
+        deltas,
+        [
+            Delta::Text("Hel".into()),
+            Delta::Text("lo".into()),
+            Delta::ToolCall { index: 0, id: "toolu_1".into(), name: "search".into() },
+            Delta::ToolArguments { index: 0, json: "{\"q\":".into() },
+            Delta::ToolArguments { index: 0, json: "\"x\"}".into() },
+            Delta::Stop(Stop::ToolUse),
+        ]
+    );
+    assert!(out.last().unwrap().usage, "message_delta reports the usage");
+    assert!(out.iter().all(|c| c.openai.is_none()));
     assert_eq!(decoder.usage(), Some(TokenUsage { input: 12, output: 15, cache_read: 0, cache_write: 0 }));
-    assert!(out.iter().all(|c| c["id"] == "msg_1" && c["object"] == "chat.completion.chunk"));
+    assert_eq!(decoder.message_id(), "msg_1");
 }
 
 #[test]
@@ -218,7 +226,7 @@ fn the_version_header_and_the_key_header() {
 }
 
 #[test]
-fn usage_is_final_only_after_message_delta_and_thinking_is_kept_aside() {
+fn usage_is_final_only_after_message_delta_and_thinking_is_typed() {
     let mut decoder = ANTHROPIC.decoder();
     let mut out = Vec::new();
     let start =
@@ -231,17 +239,10 @@ fn usage_is_final_only_after_message_delta_and_thinking_is_kept_aside() {
 
     let message = json!({"type": "message", "content": [{"type": "thinking", "thinking": "hm", "signature": "sig"},
         {"type": "text", "text": "42"}], "stop_reason": "end_turn"});
-    let completion = ANTHROPIC.answer(message.to_string().into_bytes()).unwrap().body;
-    assert!(completion.text().contains("hm"), "the output guardrails read the thinking too");
-    let (body, native) = completion.into_parts();
-    assert_eq!(native.unwrap()[0]["signature"], "sig", "kept for Anthropic-shaped callers");
-    assert_eq!(body["choices"][0]["message"]["content"], "42", "no thinking in the text");
-    assert!(
-        body.keys().all(|k| ["id", "object", "created", "model", "choices", "usage"].contains(&k.as_str())),
-        "{body:?}"
-    );
-    let plain = json!({"type": "message", "content": [{"type": "text", "text": "42"}], "stop_reason": "end_turn"});
-    assert!(ANTHROPIC.answer(plain.to_string().into_bytes()).unwrap().body.into_parts().1.is_none());
+    let answer = ANTHROPIC.answer(message.to_string().into_bytes()).unwrap().body.answer;
+    assert!(answer.text().contains("hm"), "the output guardrails read the thinking too");
+    assert_eq!(answer.blocks[0], Block::Thinking { thinking: "hm".into(), signature: "sig".into() });
+    assert_eq!(answer.visible_text(), "42", "no thinking in the text");
 }
 
 #[test]

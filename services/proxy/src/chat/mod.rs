@@ -22,7 +22,7 @@ use shield_core::usage::{TokenUsage, budget_state};
 
 use crate::auth::authenticate;
 use crate::body::{self, ChatRequest};
-use crate::client_wire::{ClientWire, OpenAiWire};
+use crate::client_wire::ClientWire;
 use crate::context::{Ending, RequestContext};
 use crate::dispatch::{Call, Committed, HOP_HEADER, Routed, RoutedResult, dispatch, dispatch_stream};
 use crate::egress::Egress;
@@ -33,6 +33,10 @@ use crate::resume::Resumer;
 use crate::tenant::TenantConfig;
 use crate::usage::Paid;
 use crate::{ProxyState, default_path};
+
+pub mod wire;
+
+use wire::OpenAiWire;
 
 pub const UPSTREAM_KEY_HEADER: &str = "x-shield-upstream-key";
 // Shield's answer headers, as names parsed once rather than per answer.
@@ -66,7 +70,7 @@ pub async fn chat_completions(
         let served = pipeline(&req, caller, raw, &request, &state, &egress, ingress).await?;
         Ok::<_, ProxyError>(served.render(|outcome| match outcome {
             Outcome::Relayed(response) => response,
-            Outcome::Stream(start) => start.respond(Box::new(OpenAiWire { client_wants_usage: request.wants_usage() })),
+            Outcome::Stream(start) => start.respond(Box::new(OpenAiWire::new(request.wants_usage()))),
             Outcome::InputBlocked { reason, guardrails } => refusal(&request, &reason, None, guardrails),
             Outcome::Routed { routed, guardrails } => respond(*routed, &request, guardrails),
         }))
@@ -283,8 +287,8 @@ pub async fn pipeline(
         let (verdict, allowed) = guard::check_answer_parts(
             &tenant.snapshot.guardrails,
             caller.role.as_deref(),
-            &body.text(),
-            &body.tool_names(),
+            &body.answer.text(),
+            &body.answer.tool_names(),
         );
         guardrails.extend(guard::results_json("output", &verdict.results));
         if let Err(reason) = allowed {
@@ -338,7 +342,7 @@ fn paid(config: &TenantConfig, request: &ChatRequest, routed: &Routed) -> Option
         Some(usage) => (*usage, false),
         None => {
             let input = (request.prompt_chars() as u64).div_ceil(4);
-            let output = (body.text().len() as u64).div_ceil(4);
+            let output = (body.answer.text().len() as u64).div_ceil(4);
             (TokenUsage { input, output, ..TokenUsage::default() }, true)
         }
     };
@@ -471,12 +475,15 @@ fn dropped_value(dropped: &[String]) -> Option<HeaderValue> {
 fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailRecord>) -> HttpResponse {
     let x_shield = |routed: &Routed, target: Option<&str>| json!({"routing": routing_record(routed, target), "guardrail_results": guardrails});
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
-        RoutedResult::Answer { target, model, body, .. } => {
-            // The upstream's own bytes with `model` and Shield's `x_shield` spliced in, where the
-            // answer came as OpenAI's shape (provider::Completion); an upstream's own `x_shield`
-            // is dropped: the one the caller reads is Shield's.
+        RoutedResult::Answer { target, model, body, usage } => {
+            // An OpenAI-flavour target's own answer with `model` and Shield's `x_shield` spliced
+            // in (an upstream's own `x_shield` is dropped: the one the caller reads is
+            // Shield's); any other target's typed answer as a completion.
             let x_shield = XShield { routing: routing_record(&routed, Some(&target)), guardrail_results: &guardrails };
-            let json = body.render_openai(&model, &x_shield);
+            let json = match body.openai {
+                Some(native) => native.render(&model, &x_shield),
+                None => completion_of(&body.answer, &model, usage, &x_shield),
+            };
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target))
                 .content_type(ContentType::json())
                 .body(json)
@@ -501,6 +508,55 @@ fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailR
             with_routing_headers(HttpResponse::build(status), &routed, None).json(error)
         }
     }
+}
+
+/// A typed answer as a `chat.completion`: its text (thinking has no place here) and tool
+/// calls as one choice.
+fn completion_of(
+    answer: &shield_core::exchange::Answer,
+    model: &str,
+    usage: Option<TokenUsage>,
+    x_shield: &impl Serialize,
+) -> Vec<u8> {
+    use shield_core::exchange::{Block, Stop};
+    let calls: Vec<Value> = answer
+        .blocks
+        .iter()
+        .filter_map(|block| match block {
+            Block::ToolUse { id, name, input } => {
+                Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": input}}))
+            }
+            _ => None,
+        })
+        .collect();
+    let text = answer.visible_text();
+    let mut message = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) }});
+    if !calls.is_empty() {
+        crate::json::set(&mut message, &["tool_calls"], Value::Array(calls));
+    }
+    let finish = wire::finish_reason(answer.stop.unwrap_or(Stop::EndTurn));
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    #[derive(Serialize)]
+    struct Completion<'a, X> {
+        id: &'a str,
+        object: &'static str,
+        created: u64,
+        model: &'a str,
+        choices: [Value; 1],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        usage: Option<Value>,
+        x_shield: &'a X,
+    }
+    let completion = Completion {
+        id: &answer.id,
+        object: "chat.completion",
+        created,
+        model,
+        choices: [json!({"index": 0, "message": message, "finish_reason": finish})],
+        usage: usage.as_ref().map(wire::usage_json),
+        x_shield,
+    };
+    serde_json::to_vec(&completion).unwrap_or_default()
 }
 
 /// A refusal before routing (an input guardrail in block mode).
@@ -622,9 +678,10 @@ mod tests {
 
     #[actix_web::test]
     async fn an_answer_carries_shields_own_x_shield_once_and_the_exact_cost() {
-        let body: serde_json::Map<String, Value> =
-            serde_json::from_str(r#"{"id": "c1", "model": "up", "choices": [], "x_shield": {"routing": "forged"}}"#)
-                .unwrap();
+        let (native, answer, _) = crate::provider::OpenAiAnswer::parse(
+            br#"{"id": "c1", "model": "up", "choices": [], "x_shield": {"routing": "forged"}}"#.to_vec(),
+        )
+        .unwrap();
         let routed = Routed {
             route: "smart".into(),
             rule: None,
@@ -635,7 +692,7 @@ mod tests {
             result: RoutedResult::Answer {
                 target: "a".into(),
                 model: "gpt-x".into(),
-                body: crate::provider::Completion::Tree(body),
+                body: crate::provider::Completion { answer, openai: Some(native) },
                 usage: None,
             },
             cost_micros: Some(1350),

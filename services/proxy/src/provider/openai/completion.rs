@@ -1,23 +1,18 @@
-//! The normalised completion: an OpenAI `chat.completion` object, held one of two ways.
+//! An OpenAI-flavour target's `chat.completion`, read into the typed answer and kept as sent
+//! for callers of the same shape.
 //!
-//! * [`Completion::Raw`]: the upstream's own bytes, when they are OpenAI's shape already (the
-//!   `openai` and `azure` flavors). A borrowed, skip-everything-else parse checks the shape
-//!   and reads only what Shield uses — where `model` sits, the answer's text and tool names
-//!   (for the output guardrails) and `usage` — and the answer to an OpenAI-shaped caller is
-//!   the same bytes with `model` replaced and `x_shield` spliced in before the closing brace:
-//!   no tree is built, walked, re-serialised and dropped per answer (issue 19: that was the
-//!   largest share of Shield's own CPU on the answer path).
-//! * [`Completion::Tree`]: a JSON map, for adapters that convert (Anthropic) and for the
-//!   rare upstream answer the borrowed parse does not take (a non-string `content`, a
-//!   duplicate key, an upstream's own `x_shield`): those take the general path, unchanged.
-//! * [`Completion::Native`]: converted from a provider's own content blocks, the blocks kept
-//!   beside it (never inside the map) for callers of that provider's shape.
+//! * [`Repr::Raw`]: the upstream's own bytes. A borrowed, skip-everything-else parse checks the
+//!   shape and reads only what the typed answer needs (the id, each choice's text, tool calls
+//!   and finish reason, `usage`), and the answer to an OpenAI-shaped caller is the same bytes
+//!   with `model` replaced and `x_shield` spliced in before the closing brace: no tree is
+//!   built, walked, re-serialised and dropped per answer (issue 19: that was the largest share
+//!   of Shield's own CPU on the answer path).
+//! * [`Repr::Tree`]: a JSON map, for the rare answer the borrowed parse does not take (a
+//!   non-string `content`, a duplicate key, an upstream's own `x_shield`).
 //!
-//! Either way the same questions get the same answers; the tests below hold both to it.
-//! Nothing an upstream sends is taken as Shield's own data: an answer that is not a JSON
-//! object in valid UTF-8 is no completion (issue 27: an array laid out like one, or a non-UTF-8
-//! byte in a field the borrowed parse skips, was spliced and relayed as broken JSON), and the
-//! native blocks are only ever what an adapter produced.
+//! Either way the typed answer is the same; the tests below hold both to it. Nothing an
+//! upstream sends is taken as Shield's own data: an answer that is not a JSON object in valid
+//! UTF-8 is no completion (issue 27).
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -25,40 +20,38 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use shield_core::exchange::{self, Block, Stop};
 use shield_core::usage::TokenUsage;
 
-/// A normalised completion.
+/// An OpenAI-shaped answer as the upstream sent it.
 #[derive(Debug)]
-pub enum Completion {
+pub struct OpenAiAnswer(Repr);
+
+#[derive(Debug)]
+enum Repr {
     Raw(Box<RawCompletion>),
     Tree(Map<String, Value>),
-    /// `chat` is the completion in OpenAI's shape; `blocks` the provider's own content
-    /// (thinking and its signatures included) for a caller in that provider's shape.
-    Native {
-        chat: Map<String, Value>,
-        blocks: Vec<Value>,
-    },
 }
 
-/// An upstream completion as sent, with what Shield reads of it.
+/// What a parse yields: the answer as sent, typed, and the usage it reported.
+pub type Parsed = (OpenAiAnswer, exchange::Answer, Option<TokenUsage>);
+
+/// An upstream completion's bytes with where `model` sits and where it ends.
 #[derive(Debug)]
-pub struct RawCompletion {
+struct RawCompletion {
     bytes: Vec<u8>,
     /// The bytes of `model`'s value.
     model: Range<usize>,
     /// The index of the closing `}`.
     end: usize,
-    /// Every choice's `message.content`, joined by newlines.
-    text: String,
-    tools: Vec<String>,
-    /// `usage`, read straight into OpenAI's token counts (no tree of it is built).
-    usage: Option<TokenUsage>,
 }
 
 #[derive(Deserialize)]
 struct View<'a> {
     #[serde(borrow)]
     model: &'a RawValue,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
     choices: Vec<ChoiceView<'a>>,
     #[serde(default)]
     usage: Option<UsageView>,
@@ -67,9 +60,9 @@ struct View<'a> {
     x_shield: Option<&'a RawValue>,
 }
 
-/// OpenAI's `usage`, as [`super::openai::usage_of`] reads it: a count that is not a whole
-/// number fails this parse, and such an answer takes the general path (which reads it the same
-/// way, as no usage).
+/// OpenAI's `usage`, as [`super::usage_of`] reads it: a count that is not a whole number fails
+/// this parse, and such an answer takes the general path (which reads it the same way, as no
+/// usage).
 #[derive(Deserialize)]
 struct UsageView {
     #[serde(default)]
@@ -97,18 +90,22 @@ impl UsageView {
 struct ChoiceView<'a> {
     #[serde(borrow, default)]
     message: Option<MessageView<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
 struct MessageView<'a> {
     #[serde(borrow, default)]
     content: Option<Cow<'a, str>>,
-    #[serde(default)]
+    #[serde(borrow, default)]
     tool_calls: Option<Vec<ToolCallView<'a>>>,
 }
 
 #[derive(Deserialize)]
 struct ToolCallView<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     function: Option<FunctionView<'a>>,
 }
@@ -117,108 +114,120 @@ struct ToolCallView<'a> {
 struct FunctionView<'a> {
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
 }
 
-impl Completion {
+/// `finish_reason` as the typed stop.
+pub(super) fn stop_of(finish: &str) -> Stop {
+    match finish {
+        "length" => Stop::MaxTokens,
+        "tool_calls" | "function_call" => Stop::ToolUse,
+        "content_filter" => Stop::Refusal,
+        _ => Stop::EndTurn,
+    }
+}
+
+/// The typed answer of a completion's choices: each choice's text, then its tool calls, in
+/// order (an answer with several choices is all of them: the guardrails read every one).
+struct Typed {
+    answer: exchange::Answer,
+}
+
+impl Typed {
+    fn new(id: Option<&str>) -> Typed {
+        Typed { answer: exchange::Answer { id: id.unwrap_or_default().to_string(), ..Default::default() } }
+    }
+
+    fn text(&mut self, text: &str) {
+        self.answer.blocks.push(Block::Text(text.to_string()));
+    }
+
+    fn call(&mut self, id: Option<&str>, name: Option<&str>, arguments: Option<&str>) {
+        self.answer.blocks.push(Block::ToolUse {
+            id: id.unwrap_or_default().to_string(),
+            name: name.unwrap_or_default().to_string(),
+            input: arguments.filter(|a| !a.is_empty()).unwrap_or("{}").to_string(),
+        });
+    }
+
+    fn stop(&mut self, finish: Option<&str>) {
+        if self.answer.stop.is_none() {
+            self.answer.stop = finish.map(stop_of);
+        }
+    }
+}
+
+impl OpenAiAnswer {
     /// An OpenAI-shaped answer body: `None` when it is not a completion (no `choices` array).
-    pub fn parse_openai(bytes: Vec<u8>) -> Option<Completion> {
+    pub fn parse(bytes: Vec<u8>) -> Option<Parsed> {
         // A JSON object in UTF-8, or nothing: the borrowed parse skips what it does not read
         // without checking it, and would take an array whose elements line up with its fields.
         let text = std::str::from_utf8(&bytes).ok()?;
         if !text.trim_start().starts_with('{') {
             return None;
         }
-        if let Some(raw) = RawCompletion::parse(text) {
-            return Some(Completion::Raw(Box::new(RawCompletion { bytes, ..raw })));
+        if let Some((raw, answer, usage)) = RawCompletion::parse(text) {
+            let raw = RawCompletion { bytes, ..raw };
+            return Some((OpenAiAnswer(Repr::Raw(Box::new(raw))), answer, usage));
         }
         match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(map)) if shield_core::outcome::is_completion(&map) => Some(Completion::Tree(map)),
+            Ok(Value::Object(map)) if map.get("choices").is_some_and(Value::is_array) => {
+                let answer = typed_of(&map);
+                let usage = map.get("usage").and_then(super::usage_of);
+                Some((OpenAiAnswer(Repr::Tree(map)), answer, usage))
+            }
             _ => None,
         }
     }
 
-    /// The token counts of OpenAI's `usage`, when it reports them.
-    pub fn token_usage(&self) -> Option<TokenUsage> {
-        match self {
-            Completion::Raw(raw) => raw.usage,
-            Completion::Tree(map) | Completion::Native { chat: map, .. } => {
-                map.get("usage").and_then(super::openai::usage_of)
-            }
-        }
-    }
-
-    /// The assistant text of every choice (what the output guardrails read), and the text of
-    /// the provider's own blocks when it sent any (thinking reaches callers of its shape).
-    pub fn text(&self) -> Cow<'_, str> {
-        match self {
-            Completion::Raw(raw) => Cow::Borrowed(&raw.text),
-            Completion::Tree(map) => Cow::Owned(shield_core::output_guard::answer_text(map)),
-            Completion::Native { chat, blocks } => {
-                let mut text = shield_core::output_guard::answer_text(chat);
-                for block in blocks {
-                    for key in ["thinking", "text"] {
-                        if let Some(more) = block.get(key).and_then(Value::as_str) {
-                            text.push('\n');
-                            text.push_str(more);
-                        }
-                    }
-                }
-                Cow::Owned(text)
-            }
-        }
-    }
-
-    /// The tools the answer asks to call (what tool RBAC reads).
-    pub fn tool_names(&self) -> Vec<String> {
-        match self {
-            Completion::Raw(raw) => raw.tools.clone(),
-            Completion::Tree(map) | Completion::Native { chat: map, .. } => {
-                shield_core::output_guard::tool_names(map.get("choices").and_then(Value::as_array), "message")
-            }
-        }
-    }
-
-    /// The completion as a map, for renderers that rebuild the answer (other caller shapes).
-    pub fn into_tree(self) -> Map<String, Value> {
-        self.into_parts().0
-    }
-
-    /// The completion as a map, and the provider's own blocks when the adapter kept them.
-    pub fn into_parts(self) -> (Map<String, Value>, Option<Vec<Value>>) {
-        match self {
-            Completion::Tree(map) => (map, None),
-            Completion::Native { chat, blocks } => (chat, Some(blocks)),
-            Completion::Raw(raw) => match serde_json::from_slice(&raw.bytes) {
-                Ok(Value::Object(map)) => (map, None),
-                _ => (Map::new(), None),
-            },
-        }
-    }
-
     /// The answer to an OpenAI-shaped caller: `model` set to the answering target's model,
-    /// Shield's `x_shield` added (an upstream's own `x_shield` and Shield-internal keys
-    /// dropped).
-    pub fn render_openai(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
-        match self {
-            Completion::Raw(raw) => (*raw).render(model, x_shield),
-            Completion::Tree(mut body) | Completion::Native { chat: mut body, .. } => {
-                body.insert("model".into(), Value::String(model.to_string()));
-                body.remove("x_shield");
-                #[derive(serde::Serialize)]
-                struct AnswerBody<'a, X> {
-                    #[serde(flatten)]
-                    upstream: &'a Map<String, Value>,
-                    x_shield: &'a X,
-                }
-                serde_json::to_vec(&AnswerBody { upstream: &body, x_shield }).unwrap_or_default()
-            }
+    /// Shield's `x_shield` added (an upstream's own `x_shield` dropped).
+    pub fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
+        match self.0 {
+            Repr::Raw(raw) => (*raw).render(model, x_shield),
+            Repr::Tree(body) => render_tree(body, model, x_shield),
         }
     }
 }
 
+/// A completion map with `model` set and `x_shield` Shield's.
+fn render_tree(mut body: Map<String, Value>, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
+    body.insert("model".into(), Value::String(model.to_string()));
+    body.remove("x_shield");
+    #[derive(serde::Serialize)]
+    struct AnswerBody<'a, X> {
+        #[serde(flatten)]
+        upstream: &'a Map<String, Value>,
+        x_shield: &'a X,
+    }
+    serde_json::to_vec(&AnswerBody { upstream: &body, x_shield }).unwrap_or_default()
+}
+
+/// The typed answer of a completion held as a map.
+fn typed_of(map: &Map<String, Value>) -> exchange::Answer {
+    let mut typed = Typed::new(map.get("id").and_then(Value::as_str));
+    for choice in map.get("choices").and_then(Value::as_array).into_iter().flatten() {
+        let message = choice.get("message");
+        if let Some(text) = message.and_then(|m| m.get("content")).and_then(Value::as_str) {
+            typed.text(text);
+        }
+        for call in message.and_then(|m| m.get("tool_calls")).and_then(Value::as_array).into_iter().flatten() {
+            let function = call.get("function");
+            typed.call(
+                call.get("id").and_then(Value::as_str),
+                function.and_then(|f| f.get("name")).and_then(Value::as_str),
+                function.and_then(|f| f.get("arguments")).and_then(Value::as_str),
+            );
+        }
+        typed.stop(choice.get("finish_reason").and_then(Value::as_str));
+    }
+    typed.answer
+}
+
 impl RawCompletion {
-    /// The borrowed look at `bytes`; `None` sends them down the general path.
-    fn parse(text: &str) -> Option<RawCompletion> {
+    /// The borrowed look at `text`; `None` sends it down the general path.
+    fn parse(text: &str) -> Option<(RawCompletion, exchange::Answer, Option<TokenUsage>)> {
         let bytes = text.as_bytes();
         let view: View<'_> = serde_json::from_str(text).ok()?;
         if view.x_shield.is_some() {
@@ -227,22 +236,26 @@ impl RawCompletion {
         let model = view.model.get();
         let start = (model.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize)?;
         let end = bytes.iter().rposition(|&b| b == b'}')?;
-        let mut text = String::new();
-        let mut tools = Vec::new();
-        let mut parts = 0;
-        for message in view.choices.iter().filter_map(|c| c.message.as_ref()) {
-            if let Some(content) = &message.content {
-                if parts > 0 {
-                    text.push('\n');
+        let mut typed = Typed::new(view.id.as_deref());
+        for choice in &view.choices {
+            if let Some(message) = &choice.message {
+                if let Some(content) = &message.content {
+                    typed.text(content);
                 }
-                text.push_str(content);
-                parts += 1;
+                for call in message.tool_calls.iter().flatten() {
+                    let function = call.function.as_ref();
+                    typed.call(
+                        call.id.as_deref(),
+                        function.and_then(|f| f.name.as_deref()),
+                        function.and_then(|f| f.arguments.as_deref()),
+                    );
+                }
             }
-            let calls = message.tool_calls.iter().flatten();
-            tools.extend(calls.filter_map(|c| c.function.as_ref()?.name.as_deref().map(str::to_string)));
+            typed.stop(choice.finish_reason.as_deref());
         }
         let usage = view.usage.as_ref().and_then(UsageView::tokens);
-        Some(RawCompletion { bytes: Vec::new(), model: start..start + model.len(), end, text, tools, usage })
+        let raw = RawCompletion { bytes: Vec::new(), model: start..start + model.len(), end };
+        Some((raw, typed.answer, usage))
     }
 
     fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
@@ -250,7 +263,10 @@ impl RawCompletion {
         else {
             // The parse's own offsets: always inside the bytes it parsed. Were they not, the
             // general path renders the same answer.
-            return Completion::Tree(Completion::Raw(Box::new(self)).into_tree()).render_openai(model, x_shield);
+            return match serde_json::from_slice(&self.bytes) {
+                Ok(Value::Object(map)) => render_tree(map, model, x_shield),
+                _ => render_tree(Map::new(), model, x_shield),
+            };
         };
         let mut out = Vec::with_capacity(self.bytes.len() + model.len() + 512);
         out.extend_from_slice(head);
@@ -269,18 +285,25 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::json;
 
+    fn parse(bytes: &[u8]) -> Option<Parsed> {
+        OpenAiAnswer::parse(bytes.to_vec())
+    }
+
+    fn is_raw(answer: &OpenAiAnswer) -> bool {
+        matches!(answer.0, Repr::Raw(_))
+    }
+
     /// Both paths give the same answers for the same completion.
     fn agree(body: &Value) {
         let bytes = serde_json::to_vec(body).unwrap();
-        let raw = Completion::parse_openai(bytes.clone()).unwrap();
-        assert!(matches!(raw, Completion::Raw(_)), "{body}");
+        let (raw, typed, usage) = parse(&bytes).unwrap();
+        assert!(is_raw(&raw), "{body}");
         let Value::Object(map) = body.clone() else { panic!() };
-        let tree = Completion::Tree(map);
-        assert_eq!(raw.text(), tree.text());
-        assert_eq!(raw.tool_names(), tree.tool_names());
-        assert_eq!(raw.token_usage(), tree.token_usage());
+        assert_eq!(typed, typed_of(&map));
+        assert_eq!(usage, map.get("usage").and_then(super::super::usage_of));
+        let tree = OpenAiAnswer(Repr::Tree(map));
         let x_shield = json!({"routing": {"route": "r"}, "guardrail_results": []});
-        let (a, b) = (raw.render_openai("gpt-x", &x_shield), tree.render_openai("gpt-x", &x_shield));
+        let (a, b) = (raw.render("gpt-x", &x_shield), tree.render("gpt-x", &x_shield));
         let (a, b): (Value, Value) = (serde_json::from_slice(&a).unwrap(), serde_json::from_slice(&b).unwrap());
         assert_eq!(a, b);
         assert_eq!(a["model"], "gpt-x");
@@ -290,10 +313,12 @@ mod tests {
     #[test]
     fn the_raw_path_splices_model_and_x_shield_into_the_upstreams_bytes() {
         let body = br#"{"id":"c1","object":"chat.completion","model":"up-\"1\"","choices":[{"index":0,"message":{"role":"assistant","content":"hi \u00e9\n"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}  "#;
-        let completion = Completion::parse_openai(body.to_vec()).unwrap();
-        assert!(matches!(completion, Completion::Raw(_)));
-        assert_eq!(completion.text(), "hi é\n");
-        let out = completion.render_openai("m\"2", &json!({"routing": 1}));
+        let (completion, typed, _) = parse(body).unwrap();
+        assert!(is_raw(&completion));
+        assert_eq!(typed.text(), "hi é\n");
+        assert_eq!(typed.stop, Some(Stop::EndTurn));
+        assert_eq!(typed.id, "c1");
+        let out = completion.render("m\"2", &json!({"routing": 1}));
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with(r#"{"id":"c1","object":"chat.completion","model":"m\"2","choices""#), "{text}");
         assert!(text.ends_with(r#""usage":{"prompt_tokens":3,"completion_tokens":2},"x_shield":{"routing":1}}"#));
@@ -303,33 +328,33 @@ mod tests {
     #[test]
     fn unusual_answers_take_the_general_path_and_non_completions_none() {
         let own = br#"{"model":"m","choices":[],"x_shield":{"routing":"forged"}}"#;
-        let completion = Completion::parse_openai(own.to_vec()).unwrap();
-        assert!(matches!(completion, Completion::Tree(_)));
-        let out: Value = serde_json::from_slice(&completion.render_openai("t", &json!({"mine": true}))).unwrap();
+        let (completion, ..) = parse(own).unwrap();
+        assert!(!is_raw(&completion));
+        let out: Value = serde_json::from_slice(&completion.render("t", &json!({"mine": true}))).unwrap();
         assert_eq!(out["x_shield"], json!({"mine": true}), "an upstream's own x_shield is dropped");
         let parts = br#"{"model":"m","choices":[{"message":{"content":[{"type":"text","text":"a"}]}}]}"#;
-        assert!(matches!(Completion::parse_openai(parts.to_vec()), Some(Completion::Tree(_))));
+        assert!(parse(parts).is_some_and(|(c, ..)| !is_raw(&c)));
         let duplicate = br#"{"model":"m","model":"n","choices":[]}"#;
-        assert!(matches!(Completion::parse_openai(duplicate.to_vec()), Some(Completion::Tree(_))));
+        assert!(parse(duplicate).is_some_and(|(c, ..)| !is_raw(&c)));
         let no_model = br#"{"choices":[{"message":{"content":"x"}}]}"#;
-        let completion = Completion::parse_openai(no_model.to_vec()).unwrap();
-        let out: Value = serde_json::from_slice(&completion.render_openai("t", &json!(1))).unwrap();
+        let (completion, ..) = parse(no_model).unwrap();
+        let out: Value = serde_json::from_slice(&completion.render("t", &json!(1))).unwrap();
         assert_eq!(out["model"], "t");
-        assert!(Completion::parse_openai(br#"{"error":{"message":"x"}}"#.to_vec()).is_none());
-        assert!(Completion::parse_openai(b"garbage".to_vec()).is_none());
-        assert!(Completion::parse_openai(br#"{"choices":{}}"#.to_vec()).is_none());
+        assert!(parse(br#"{"error":{"message":"x"}}"#).is_none());
+        assert!(parse(b"garbage").is_none());
+        assert!(parse(br#"{"choices":{}}"#).is_none());
     }
 
     /// Issue 27: what the borrowed parse would have taken but is no completion.
     #[test]
     fn arrays_and_invalid_utf8_are_not_completions() {
         let array = br#"["mock",[{"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]]"#;
-        assert!(Completion::parse_openai(array.to_vec()).is_none());
+        assert!(parse(array).is_none());
         let bad = b"{\"id\":\"c\xff1\",\"model\":\"m\",\"choices\":[{\"message\":{\"content\":\"hi\"}}]}";
-        assert!(Completion::parse_openai(bad.to_vec()).is_none());
+        assert!(parse(bad).is_none());
         // An upstream's field named like Shield's old side channel is its own, never blocks.
         let named = br#"{"model":"m","choices":[{"message":{"content":"hi"}}],"x_anthropic_content":[{"type":"text","text":"x"}]}"#;
-        assert!(Completion::parse_openai(named.to_vec()).unwrap().into_parts().1.is_none());
+        assert_eq!(parse(named).unwrap().1.blocks, [Block::Text("hi".into())]);
     }
 
     #[test]
@@ -346,11 +371,10 @@ mod tests {
             json!({"prompt_tokens": "7", "completion_tokens": 2}),
         ] {
             let body = json!({"model": "m", "choices": [{"message": {"content": "x"}}], "usage": usage});
-            let raw = Completion::parse_openai(serde_json::to_vec(&body).unwrap()).unwrap();
+            let (.., raw) = parse(&serde_json::to_vec(&body).unwrap()).unwrap();
             let Value::Object(map) = body else { panic!() };
-            let expected = map.get("usage").and_then(super::super::openai::usage_of);
-            assert_eq!(raw.token_usage(), expected, "{usage}");
-            assert_eq!(Completion::Tree(map).token_usage(), expected);
+            let expected = map.get("usage").and_then(super::super::usage_of);
+            assert_eq!(raw, expected, "{usage}");
         }
     }
 
@@ -372,8 +396,8 @@ mod tests {
                 1 => { bytes.truncate(cut % bytes.len()); bytes.extend_from_slice(&noise); }
                 _ => { let i = at % bytes.len(); bytes.splice(i..i, noise.iter().copied()); }
             }
-            if let Some(completion) = Completion::parse_openai(bytes) {
-                let out = completion.render_openai("t", &json!({"routing": 1}));
+            if let Some((completion, ..)) = OpenAiAnswer::parse(bytes) {
+                let out = completion.render("t", &json!({"routing": 1}));
                 let parsed: Value = serde_json::from_slice(&out).expect("valid JSON");
                 prop_assert!(parsed.is_object());
                 prop_assert_eq!(&parsed["x_shield"], &json!({"routing": 1}));
