@@ -32,6 +32,7 @@ pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod native;
+pub mod pipeline;
 pub mod provider;
 mod relay;
 pub mod resume;

@@ -2,19 +2,19 @@
 //! messages}` or `{model, prompt, system?}`; response `{id, model, content, finish_reason,
 //! usage, guardrail_results, routing}`; refusals (guardrails, deny rules, tool RBAC) are 403
 //! `{error, guardrail_results, routing}`; every target failed is 502 (deadline 504). The same
-//! request path as the OpenAI endpoint ([`crate::chat::pipeline`]); it does not stream.
+//! request path as every endpoint ([`crate::pipeline`]); it does not stream.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, ResponseError, post, web};
 use serde_json::{Map, Value, json};
+use shield_core::exchange::Stop;
 
 use crate::ProxyState;
 use crate::body::{self, ChatRequest};
-use crate::chat::wire::{OpenAiWire, finish_reason, usage_json};
-use crate::chat::{Ingress, Outcome, admit, pipeline, routing_record, with_routing_headers};
 use crate::dispatch::RoutedResult;
 use crate::egress::Egress;
 use crate::error::ProxyError;
+use crate::pipeline::{Ingress, Outcome, admit, pipeline, routing_record, with_routing_headers};
 
 #[post("/v1/shield/chat/completions")]
 pub async fn chat(
@@ -61,14 +61,24 @@ fn native_to_messages(raw: &[u8]) -> Result<Map<String, Value>, ProxyError> {
     Ok(fields)
 }
 
+/// API.md's `finish_reason` values (the Chat Completions words this shape was defined with).
+fn finish_reason(stop: Stop) -> &'static str {
+    match stop {
+        Stop::EndTurn => "stop",
+        Stop::MaxTokens => "length",
+        Stop::ToolUse => "tool_calls",
+        Stop::Refusal => "content_filter",
+    }
+}
+
 /// The Shield-native endpoint does not stream; unrouted models take the default path.
 const INGRESS: Ingress = Ingress { stream: false, default_path: true };
 
 fn render(outcome: Outcome) -> HttpResponse {
     match outcome {
         Outcome::Relayed(response) => response,
-        // Not reached (the endpoint refuses `stream: true`), answered in OpenAI's shape if it were.
-        Outcome::Stream(start) => start.respond(Box::new(OpenAiWire::new(false))),
+        // Not reached: the pipeline refuses `stream: true` for this endpoint.
+        Outcome::Stream(_) => HttpResponse::BadRequest().json(json!({"error": "this endpoint does not stream"})),
         Outcome::InputBlocked { reason, guardrails } => HttpResponse::Forbidden().json(
             json!({"error": reason, "guardrail_results": guardrails, "routing": {"reason": reason, "halt": "denied"}}),
         ),
@@ -89,7 +99,8 @@ fn render(outcome: Outcome) -> HttpResponse {
                         "id": answer.id, "model": model,
                         "content": if text.is_empty() { Value::Null } else { Value::String(text) },
                         "finish_reason": answer.stop.map(finish_reason),
-                        "usage": usage.as_ref().map(usage_json),
+                        "usage": usage.map(|u| json!({"prompt_tokens": u.input, "completion_tokens": u.output,
+                            "total_tokens": u.input + u.output})),
                     });
                     (StatusCode::OK, answer)
                 }

@@ -15,9 +15,9 @@ use serde_json::json;
 
 use crate::ProxyState;
 use crate::body;
-use crate::chat::{Ingress, Outcome, admit, pipeline};
 use crate::egress::Egress;
 use crate::error::ProxyError;
+use crate::pipeline::{Ingress, Outcome, admit, pipeline};
 
 pub use response::proxy_error;
 

@@ -11,10 +11,10 @@ use shield_core::run::Halt;
 use shield_core::usage::TokenUsage;
 
 use crate::body::ChatRequest;
-use crate::chat::{refused_error, routing_record, unavailable_message, with_routing_headers};
 use crate::dispatch::{Routed, RoutedResult};
 use crate::error::ProxyError;
 use crate::guard::GuardrailRecord;
+use crate::pipeline::{routing_record, unavailable_message, upstream_refusal, with_routing_headers};
 
 /// Anthropic's error `type` for a status (design/ANTHROPIC.md "Errors").
 pub fn error_type(status: StatusCode) -> &'static str {
@@ -140,15 +140,8 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
         }
         RoutedResult::Refused { target, status, body } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-            let mut error = anthropic_error(status, body.as_deref()).unwrap_or_else(|| {
-                let openai = refused_error(&target, status, body.as_deref());
-                let message = openai
-                    .pointer("/error/message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("the target refused the request")
-                    .to_string();
-                error_body(status, &message)
-            });
+            let mut error = anthropic_error(status, body.as_deref())
+                .unwrap_or_else(|| error_body(status, &upstream_refusal(&target, status, body.as_deref()).message));
             crate::json::set(&mut error, &["x_shield"], json!({"routing": routing_record(&routed, Some(&target))}));
             with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error)
         }
