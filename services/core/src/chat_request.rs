@@ -1,11 +1,18 @@
-//! A caller's chat request, parsed once and re-serialised for each target without copying
-//! (the target's `model` and `extra_body` are written on the fly). Pure: the proxy reads the
-//! body under its size limit and hands the bytes here; the fuzz target `request_body` drives it.
+//! A caller's chat request, parsed once: the typed request every part of the pipeline reads
+//! ([`exchange::Request`]) and the caller's body as sent ([`Origin`]), which an adapter of the
+//! caller's own shape sends on (re-serialised for each target without copying: the target's
+//! `model` and `extra_body` are written on the fly). This module is also the OpenAI Chat
+//! Completions shape's parse (the `/v1/chat/completions` and Shield-native endpoints); the
+//! Anthropic Messages shape's is the proxy's `messages::request`. Pure: the proxy reads the
+//! body under its size limit and hands the bytes here; the fuzz target `request_body` drives
+//! it.
 
 use std::sync::Arc;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
+
+use crate::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Tool, ToolChoice};
 
 /// OpenAI's own limit on `messages`; a longer conversation is refused before any routing.
 pub const MAX_MESSAGES: usize = 2048;
@@ -18,19 +25,29 @@ const SHIELD_ONLY: [&str; 4] = ["x_shield", "prompt", "system", "run_id"];
 #[error("{0}")]
 pub struct BadRequest(pub String);
 
-/// A chat request: a JSON object with a string `model`.
+/// A chat request.
 #[derive(Clone)]
 pub struct ChatRequest {
-    pub fields: Map<String, Value>,
+    /// The route (or the default upstream's model) the caller named.
     pub model: String,
-    /// Set when the request arrived in Anthropic's Messages shape: what only that shape has.
-    pub anthropic: Option<Arc<AnthropicOrigin>>,
+    /// The request, typed.
+    pub exchange: Arc<exchange::Request>,
+    /// The caller's body as sent, by its shape.
+    pub origin: Origin,
 }
 
-/// A request that arrived in Anthropic's Messages shape (`POST /v1/messages`). The normalised
-/// `fields` carry what every flavor understands; this carries, typed, what only Anthropic's
-/// API has, and the caller's body as sent, which an Anthropic target gets back (its `model`
-/// set) so that nothing the caller asked for is lost on the same-shape path.
+/// The caller's body as sent.
+#[derive(Clone)]
+pub enum Origin {
+    /// OpenAI's Chat Completions: the body's fields.
+    OpenAi(Arc<Map<String, Value>>),
+    /// Anthropic's Messages.
+    Anthropic(Arc<AnthropicOrigin>),
+}
+
+/// A request that arrived in Anthropic's Messages shape (`POST /v1/messages`): the caller's
+/// body as sent, which an Anthropic target gets back (its `model` set) so that nothing the
+/// caller asked for is lost on the same-shape path, and what other flavors cannot take.
 #[derive(Debug, Clone, Default)]
 pub struct AnthropicOrigin {
     /// The Messages body as the caller sent it.
@@ -40,14 +57,9 @@ pub struct AnthropicOrigin {
     pub beta: Option<String>,
     /// `anthropic-version` as the caller sent it.
     pub version: Option<String>,
-    /// What only an Anthropic target can serve, each named by its field (e.g. `mcp_servers`,
+    /// What only an Anthropic target can serve, each named by its field (e.g.
     /// `messages.0.content.1 (document)`); empty when any flavor can serve the request.
     pub requires: Vec<String>,
-    /// The text of blocks other flavors have no place for (documents, search results), for
-    /// the input guardrails: an Anthropic target still receives it.
-    pub guard_text: String,
-    /// The caller's reasoning controls (`thinking`, `output_config.effort`).
-    pub reasoning: Option<Reasoning>,
     /// Fields that shape the answer but that other flavors have no place for (e.g.
     /// `context_management`, `top_k`, a server tool): dropped for them, and named to the
     /// caller.
@@ -56,46 +68,9 @@ pub struct AnthropicOrigin {
     pub system_messages: bool,
 }
 
-/// How hard the caller asked the model to think, on the scale every reasoning control shares
-/// (OpenAI's `reasoning_effort`, Anthropic's `output_config.effort`; Anthropic's `xhigh` and
-/// `max` are `High`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Effort {
-    Low,
-    Medium,
-    High,
-}
-
-impl Effort {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Effort::Low => "low",
-            Effort::Medium => "medium",
-            Effort::High => "high",
-        }
-    }
-
-    /// A thinking budget's effort: up to 4,096 tokens is low, up to 16,384 medium, beyond high.
-    pub fn of_budget(budget_tokens: u64) -> Effort {
-        match budget_tokens {
-            0..=4096 => Effort::Low,
-            4097..=16384 => Effort::Medium,
-            _ => Effort::High,
-        }
-    }
-}
-
-/// The caller asked the model to reason: with an effort, or leaving it to the model
-/// (Anthropic's adaptive thinking).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reasoning {
-    pub effort: Option<Effort>,
-    /// The caller's fields that asked for it (`thinking`, `output_config.effort`): named as
-    /// dropped when the answering target has no reasoning control.
-    pub fields: Vec<&'static str>,
-}
-
 impl ChatRequest {
+    /// A Chat Completions body: a JSON object with a string `model`. What the pipeline reads
+    /// is typed from it leniently; [`Self::check_routable`] checks what a routed call needs.
     pub fn parse(body: &[u8]) -> Result<ChatRequest, BadRequest> {
         let value: Value = serde_json::from_slice(body).map_err(|e| BadRequest(format!("malformed JSON body: {e}")))?;
         let Value::Object(fields) = value else {
@@ -110,27 +85,45 @@ impl ChatRequest {
                 return Err(BadRequest("missing required field `model`".into()));
             }
         };
-        Ok(ChatRequest { fields, model, anthropic: None })
+        let exchange = Arc::new(typed_of_openai(&fields));
+        Ok(ChatRequest { model, exchange, origin: Origin::OpenAi(Arc::new(fields)) })
     }
 
-    /// What only an Anthropic target can serve in this request (documents, server tools, MCP
-    /// servers), each named by its field; empty when any flavor can.
+    /// The caller's Chat Completions fields, when it spoke that shape.
+    pub fn openai_fields(&self) -> Option<&Map<String, Value>> {
+        match &self.origin {
+            Origin::OpenAi(fields) => Some(fields),
+            Origin::Anthropic(_) => None,
+        }
+    }
+
+    /// What the caller sent in Anthropic's shape, when it spoke that shape.
+    pub fn anthropic(&self) -> Option<&AnthropicOrigin> {
+        match &self.origin {
+            Origin::Anthropic(origin) => Some(origin),
+            Origin::OpenAi(_) => None,
+        }
+    }
+
+    /// What only an Anthropic target can serve in this request (documents, search results,
+    /// server-tool history), each named by its field; empty when any flavor can.
     pub fn requires_anthropic(&self) -> &[String] {
-        self.anthropic.as_deref().map_or(&[], |origin| origin.requires.as_slice())
+        self.anthropic().map_or(&[], |origin| origin.requires.as_slice())
     }
 
     /// Whether the caller asked the model to think first (its first event may come late).
     pub fn reasons(&self) -> bool {
-        self.anthropic.as_deref().is_some_and(|origin| origin.reasoning.is_some() || !origin.requires.is_empty())
+        self.exchange.reasoning.is_some() || !self.requires_anthropic().is_empty()
     }
 
     pub fn stream(&self) -> bool {
-        self.fields.get("stream").and_then(Value::as_bool).unwrap_or(false)
+        self.exchange.stream
     }
 
-    /// Checks what a routed call needs beyond `model`.
+    /// Checks what a routed call needs beyond `model` (a Messages body was checked on parse).
     pub fn check_routable(&self) -> Result<(), BadRequest> {
-        match self.fields.get("messages") {
+        let Some(fields) = self.openai_fields() else { return Ok(()) };
+        match fields.get("messages") {
             Some(Value::Array(messages)) if messages.len() > MAX_MESSAGES => Err(BadRequest(format!(
                 "`messages` has {} entries; at most {MAX_MESSAGES} are accepted",
                 messages.len()
@@ -141,81 +134,167 @@ impl ChatRequest {
         }
     }
 
-    /// The body for one target: the caller's fields minus Shield-only ones, `model` set to the
-    /// target's, `extra_body` merged over the rest.
-    /// With `ask_usage`, `stream_options.include_usage` is set (the client's other stream
-    /// options kept).
-    /// `added` are fields the target's adapter sets (e.g. `reasoning_effort`), written over the
-    /// caller's and under `extra_body`.
+    /// `max_completion_tokens` or `max_tokens`, when the request sets one.
+    pub fn max_output_tokens(&self) -> Option<u64> {
+        self.exchange.max_tokens
+    }
+
+    /// Whether the client itself asked for the final usage chunk (Chat Completions only).
+    pub fn wants_usage(&self) -> bool {
+        let options = self.openai_fields().and_then(|f| f.get("stream_options"));
+        options.and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false)
+    }
+
+    /// The prompt's text, for the input guardrails.
+    pub fn prompt_text(&self) -> String {
+        self.exchange.text()
+    }
+
+    /// Characters of the prompt's text: the basis of token estimates at 4 characters a token.
+    pub fn prompt_chars(&self) -> usize {
+        self.exchange.prompt_chars()
+    }
+
+    /// Whether the request offers the model tools.
+    pub fn uses_tools(&self) -> bool {
+        !self.exchange.tools.is_empty()
+    }
+
+    /// The Chat Completions body for one target, from a caller who spoke that shape: its
+    /// fields minus Shield-only ones, `model` set to the target's, `added` (fields the
+    /// target's adapter sets, e.g. `reasoning_effort`) over the caller's, `extra_body` over the
+    /// rest. With `ask_usage`, `stream_options.include_usage` is set (the client's other
+    /// stream options kept). `None` for a caller of another shape.
     pub fn upstream_body(
         &self,
         model: &str,
         extra: Option<&Map<String, Value>>,
         ask_usage: bool,
         added: &[(&str, Value)],
-    ) -> Vec<u8> {
+    ) -> Option<Vec<u8>> {
+        let fields = self.openai_fields()?;
         let stream_options = ask_usage.then(|| {
-            let mut options = self.fields.get("stream_options").and_then(Value::as_object).cloned().unwrap_or_default();
+            let mut options = fields.get("stream_options").and_then(Value::as_object).cloned().unwrap_or_default();
             options.insert("include_usage".into(), Value::Bool(true));
             Value::Object(options)
         });
-        let body = UpstreamBody { fields: &self.fields, model, extra, stream_options: stream_options.as_ref(), added };
-        serde_json::to_vec(&body).unwrap_or_default()
+        let body = UpstreamBody { fields, model, extra, stream_options: stream_options.as_ref(), added };
+        Some(serde_json::to_vec(&body).unwrap_or_default())
     }
+}
 
-    /// `max_completion_tokens` or `max_tokens`, when the request sets one.
-    pub fn max_output_tokens(&self) -> Option<u64> {
-        ["max_completion_tokens", "max_tokens"].iter().find_map(|k| self.fields.get(*k).and_then(Value::as_u64))
-    }
-
-    /// Whether the client itself asked for the final usage chunk.
-    pub fn wants_usage(&self) -> bool {
-        self.fields.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false)
-    }
-
-    /// The prompt's text (message contents, text parts included, and the text of Anthropic
-    /// blocks other APIs lack, e.g. documents), for the input guardrails.
-    pub fn prompt_text(&self) -> String {
-        let mut text = self.messages_text();
-        if let Some(origin) = &self.anthropic {
-            text.push_str(&origin.guard_text);
-        }
-        text
-    }
-
-    fn messages_text(&self) -> String {
-        let messages = self.fields.get("messages").and_then(Value::as_array);
-        let mut text = String::new();
-        for content in messages.into_iter().flatten().filter_map(|m| m.get("content")) {
-            match content {
-                Value::String(s) => text.push_str(s),
-                Value::Array(parts) => {
-                    parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).for_each(|s| text.push_str(s))
-                }
-                _ => {}
+/// A Chat Completions body, typed. Lenient: what it cannot read is left out (the body as sent
+/// still goes to OpenAI-flavour targets); system and developer messages stay where they stand.
+fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
+    let text = |v: &Value| v.as_str().map(str::to_string);
+    let messages = fields.get("messages").and_then(Value::as_array);
+    let mut typed: Vec<Message> = Vec::with_capacity(messages.map_or(0, Vec::len));
+    for message in messages.into_iter().flatten() {
+        let content = message.get("content");
+        match message.get("role").and_then(Value::as_str) {
+            Some("system" | "developer") => {
+                typed.push(Message { role: Role::System, content: parts_of(content) });
             }
-            text.push('\n');
-        }
-        text
-    }
-
-    /// Characters of the prompt's text (message contents, text parts included): the basis of
-    /// token estimates at 4 characters a token.
-    pub fn prompt_chars(&self) -> usize {
-        let messages = self.fields.get("messages").and_then(Value::as_array);
-        messages
-            .into_iter()
-            .flatten()
-            .filter_map(|m| m.get("content"))
-            .map(|content| match content {
-                Value::String(text) => text.len(),
-                Value::Array(parts) => {
-                    parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).map(str::len).sum()
+            Some("assistant") => {
+                let mut parts = parts_of(content);
+                for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                    let function = call.get("function");
+                    parts.push(Part::ToolUse {
+                        id: call.get("id").and_then(text).unwrap_or_default(),
+                        name: function.and_then(|f| f.get("name")).and_then(text).unwrap_or_default(),
+                        input: function.and_then(|f| f.get("arguments")).and_then(text).unwrap_or_else(|| "{}".into()),
+                    });
                 }
-                _ => 0,
-            })
-            .sum()
+                typed.push(Message { role: Role::Assistant, content: parts });
+            }
+            Some("tool" | "function") => {
+                let content = parts_of(content)
+                    .into_iter()
+                    .filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None })
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let id = message.get("tool_call_id").or_else(|| message.get("name")).and_then(text).unwrap_or_default();
+                typed.push(Message {
+                    role: Role::User,
+                    content: vec![Part::ToolResult { id, content, is_error: false }],
+                });
+            }
+            _ => typed.push(Message { role: Role::User, content: parts_of(content) }),
+        }
     }
+    let tools = fields.get("tools").and_then(Value::as_array).into_iter().flatten();
+    let tools = tools
+        .filter_map(|tool| {
+            let function = tool.get("function")?;
+            Some(Tool {
+                name: function.get("name").and_then(text)?,
+                description: function.get("description").and_then(text).unwrap_or_default(),
+                schema: function
+                    .get("parameters")
+                    .cloned()
+                    .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+            })
+        })
+        .collect();
+    let tool_choice = match fields.get("tool_choice") {
+        Some(Value::String(choice)) if choice == "auto" => Some(ToolChoice::Auto),
+        Some(Value::String(choice)) if choice == "none" => Some(ToolChoice::None),
+        Some(Value::String(choice)) if choice == "required" => Some(ToolChoice::Any),
+        Some(choice @ Value::Object(_)) => choice.pointer("/function/name").and_then(text).map(ToolChoice::Tool),
+        _ => None,
+    };
+    let stop = match fields.get("stop") {
+        Some(Value::String(stop)) => vec![stop.clone()],
+        Some(Value::Array(stops)) => stops.iter().filter_map(text).collect(),
+        _ => Vec::new(),
+    };
+    let reasoning = match fields.get("reasoning_effort").and_then(Value::as_str) {
+        Some("minimal" | "low") => Some(Effort::Low),
+        Some("medium") => Some(Effort::Medium),
+        Some("high" | "xhigh") => Some(Effort::High),
+        _ => None,
+    }
+    .map(|effort| Reasoning { effort: Some(effort), fields: vec!["reasoning_effort"] });
+    exchange::Request {
+        system: Vec::new(),
+        messages: typed,
+        tools,
+        tool_choice,
+        parallel_tool_calls: fields.get("parallel_tool_calls").and_then(Value::as_bool),
+        max_tokens: ["max_completion_tokens", "max_tokens"].iter().find_map(|k| fields.get(*k).and_then(Value::as_u64)),
+        temperature: fields.get("temperature").and_then(Value::as_f64),
+        top_p: fields.get("top_p").and_then(Value::as_f64),
+        stop,
+        reasoning,
+        stream: fields.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        user: fields.get("user").and_then(text),
+    }
+}
+
+/// Chat Completions content (a string, or parts) as typed parts.
+fn parts_of(content: Option<&Value>) -> Vec<Part> {
+    match content {
+        Some(Value::String(text)) => vec![Part::Text(text.clone())],
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|part| match part.get("type").and_then(Value::as_str) {
+                Some("text") => part.get("text").and_then(Value::as_str).map(|t| Part::Text(t.to_string())),
+                Some("image_url") => part.pointer("/image_url/url").and_then(Value::as_str).and_then(image_of),
+                Some(kind) => Some(Part::Opaque { kind: kind.to_string(), text: String::new() }),
+                None => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `data:image/png;base64,…` → base64 data; an http(s) URL → a URL.
+pub fn image_of(url: &str) -> Option<Part> {
+    if let Some(rest) = url.strip_prefix("data:") {
+        let (media_type, data) = rest.split_once(";base64,")?;
+        return Some(Part::Image(Image::Base64 { media_type: media_type.to_string(), data: data.to_string() }));
+    }
+    (url.starts_with("https://") || url.starts_with("http://")).then(|| Part::Image(Image::Url(url.to_string())))
 }
 
 struct UpstreamBody<'a> {
@@ -269,7 +348,8 @@ mod tests {
         )
         .unwrap();
         let extra = json!({"provider": {"order": ["openai"]}}).as_object().cloned();
-        let body: Value = serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref(), false, &[])).unwrap();
+        let body: Value =
+            serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref(), false, &[]).unwrap()).unwrap();
         assert_eq!(
             body,
             json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2, "provider": {"order": ["openai"]}})
@@ -282,11 +362,48 @@ mod tests {
             ChatRequest::parse(br#"{"model": "m", "stream": true, "stream_options": {"x": 1}, "messages": []}"#)
                 .unwrap();
         assert!(!request.wants_usage());
-        let body: Value =
-            serde_json::from_slice(&request.upstream_body("t", None, true, &[("reasoning_effort", json!("low"))]))
-                .unwrap();
+        let body: Value = serde_json::from_slice(
+            &request.upstream_body("t", None, true, &[("reasoning_effort", json!("low"))]).unwrap(),
+        )
+        .unwrap();
         assert_eq!(body["stream_options"], json!({"x": 1, "include_usage": true}));
         assert_eq!(body["reasoning_effort"], "low", "an adapter's own field is written");
+    }
+
+    #[test]
+    fn a_chat_completions_body_is_typed_with_its_system_messages_in_place() {
+        let request = ChatRequest::parse(
+            json!({"model": "m", "max_completion_tokens": 9, "stop": "END", "reasoning_effort": "minimal", "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "developer", "content": "be brief"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+                {"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBOR"}}]},
+            ], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "tool_choice": "required"})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+        let typed = &request.exchange;
+        let roles: Vec<Role> = typed.messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::User, Role::System, Role::Assistant, Role::User, Role::User]);
+        assert_eq!(
+            typed.messages[2].content,
+            [Part::ToolUse { id: "c1".into(), name: "f".into(), input: "{}".into() }]
+        );
+        assert_eq!(
+            typed.messages[3].content,
+            [Part::ToolResult { id: "c1".into(), content: "42".into(), is_error: false }]
+        );
+        assert_eq!(
+            typed.messages[4].content[1],
+            Part::Image(Image::Base64 { media_type: "image/png".into(), data: "iVBOR".into() })
+        );
+        assert_eq!((typed.max_tokens, typed.stop.clone()), (Some(9), vec!["END".to_string()]));
+        assert_eq!(typed.tool_choice, Some(ToolChoice::Any));
+        assert_eq!(typed.reasoning.as_ref().and_then(|r| r.effort), Some(Effort::Low));
+        assert_eq!(request.prompt_text(), "hi\nbe brief\n\n42\nsee\n");
+        assert_eq!(request.prompt_chars(), "hibe brief42see".len());
     }
 
     #[test]

@@ -1,11 +1,186 @@
-//! The typed exchange: what an answer is, whichever API shape it came in or goes out in.
+//! The typed exchange: what a request and its answer are, whichever API shape they came in or
+//! go out in.
 //!
-//! Each provider adapter parses its own wire format into these types (a whole answer into an
-//! [`Answer`], each stream event into [`Delta`]s), and each caller shape renders them into its
-//! own. The pipeline — output guardrails, tool RBAC, the stream's commit point, resume and
+//! Each caller shape parses its requests into a [`Request`]; each provider adapter renders a
+//! [`Request`] in its own wire format and parses its answers into an [`Answer`] (each stream
+//! event into [`Delta`]s), which each caller shape renders into its own. The pipeline — output guardrails, tool RBAC, the stream's commit point, resume and
 //! accounting — reads only these, so it holds for every shape. What one shape has that
 //! another lacks is a variant here (thinking and its signature, for instance) or dropped by
 //! the renderer that has no place for it, by a rule stated in that renderer.
+
+/// A request, typed. The caller's body as sent travels beside it (an adapter of the caller's
+/// own shape sends that, so nothing the caller asked for is lost on the same-shape path);
+/// every other adapter renders this.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Request {
+    /// The top-level system prompt, in parts (Anthropic's `system`; OpenAI's shape has none:
+    /// its system messages stay in [`Request::messages`] where they stand).
+    pub system: Vec<String>,
+    pub messages: Vec<Message>,
+    pub tools: Vec<Tool>,
+    pub tool_choice: Option<ToolChoice>,
+    /// `false`: at most one tool call per turn.
+    pub parallel_tool_calls: Option<bool>,
+    pub max_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub stop: Vec<String>,
+    pub reasoning: Option<Reasoning>,
+    pub stream: bool,
+    /// An end-user id for the provider's abuse monitoring.
+    pub user: Option<String>,
+}
+
+impl Request {
+    /// Every text the request carries, for the input guardrails: the system prompt, message
+    /// text, tool results and thinking, and the text of parts other shapes cannot carry.
+    pub fn text(&self) -> String {
+        let mut text = String::new();
+        for part in &self.system {
+            text.push_str(part);
+            text.push('\n');
+        }
+        for message in &self.messages {
+            for part in &message.content {
+                let said = match part {
+                    Part::Text(said) | Part::Thinking { thinking: said, .. } => said,
+                    Part::ToolResult { content, .. } => content,
+                    Part::Opaque { text, .. } => text,
+                    Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => continue,
+                };
+                text.push_str(said);
+            }
+            text.push('\n');
+        }
+        text
+    }
+
+    /// Characters of the prompt's text (system, message text and tool results): the basis of
+    /// token estimates at 4 characters a token.
+    pub fn prompt_chars(&self) -> usize {
+        let system: usize = self.system.iter().map(String::len).sum();
+        let messages: usize = self
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .map(|part| match part {
+                Part::Text(text) => text.len(),
+                Part::ToolResult { content, .. } => content.len(),
+                _ => 0,
+            })
+            .sum();
+        system + messages
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A system message inside the conversation (OpenAI's system and developer messages,
+    /// Anthropic's mid-conversation system messages).
+    System,
+    User,
+    Assistant,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub role: Role,
+    pub content: Vec<Part>,
+}
+
+/// One part of a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Text(String),
+    Image(Image),
+    /// A tool call the assistant made; `input` is the arguments as JSON text.
+    ToolUse {
+        id: String,
+        name: String,
+        input: String,
+    },
+    /// A tool's result, as text.
+    ToolResult {
+        id: String,
+        content: String,
+        is_error: bool,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    RedactedThinking(String),
+    /// Content only its own shape can carry (an Anthropic document, search results,
+    /// server-tool history): its kind, and the text it carries (which the guardrails read).
+    Opaque {
+        kind: String,
+        text: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Image {
+    Url(String),
+    Base64 { media_type: String, data: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: String,
+    /// The JSON Schema of its input.
+    pub schema: serde_json::Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    /// It must call some tool.
+    Any,
+    None,
+    /// It must call this one.
+    Tool(String),
+}
+
+/// How hard the caller asked the model to think, on the scale every reasoning control shares
+/// (OpenAI's `reasoning_effort`, Anthropic's `output_config.effort`; Anthropic's `xhigh` and
+/// `max` are `High`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effort {
+    Low,
+    Medium,
+    High,
+}
+
+impl Effort {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+        }
+    }
+
+    /// A thinking budget's effort: up to 4,096 tokens is low, up to 16,384 medium, beyond high.
+    pub fn of_budget(budget_tokens: u64) -> Effort {
+        match budget_tokens {
+            0..=4096 => Effort::Low,
+            4097..=16384 => Effort::Medium,
+            _ => Effort::High,
+        }
+    }
+}
+
+/// The caller asked the model to reason: with an effort, or leaving it to the model
+/// (Anthropic's adaptive thinking).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reasoning {
+    pub effort: Option<Effort>,
+    /// The caller's fields that asked for it (`thinking`, `output_config.effort`,
+    /// `reasoning_effort`): named as dropped when the answering target has no reasoning
+    /// control.
+    pub fields: Vec<&'static str>,
+}
 
 /// Why the model stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -196,7 +196,7 @@ pub async fn pipeline(
         prompt_tokens: (request.prompt_chars() as u64).div_ceil(4),
         expected_output_tokens: request.max_output_tokens().unwrap_or(DEFAULT_OUTPUT_TOKENS),
         max_tokens: request.max_output_tokens(),
-        uses_tools: request.fields.get("tools").and_then(|t| t.as_array()).is_some_and(|t| !t.is_empty()),
+        uses_tools: request.uses_tools(),
         requires_flavor: (!request.requires_anthropic().is_empty()).then_some(shield_core::target::Flavor::Anthropic),
         // Seed §3.3: the flushed month total plus this process's unflushed spend.
         budget: budget_state(

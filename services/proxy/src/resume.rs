@@ -34,7 +34,8 @@ use crate::health::{Health, HeldPermit};
 use crate::provider::{Chunk, Decoded};
 use crate::tenant::TenantConfig;
 use crate::usage::Paid;
-use shield_core::exchange::Delta;
+use shield_core::chat_request::Origin;
+use shield_core::exchange::{Delta, Message, Part, Role};
 
 /// What a relay needs to re-issue its request (kept only when the route resumes streams).
 pub struct Resumer {
@@ -250,14 +251,16 @@ fn with_text(chunk: Chunk, text: String) -> Chunk {
 /// whitespace trimmed: providers refuse a prefill that ends in whitespace).
 fn with_prefill(request: &ChatRequest, sent: &str) -> ChatRequest {
     let mut request = request.clone();
-    let prefill = json!({"role": "assistant", "content": sent.trim_end()});
-    if let Some(Value::Array(messages)) = request.fields.get_mut("messages") {
-        messages.push(prefill.clone());
-    }
-    // An Anthropic caller's original fields go to Anthropic targets as they were: there too.
-    if let Some(origin) = request.anthropic.as_mut()
-        && let Some(Value::Array(messages)) = std::sync::Arc::make_mut(origin).original.get_mut("messages")
-    {
+    let sent = sent.trim_end();
+    let exchange = std::sync::Arc::make_mut(&mut request.exchange);
+    exchange.messages.push(Message { role: Role::Assistant, content: vec![Part::Text(sent.to_string())] });
+    // The caller's body as sent goes to targets of its own shape: there too.
+    let prefill = json!({"role": "assistant", "content": sent});
+    let messages = match &mut request.origin {
+        Origin::OpenAi(fields) => std::sync::Arc::make_mut(fields).get_mut("messages"),
+        Origin::Anthropic(origin) => std::sync::Arc::make_mut(origin).original.get_mut("messages"),
+    };
+    if let Some(Value::Array(messages)) = messages {
         messages.push(prefill);
     }
     request

@@ -1,14 +1,14 @@
-//! An Anthropic Messages request as the normalised chat request the pipeline routes, guards
-//! and accounts, with what only Anthropic's shape has kept beside it, typed
-//! ([`AnthropicOrigin`]): the caller's body as sent (an Anthropic target gets it back, so
-//! thinking, documents, `cache_control` and server tools are never lost), its `anthropic-beta`
-//! and `anthropic-version`, its reasoning controls, and what other flavors cannot take.
+//! An Anthropic Messages request, typed ([`exchange::Request`]), with what only Anthropic's
+//! shape has kept beside it ([`AnthropicOrigin`]): the caller's body as sent (an Anthropic
+//! target gets it back, so thinking, documents, `cache_control` and server tools are never
+//! lost), its `anthropic-beta` and `anthropic-version`, and what other flavors cannot take.
 //!
 //! The rules for other flavors (README "Callers in Anthropic's shape"):
-//! * `role: "system"` messages inside `messages` stay where they stand (OpenAI's shape takes
-//!   them anywhere).
-//! * `thinking` and `output_config.effort` become the target's reasoning control when its
-//!   capabilities say it has one (`reasoning_effort`), else they are dropped and named.
+//! * `role: "system"` messages inside `messages` stay where they stand (a typed system
+//!   message; OpenAI's shape takes them anywhere).
+//! * `thinking` and `output_config.effort` become the typed reasoning effort: the target's
+//!   reasoning control when its capabilities say it has one (`reasoning_effort`), else they
+//!   are dropped and named.
 //! * `context_management`, `top_k`, `output_config.format`, server tools and MCP servers are
 //!   dropped and named (`X-Shield-Dropped-Fields`); hints (`cache_control`, `service_tier`)
 //!   are simply absent.
@@ -17,8 +17,9 @@
 
 use std::sync::Arc;
 
-use serde_json::{Map, Value, json};
-use shield_core::chat_request::{AnthropicOrigin, BadRequest, ChatRequest, Effort, MAX_MESSAGES, Reasoning};
+use serde_json::{Map, Value};
+use shield_core::chat_request::{AnthropicOrigin, BadRequest, ChatRequest, MAX_MESSAGES, Origin};
+use shield_core::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Tool, ToolChoice};
 
 /// The caller's Anthropic headers, forwarded as sent to Anthropic targets.
 #[derive(Default)]
@@ -38,14 +39,14 @@ fn bad(message: impl Into<String>) -> BadRequest {
     BadRequest(message.into())
 }
 
-/// What the conversion found that other flavors lack.
+/// What the parse found that other flavors lack.
 #[derive(Default)]
 struct Found {
     requires: Vec<String>,
     unmapped: Vec<String>,
 }
 
-/// Checks a Messages body the way Anthropic's API does and converts it. `count_only` is the
+/// Checks a Messages body the way Anthropic's API does and types it. `count_only` is the
 /// token-counting endpoint's body, which has no `max_tokens`.
 pub fn normalise(body: &[u8], headers: Headers, count_only: bool) -> Result<ChatRequest, BadRequest> {
     let value: Value = serde_json::from_slice(body).map_err(|e| bad(format!("malformed JSON body: {e}")))?;
@@ -69,94 +70,60 @@ pub fn normalise(body: &[u8], headers: Headers, count_only: bool) -> Result<Chat
         Some(Value::Array(messages)) => messages,
         _ => return Err(bad("messages: Field required (an array of messages)")),
     };
-    let mut fields = Map::new();
     let mut found = Found::default();
+    let system = match original.get("system") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(system) => texts_of(system).ok_or_else(|| bad("system: must be a string or an array of text blocks"))?,
+    };
+    let mut typed = Vec::with_capacity(messages.len());
     let mut system_messages = false;
-    let mut chat = Vec::new();
-    if let Some(system) = original.get("system") {
-        let text = text_of(system).ok_or_else(|| bad("system: must be a string or an array of text blocks"))?;
-        if !text.is_empty() {
-            chat.push(json!({"role": "system", "content": text}));
-        }
-    }
     for (i, message) in messages.iter().enumerate() {
-        let role = message.get("role").and_then(Value::as_str);
         let content = message.get("content").ok_or_else(|| bad(format!("messages.{i}.content: Field required")))?;
         let blocks = blocks_of(content)
             .ok_or_else(|| bad(format!("messages.{i}.content: must be a string or an array of content blocks")))?;
-        match role {
-            Some("user") => user_turn(i, &blocks, &mut chat, &mut found),
-            Some("assistant") => chat.push(assistant_turn(i, &blocks, &mut found)),
+        let role = match message.get("role").and_then(Value::as_str) {
+            Some("user") => Role::User,
+            Some("assistant") => Role::Assistant,
             // Mid-conversation system messages (Claude Code's reminders): kept where they stand.
             Some("system") => {
-                let text = text_of(content)
+                let texts = texts_of(content)
                     .ok_or_else(|| bad(format!("messages.{i}.content: must be a string or text blocks")))?;
-                chat.push(json!({"role": "system", "content": text}));
                 system_messages = true;
+                typed.push(Message { role: Role::System, content: texts.into_iter().map(Part::Text).collect() });
+                continue;
             }
             _ => return Err(bad(format!("messages.{i}.role: must be \"user\", \"assistant\" or \"system\""))),
+        };
+        let content = blocks.iter().enumerate().filter_map(|(j, block)| part_of(i, j, block, &mut found)).collect();
+        typed.push(Message { role, content });
+    }
+    let mut tools = Vec::new();
+    for tool in original.get("tools").and_then(Value::as_array).into_iter().flatten() {
+        match tool.get("type").and_then(Value::as_str) {
+            None | Some("custom") => tools.push(Tool {
+                name: string(tool, "name"),
+                description: string(tool, "description"),
+                schema: tool.get("input_schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+            }),
+            // Server tools (web search, code execution, …) run at Anthropic: other flavors
+            // answer without them.
+            Some(kind) => found.unmapped.push(format!("tools ({kind})")),
         }
     }
-    fields.insert("model".into(), Value::String(model.clone()));
-    fields.insert("messages".into(), Value::Array(chat));
-    if let Some(max_tokens) = max_tokens {
-        fields.insert("max_tokens".into(), max_tokens.clone());
-    }
-    if let Some(stop) = original.get("stop_sequences").filter(|s| s.is_array()) {
-        fields.insert("stop".into(), stop.clone());
-    }
-    for key in ["temperature", "top_p"] {
-        if let Some(value) = original.get(key).filter(|v| v.is_number()) {
-            fields.insert(key.into(), value.clone());
+    let (tool_choice, parallel_tool_calls) = match original.get("tool_choice") {
+        None | Some(Value::Null) => (None, None),
+        Some(choice) => {
+            let typed = match choice.get("type").and_then(Value::as_str) {
+                Some("auto") => ToolChoice::Auto,
+                Some("any") => ToolChoice::Any,
+                Some("none") => ToolChoice::None,
+                Some("tool") => ToolChoice::Tool(string(choice, "name")),
+                _ => return Err(bad("tool_choice.type: must be auto, any, tool or none")),
+            };
+            let serial = choice.get("disable_parallel_tool_use").and_then(Value::as_bool) == Some(true);
+            (Some(typed), serial.then_some(false))
         }
-    }
-    if original.get("stream").and_then(Value::as_bool) == Some(true) {
-        // Usage for `message_delta`: the OpenAI adapter asks `openai` targets for it itself
-        // (`azure` ones, whose older API versions refuse `stream_options`, are estimated).
-        fields.insert("stream".into(), Value::Bool(true));
-    }
-    if let Some(tools) = original.get("tools").and_then(Value::as_array) {
-        let mut functions = Vec::new();
-        for tool in tools {
-            match tool.get("type").and_then(Value::as_str) {
-                None | Some("custom") => functions.push(json!({"type": "function", "function": {
-                    "name": tool.get("name").cloned().unwrap_or(Value::Null),
-                    "description": tool.get("description").cloned().unwrap_or(json!("")),
-                    "parameters": tool.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object"})),
-                }})),
-                // Server tools (web search, code execution, …) run at Anthropic: other flavors
-                // answer without them.
-                Some(kind) => found.unmapped.push(format!("tools ({kind})")),
-            }
-        }
-        if !functions.is_empty() {
-            fields.insert("tools".into(), Value::Array(functions));
-        }
-    }
-    if let Some(choice) = original.get("tool_choice") {
-        match choice.get("type").and_then(Value::as_str) {
-            Some("auto") => {
-                fields.insert("tool_choice".into(), json!("auto"));
-            }
-            Some("any") => {
-                fields.insert("tool_choice".into(), json!("required"));
-            }
-            Some("none") => {
-                fields.insert("tool_choice".into(), json!("none"));
-            }
-            Some("tool") => {
-                let name = choice.get("name").cloned().unwrap_or(Value::Null);
-                fields.insert("tool_choice".into(), json!({"type": "function", "function": {"name": name}}));
-            }
-            _ => return Err(bad("tool_choice.type: must be auto, any, tool or none")),
-        }
-        if choice.get("disable_parallel_tool_use").and_then(Value::as_bool) == Some(true) {
-            fields.insert("parallel_tool_calls".into(), Value::Bool(false));
-        }
-    }
-    if let Some(user) = original.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str) {
-        fields.insert("user".into(), json!(user));
-    }
+    };
     if original.get("mcp_servers").is_some_and(|m| m.as_array().is_some_and(|m| !m.is_empty())) {
         found.unmapped.push("mcp_servers".into());
     }
@@ -168,29 +135,74 @@ pub fn normalise(body: &[u8], headers: Headers, count_only: bool) -> Result<Chat
     if original.get("output_config").and_then(|c| c.get("format")).is_some_and(|f| !f.is_null()) {
         found.unmapped.push("output_config.format".into());
     }
-    let reasoning = reasoning(&original)?;
-    // Text the conversion has no place for (documents, search results, …) still goes past the
-    // input guardrails: an Anthropic target receives it.
-    let mut guard_text = String::new();
-    for message in messages {
-        for block in message.get("content").and_then(Value::as_array).into_iter().flatten() {
-            let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
-            if !matches!(kind, "text" | "image" | "tool_use" | "tool_result") {
-                collect_text(block, &mut guard_text);
-            }
-        }
-    }
+    let exchange = exchange::Request {
+        system,
+        messages: typed,
+        tools,
+        tool_choice,
+        parallel_tool_calls,
+        max_tokens: max_tokens.and_then(Value::as_u64),
+        temperature: original.get("temperature").and_then(Value::as_f64),
+        top_p: original.get("top_p").and_then(Value::as_f64),
+        stop: original
+            .get("stop_sequences")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect(),
+        reasoning: reasoning(&original)?,
+        stream: original.get("stream").and_then(Value::as_bool) == Some(true),
+        user: original.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str).map(str::to_string),
+    };
     let origin = AnthropicOrigin {
         original,
         beta: headers.beta,
         version: headers.version,
         requires: found.requires,
-        guard_text,
-        reasoning,
         unmapped: found.unmapped,
         system_messages,
     };
-    Ok(ChatRequest { fields, model, anthropic: Some(Arc::new(origin)) })
+    Ok(ChatRequest { model, exchange: Arc::new(exchange), origin: Origin::Anthropic(Arc::new(origin)) })
+}
+
+fn string(value: &Value, key: &str) -> String {
+    value.get(key).and_then(Value::as_str).unwrap_or_default().to_string()
+}
+
+/// One content block, typed. Blocks only Anthropic reads are opaque parts (their text kept for
+/// the guardrails) and make the request need an Anthropic target.
+fn part_of(turn: usize, index: usize, block: &Value, found: &mut Found) -> Option<Part> {
+    let kind = block.get("type").and_then(Value::as_str)?;
+    let part = match kind {
+        "text" => Part::Text(string(block, "text")),
+        "image" => match image_of(block.get("source").unwrap_or(&Value::Null)) {
+            Some(image) => Part::Image(image),
+            None => return Some(opaque(turn, index, "image by file id", block, found)),
+        },
+        "tool_use" => Part::ToolUse {
+            id: string(block, "id"),
+            name: string(block, "name"),
+            input: block.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
+        },
+        "tool_result" => Part::ToolResult {
+            id: string(block, "tool_use_id"),
+            content: block.get("content").and_then(texts_of).unwrap_or_default().join("\n"),
+            is_error: block.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+        },
+        "thinking" => Part::Thinking { thinking: string(block, "thinking"), signature: string(block, "signature") },
+        "redacted_thinking" => Part::RedactedThinking(string(block, "data")),
+        // Documents (PDFs, citations), search results, server-tool history: only there.
+        kind => return Some(opaque(turn, index, kind, block, found)),
+    };
+    Some(part)
+}
+
+fn opaque(turn: usize, index: usize, kind: &str, block: &Value, found: &mut Found) -> Part {
+    found.requires.push(format!("messages.{turn}.content.{index} ({kind})"));
+    let mut text = String::new();
+    collect_text(block, &mut text);
+    Part::Opaque { kind: kind.to_string(), text }
 }
 
 /// `thinking` and `output_config.effort` as the effort every reasoning control shares.
@@ -249,12 +261,12 @@ fn collect_text(value: &Value, out: &mut String) {
     }
 }
 
-/// A string, or text blocks joined.
-fn text_of(value: &Value) -> Option<String> {
+/// A string, or the texts of text blocks.
+fn texts_of(value: &Value) -> Option<Vec<String>> {
     match value {
-        Value::String(text) => Some(text.clone()),
+        Value::String(text) => Some(vec![text.clone()]),
         Value::Array(blocks) => {
-            Some(blocks.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n"))
+            Some(blocks.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).map(str::to_string).collect())
         }
         _ => None,
     }
@@ -263,7 +275,7 @@ fn text_of(value: &Value) -> Option<String> {
 /// Content as blocks (a string is one text block).
 fn blocks_of(content: &Value) -> Option<Vec<Value>> {
     match content {
-        Value::String(text) => Some(vec![json!({"type": "text", "text": text})]),
+        Value::String(text) => Some(vec![serde_json::json!({"type": "text", "text": text})]),
         Value::Array(blocks) if blocks.iter().all(|b| b.get("type").and_then(Value::as_str).is_some()) => {
             Some(blocks.clone())
         }
@@ -271,82 +283,11 @@ fn blocks_of(content: &Value) -> Option<Vec<Value>> {
     }
 }
 
-/// A user turn: its tool results become `tool` messages (first, as OpenAI wants them right
-/// after the assistant's calls), the rest one user message.
-fn user_turn(turn: usize, blocks: &[Value], chat: &mut Vec<Value>, found: &mut Found) {
-    let mut parts = Vec::new();
-    for (i, block) in blocks.iter().enumerate() {
-        match block.get("type").and_then(Value::as_str) {
-            Some("tool_result") => {
-                let content = block.get("content").and_then(text_of).unwrap_or_default();
-                chat.push(
-                    json!({"role": "tool", "tool_call_id": block.get("tool_use_id").cloned().unwrap_or(json!("")),
-                    "content": content}),
-                );
-            }
-            Some("text") => {
-                parts.push(json!({"type": "text", "text": block.get("text").cloned().unwrap_or(json!(""))}))
-            }
-            Some("image") => match image_url(block.get("source").unwrap_or(&Value::Null)) {
-                Some(url) => parts.push(json!({"type": "image_url", "image_url": {"url": url}})),
-                None => found.requires.push(format!("messages.{turn}.content.{i} (image by file id)")),
-            },
-            // Documents (PDFs, citations), search results and the like exist only there.
-            Some(kind) => found.requires.push(format!("messages.{turn}.content.{i} ({kind})")),
-            None => {}
-        }
-    }
-    if parts.is_empty() {
-        // A turn of only blocks other APIs lack (a document, say) is still a user turn; only
-        // Anthropic targets are eligible for it, and they get the original.
-        if blocks.iter().any(|b| b.get("type").and_then(Value::as_str) != Some("tool_result")) {
-            chat.push(json!({"role": "user", "content": ""}));
-        }
-        return;
-    }
-    let only_text = parts.iter().all(|p| p["type"] == "text");
-    let content = if only_text {
-        Value::String(parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n"))
-    } else {
-        Value::Array(parts)
-    };
-    chat.push(json!({"role": "user", "content": content}));
-}
-
-/// An assistant turn: text and tool calls (earlier thinking is history: dropped for other
-/// providers, kept in the original for Anthropic).
-fn assistant_turn(turn: usize, blocks: &[Value], found: &mut Found) -> Value {
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    for (i, block) in blocks.iter().enumerate() {
-        match block.get("type").and_then(Value::as_str) {
-            Some("text") => text.push_str(block.get("text").and_then(Value::as_str).unwrap_or("")),
-            Some("tool_use") => {
-                calls.push(json!({"id": block.get("id").cloned().unwrap_or(json!("")), "type": "function",
-                "function": {"name": block.get("name").cloned().unwrap_or(json!("")),
-                    "arguments": block.get("input").map(Value::to_string).unwrap_or_else(|| "{}".into())}}))
-            }
-            Some("thinking" | "redacted_thinking") => {}
-            Some(kind) => found.requires.push(format!("messages.{turn}.content.{i} ({kind})")),
-            None => {}
-        }
-    }
-    let mut message = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) }});
-    if !calls.is_empty() {
-        crate::json::set(&mut message, &["tool_calls"], Value::Array(calls));
-    }
-    message
-}
-
-/// An image source as an OpenAI image URL (`data:` for base64).
-fn image_url(source: &Value) -> Option<String> {
+/// An image source, typed (`None` for a file id, which only Anthropic resolves).
+fn image_of(source: &Value) -> Option<Image> {
     match source.get("type").and_then(Value::as_str)? {
-        "base64" => Some(format!(
-            "data:{};base64,{}",
-            source.get("media_type").and_then(Value::as_str)?,
-            source.get("data").and_then(Value::as_str)?
-        )),
-        "url" => source.get("url").and_then(Value::as_str).map(str::to_string),
+        "base64" => Some(Image::Base64 { media_type: string(source, "media_type"), data: string(source, "data") }),
+        "url" => source.get("url").and_then(Value::as_str).map(|url| Image::Url(url.to_string())),
         _ => None,
     }
 }
@@ -354,6 +295,7 @@ fn image_url(source: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn normalised(body: Value) -> ChatRequest {
         normalise(body.to_string().as_bytes(), Headers::default(), false).unwrap()
@@ -375,25 +317,33 @@ mod tests {
                     {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}}]},
             ]}),
         );
-        let f = &request.fields;
+        let typed = &request.exchange;
         assert_eq!(request.model, "claude-sonnet-4-5");
-        assert_eq!(f["messages"][0], json!({"role": "system", "content": "Be brief."}));
-        assert_eq!(f["messages"][1], json!({"role": "user", "content": "find x"}));
-        assert_eq!(f["messages"][2]["content"], "Looking.");
+        assert_eq!(typed.system, ["Be brief."]);
+        assert_eq!(typed.messages[0], Message { role: Role::User, content: vec![Part::Text("find x".into())] });
         assert_eq!(
-            f["messages"][2]["tool_calls"][0]["function"],
-            json!({"name": "search", "arguments": "{\"q\":\"x\"}"})
+            typed.messages[1].content,
+            [
+                Part::Thinking { thinking: "hm".into(), signature: "s".into() },
+                Part::Text("Looking.".into()),
+                Part::ToolUse { id: "toolu_1".into(), name: "search".into(), input: "{\"q\":\"x\"}".into() }
+            ]
         );
-        assert_eq!(f["messages"][3], json!({"role": "tool", "tool_call_id": "toolu_1", "content": "42"}));
-        assert_eq!(f["messages"][4]["content"][1]["image_url"]["url"], "data:image/png;base64,iVBOR");
         assert_eq!(
-            (f["max_tokens"].clone(), f["stop"].clone(), f["user"].clone()),
-            (json!(100), json!(["END"]), json!("u1"))
+            typed.messages[2].content,
+            [
+                Part::ToolResult { id: "toolu_1".into(), content: "42".into(), is_error: false },
+                Part::Text("and y?".into()),
+                Part::Image(Image::Base64 { media_type: "image/png".into(), data: "iVBOR".into() })
+            ]
         );
-        assert_eq!(f["tools"][0]["function"]["parameters"], json!({"type": "object"}));
-        assert_eq!((f["tool_choice"].clone(), f["parallel_tool_calls"].clone()), (json!("required"), json!(false)));
-        assert!(f.get("top_k").is_none(), "a hint other APIs lack is dropped, not renamed");
-        let origin = request.anthropic.as_deref().unwrap();
+        assert_eq!(
+            (typed.max_tokens, typed.stop.clone(), typed.user.clone()),
+            (Some(100), vec!["END".to_string()], Some("u1".to_string()))
+        );
+        assert_eq!(typed.tools[0].schema, json!({"type": "object"}));
+        assert_eq!((typed.tool_choice.clone(), typed.parallel_tool_calls), (Some(ToolChoice::Any), Some(false)));
+        let origin = request.anthropic().unwrap();
         assert!(origin.requires.is_empty());
         assert_eq!(origin.original["top_k"], 5, "an Anthropic target gets the original back");
         assert_eq!(origin.unmapped, ["top_k"], "and another flavor's caller is told it was dropped");
@@ -402,7 +352,7 @@ mod tests {
     fn origin_with(key: &str, value: Value) -> AnthropicOrigin {
         let mut body = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
         body[key] = value;
-        normalised(body).anthropic.as_deref().unwrap().clone()
+        normalised(body).anthropic().unwrap().clone()
     }
 
     #[test]
@@ -425,7 +375,11 @@ mod tests {
 
     #[test]
     fn thinking_and_effort_become_one_effort() {
-        let reasoning = |key: &str, value: Value| origin_with(key, value).reasoning;
+        let reasoning = |key: &str, value: Value| {
+            let mut body = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
+            body[key] = value;
+            normalised(body).exchange.reasoning.clone()
+        };
         assert_eq!(
             reasoning("thinking", json!({"type": "enabled", "budget_tokens": 2048})),
             Some(Reasoning { effort: Some(Effort::Low), fields: vec!["thinking"] })
@@ -443,7 +397,7 @@ mod tests {
         let both = normalised(json!({"model": "m", "max_tokens": 10, "thinking": {"type": "adaptive"},
             "output_config": {"effort": "xhigh"}, "messages": [{"role": "user", "content": "hi"}]}));
         assert_eq!(
-            both.anthropic.as_deref().unwrap().reasoning,
+            both.exchange.reasoning,
             Some(Reasoning { effort: Some(Effort::High), fields: vec!["thinking", "output_config.effort"] })
         );
         let refused = |body: Value| normalise(body.to_string().as_bytes(), Headers::default(), false).err().unwrap().0;
@@ -461,11 +415,11 @@ mod tests {
         let request = normalised(json!({"model": "team-coder", "max_tokens": 10, "system": "You are a coder.",
             "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": [{"type": "text", "text": "reminder"}]},
                 {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]}));
-        let roles: Vec<&str> =
-            request.fields["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
-        assert_eq!(roles, ["system", "user", "system", "assistant", "user"]);
-        assert_eq!(request.fields["messages"][2]["content"], "reminder");
-        assert!(request.anthropic.as_deref().unwrap().system_messages);
+        let roles: Vec<Role> = request.exchange.messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::User, Role::System, Role::Assistant, Role::User]);
+        assert_eq!(request.exchange.system, ["You are a coder."]);
+        assert_eq!(request.exchange.messages[1].content, [Part::Text("reminder".into())]);
+        assert!(request.anthropic().unwrap().system_messages);
     }
 
     #[test]
@@ -494,11 +448,7 @@ mod tests {
         ]}]}));
         assert!(request.prompt_text().contains("AKIA-secret-in-a-document"));
         assert_eq!(request.requires_anthropic(), ["messages.0.content.0 (document)"]);
-        assert_eq!(
-            request.fields["messages"],
-            json!([{"role": "user", "content": ""}]),
-            "a document-only turn is a turn"
-        );
+        assert_eq!(request.exchange.messages.len(), 1, "a document-only turn is a turn");
         assert!(request.check_routable().is_ok());
     }
 }

@@ -20,7 +20,7 @@ use shield_core::target::Target;
 use shield_core::usage::TokenUsage;
 use url::Url;
 
-use shield_core::exchange::{self, Block, Delta, Stop};
+use shield_core::exchange::{self, Block, Delta, Image, Part, Role, Stop, ToolChoice};
 
 use super::{Answer, Chunk, Completion, Decoded, Provider, StreamDecoder, join, reset_hint};
 use crate::body::ChatRequest;
@@ -45,7 +45,7 @@ impl Provider for Anthropic {
     /// as sent (less the flags the target strips); others get the target's version.
     fn headers(&self, target: &Target, request: &ChatRequest, headers: &mut HeaderMap) {
         let options = target.anthropic.as_ref();
-        let origin = request.anthropic.as_deref();
+        let origin = request.anthropic();
         let version = origin
             .and_then(|o| o.version.as_deref())
             .unwrap_or_else(|| options.map_or("2023-06-01", |a| a.version.as_str()));
@@ -62,7 +62,7 @@ impl Provider for Anthropic {
     /// the target's, system messages folded for a model that does not take them); others'
     /// requests are converted.
     fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
-        let mut body = match request.anthropic.as_deref() {
+        let mut body = match request.anthropic() {
             Some(origin) => {
                 let mut body = origin.original.clone();
                 body.insert("model".into(), Value::String(target.model.clone()));
@@ -73,7 +73,7 @@ impl Provider for Anthropic {
                 }
                 body
             }
-            None => messages_request(&request.fields, target),
+            None => messages_request(&request.exchange, target),
         };
         if stream {
             body.insert("stream".into(), Value::Bool(true));
@@ -86,10 +86,8 @@ impl Provider for Anthropic {
 
     /// An OpenAI-shaped caller's fields the Messages API has no place for.
     fn dropped(&self, request: &ChatRequest, _target: &Target) -> Vec<String> {
-        if request.anthropic.is_some() {
-            return Vec::new();
-        }
-        OPENAI_ONLY.iter().filter(|key| request.fields.contains_key(**key)).map(|key| key.to_string()).collect()
+        let Some(fields) = request.openai_fields() else { return Vec::new() };
+        OPENAI_ONLY.iter().filter(|key| fields.contains_key(**key)).map(|key| key.to_string()).collect()
     }
 
     fn answer(&self, body: Vec<u8>) -> Option<Answer> {
@@ -177,11 +175,13 @@ fn fold_system_messages(body: &mut Map<String, Value>) {
             folded.push(message);
             continue;
         }
-        let text = text_blocks(message.get("content"))
-            .iter()
-            .filter_map(|b| b.get("text").and_then(Value::as_str).map(str::to_string))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text = match message.get("content") {
+            Some(Value::String(text)) => text.clone(),
+            Some(Value::Array(blocks)) => {
+                blocks.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
+            }
+            _ => String::new(),
+        };
         if folded.is_empty() {
             leading.push(json!({"type": "text", "text": text}));
         } else {
@@ -202,36 +202,28 @@ fn fold_system_messages(body: &mut Map<String, Value>) {
     body.insert("system".into(), Value::Array(system));
 }
 
-/// The Messages request for `target` from an OpenAI-shaped chat request.
-fn messages_request(fields: &Map<String, Value>, target: &Target) -> Map<String, Value> {
-    let mut system = Vec::new();
-    let mut messages: Vec<(String, Vec<Value>)> = Vec::new();
-    for message in fields.get("messages").and_then(Value::as_array).into_iter().flatten() {
-        let role = message.get("role").and_then(Value::as_str).unwrap_or("user");
-        let (role, blocks) = match role {
-            "system" | "developer" => {
-                system.extend(text_blocks(message.get("content")));
+/// The Messages request for `target` from a typed request of another shape. System
+/// messages anywhere join the top-level `system`; consecutive same-role turns merge.
+fn messages_request(request: &exchange::Request, target: &Target) -> Map<String, Value> {
+    let text_block = |text: &str| (!text.is_empty()).then(|| json!({"type": "text", "text": text}));
+    let mut system: Vec<Value> = request.system.iter().filter_map(|t| text_block(t)).collect();
+    let mut messages: Vec<(&str, Vec<Value>)> = Vec::new();
+    for message in &request.messages {
+        let role = match message.role {
+            Role::System => {
+                system.extend(
+                    message.content.iter().filter_map(|p| if let Part::Text(t) = p { text_block(t) } else { None }),
+                );
                 continue;
             }
-            "assistant" => {
-                let mut blocks = text_blocks(message.get("content"));
-                for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-                    blocks.push(tool_use(call));
-                }
-                ("assistant", blocks)
-            }
-            "tool" => {
-                let result = json!({"type": "tool_result",
-                    "tool_use_id": message.get("tool_call_id").cloned().unwrap_or(json!("")),
-                    "content": text_blocks(message.get("content"))});
-                ("user", vec![result])
-            }
-            _ => ("user", content_blocks(message.get("content"))),
+            Role::User => "user",
+            Role::Assistant => "assistant",
         };
+        let blocks = message.content.iter().filter_map(|part| block_of(part, text_block)).collect::<Vec<_>>();
         // Anthropic wants user and assistant turns to alternate: consecutive ones merge.
         match messages.last_mut() {
-            Some((last, merged)) if last == role => merged.extend(blocks),
-            _ => messages.push((role.to_string(), blocks)),
+            Some((last, merged)) if *last == role => merged.extend(blocks),
+            _ => messages.push((role, blocks)),
         }
     }
     let mut body = Map::new();
@@ -242,110 +234,83 @@ fn messages_request(fields: &Map<String, Value>, target: &Target) -> Map<String,
     let messages: Vec<Value> =
         messages.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect();
     body.insert("messages".into(), Value::Array(messages));
-    let max_tokens = ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|k| fields.get(*k).and_then(Value::as_u64))
+    let max_tokens = request
+        .max_tokens
         .or_else(|| target.capabilities.as_ref().and_then(|c| c.max_output_tokens).map(u64::from))
         .unwrap_or(DEFAULT_MAX_TOKENS);
     body.insert("max_tokens".into(), json!(max_tokens));
-    match fields.get("stop") {
-        Some(Value::String(stop)) => {
-            body.insert("stop_sequences".into(), json!([stop]));
-        }
-        Some(Value::Array(stops)) if !stops.is_empty() => {
-            body.insert("stop_sequences".into(), Value::Array(stops.clone()));
-        }
-        _ => {}
-    }
-    for key in ["temperature", "top_p", "top_k"] {
-        if let Some(value) = fields.get(key).filter(|v| v.is_number()) {
-            body.insert(key.into(), value.clone());
-        }
+    if !request.stop.is_empty() {
+        body.insert("stop_sequences".into(), json!(request.stop));
     }
     // OpenAI's temperature runs to 2, Anthropic's to 1: the nearest value it takes.
-    if let Some(temperature) = fields.get("temperature").and_then(Value::as_f64) {
+    if let Some(temperature) = request.temperature {
         body.insert("temperature".into(), json!(temperature.clamp(0.0, 1.0)));
     }
-    if let Some(tools) = fields.get("tools").and_then(Value::as_array).filter(|t| !t.is_empty()) {
-        let tools: Vec<Value> = tools.iter().filter_map(tool_definition).collect();
+    if let Some(top_p) = request.top_p {
+        body.insert("top_p".into(), json!(top_p));
+    }
+    if !request.tools.is_empty() {
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|tool| {
+                let mut out = Map::new();
+                out.insert("name".into(), json!(tool.name));
+                if !tool.description.is_empty() {
+                    out.insert("description".into(), json!(tool.description));
+                }
+                out.insert("input_schema".into(), tool.schema.clone());
+                Value::Object(out)
+            })
+            .collect();
         body.insert("tools".into(), Value::Array(tools));
     }
-    let parallel = fields.get("parallel_tool_calls").and_then(Value::as_bool);
-    if let Some(mut choice) = fields.get("tool_choice").and_then(tool_choice) {
-        if parallel == Some(false)
+    if let Some(choice) = &request.tool_choice {
+        let mut choice = match choice {
+            ToolChoice::Auto => json!({"type": "auto"}),
+            ToolChoice::None => json!({"type": "none"}),
+            ToolChoice::Any => json!({"type": "any"}),
+            ToolChoice::Tool(name) => json!({"type": "tool", "name": name}),
+        };
+        if request.parallel_tool_calls == Some(false)
             && let Some(choice) = choice.as_object_mut()
         {
             choice.insert("disable_parallel_tool_use".into(), Value::Bool(true));
         }
         body.insert("tool_choice".into(), choice);
     }
-    if let Some(user) = fields.get("user").and_then(Value::as_str) {
+    if let Some(user) = &request.user {
         body.insert("metadata".into(), json!({"user_id": user}));
     }
     body
 }
 
-/// Text content as text blocks (empty text dropped: Anthropic refuses empty blocks).
-fn text_blocks(content: Option<&Value>) -> Vec<Value> {
-    content_blocks(content).into_iter().filter(|b| b.get("type").and_then(Value::as_str) == Some("text")).collect()
-}
-
-/// OpenAI content (a string, or parts) as Messages content blocks.
-fn content_blocks(content: Option<&Value>) -> Vec<Value> {
-    let text = |t: &str| (!t.is_empty()).then(|| json!({"type": "text", "text": t}));
-    match content {
-        Some(Value::String(s)) => text(s).into_iter().collect(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|part| match part.get("type").and_then(Value::as_str) {
-                Some("text") => text(part.get("text").and_then(Value::as_str).unwrap_or("")),
-                Some("image_url") => image(part.pointer("/image_url/url").and_then(Value::as_str)?),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// `data:image/png;base64,…` → a base64 image block; an http(s) URL → a URL image block.
-fn image(url: &str) -> Option<Value> {
-    if let Some(rest) = url.strip_prefix("data:") {
-        let (media_type, data) = rest.split_once(";base64,")?;
-        return Some(json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}));
-    }
-    (url.starts_with("https://") || url.starts_with("http://"))
-        .then(|| json!({"type": "image", "source": {"type": "url", "url": url}}))
-}
-
-/// An OpenAI tool call as a `tool_use` block; arguments that are not a JSON object become `{}`.
-fn tool_use(call: &Value) -> Value {
-    let arguments = call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("{}");
-    let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
-    json!({"type": "tool_use", "id": call.get("id").cloned().unwrap_or(json!("")),
-        "name": call.pointer("/function/name").cloned().unwrap_or(json!("")), "input": input})
-}
-
-/// An OpenAI function tool as an Anthropic tool.
-fn tool_definition(tool: &Value) -> Option<Value> {
-    let function = tool.get("function")?;
-    let mut out = Map::new();
-    out.insert("name".into(), function.get("name")?.clone());
-    if let Some(description) = function.get("description") {
-        out.insert("description".into(), description.clone());
-    }
-    let schema = function.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
-    out.insert("input_schema".into(), schema);
-    Some(Value::Object(out))
-}
-
-/// OpenAI `tool_choice` → Anthropic's: auto, none, required → any, a function → tool.
-fn tool_choice(choice: &Value) -> Option<Value> {
-    match choice {
-        Value::String(s) if s == "auto" => Some(json!({"type": "auto"})),
-        Value::String(s) if s == "none" => Some(json!({"type": "none"})),
-        Value::String(s) if s == "required" => Some(json!({"type": "any"})),
-        Value::Object(_) => Some(json!({"type": "tool", "name": choice.pointer("/function/name")?})),
-        _ => None,
+/// A typed part as a content block (empty text, and parts only their own shape carries,
+/// dropped: Anthropic refuses empty blocks).
+fn block_of(part: &Part, text_block: impl Fn(&str) -> Option<Value>) -> Option<Value> {
+    match part {
+        Part::Text(text) => text_block(text),
+        Part::Image(Image::Base64 { media_type, data }) => {
+            Some(json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}))
+        }
+        Part::Image(Image::Url(url)) => Some(json!({"type": "image", "source": {"type": "url", "url": url}})),
+        Part::ToolUse { id, name, input } => {
+            // Arguments that are not a JSON object become `{}`.
+            let input = serde_json::from_str::<Value>(input).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
+            Some(json!({"type": "tool_use", "id": id, "name": name, "input": input}))
+        }
+        Part::ToolResult { id, content, is_error } => {
+            let mut result = json!({"type": "tool_result", "tool_use_id": id, "content": text_block(content).into_iter().collect::<Vec<_>>()});
+            if *is_error {
+                crate::json::set(&mut result, &["is_error"], Value::Bool(true));
+            }
+            Some(result)
+        }
+        Part::Thinking { thinking, signature } => {
+            Some(json!({"type": "thinking", "thinking": thinking, "signature": signature}))
+        }
+        Part::RedactedThinking(data) => Some(json!({"type": "redacted_thinking", "data": data})),
+        Part::Opaque { .. } => None,
     }
 }
 

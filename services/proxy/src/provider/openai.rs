@@ -4,6 +4,7 @@
 //! for OpenAI-shaped callers ([`completion`]).
 
 mod completion;
+mod request;
 
 use http::header::HeaderMap;
 use serde_json::Value;
@@ -47,16 +48,19 @@ impl Provider for OpenAi {
     fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
         let ask_usage = stream && self.flavor == Flavor::Openai;
         let effort = reasoning_effort(request, target).map(|effort| ("reasoning_effort", Value::from(effort)));
-        request.upstream_body(&target.model, target.extra_body.as_ref(), ask_usage, effort.as_slice())
+        let (model, extra) = (&target.model, target.extra_body.as_ref());
+        request
+            .upstream_body(model, extra, ask_usage, effort.as_slice())
+            .unwrap_or_else(|| request::render(&request.exchange, model, ask_usage, effort.as_slice(), extra))
     }
 
     /// A caller in Anthropic's shape: what this shape has no place for, and its reasoning
     /// controls unless the target has `reasoning_effort` (adaptive thinking on such a target
     /// is the model's default reasoning: nothing is dropped).
     fn dropped(&self, request: &ChatRequest, target: &Target) -> Vec<String> {
-        let Some(origin) = request.anthropic.as_deref() else { return Vec::new() };
+        let Some(origin) = request.anthropic() else { return Vec::new() };
         let mut dropped = Vec::new();
-        if let Some(reasoning) = origin.reasoning.as_ref().filter(|_| !has_reasoning(target)) {
+        if let Some(reasoning) = request.exchange.reasoning.as_ref().filter(|_| !has_reasoning(target)) {
             dropped.extend(reasoning.fields.iter().map(|f| f.to_string()));
         }
         dropped.extend(origin.unmapped.iter().cloned());
@@ -83,9 +87,11 @@ fn has_reasoning(target: &Target) -> bool {
     target.capabilities.as_ref().and_then(|c| c.reasoning).unwrap_or(false)
 }
 
-/// The `reasoning_effort` for a caller's thinking or effort, on a target that takes it.
+/// The `reasoning_effort` for another shape's thinking or effort, on a target that takes it
+/// (a Chat Completions caller's own `reasoning_effort` goes as sent).
 fn reasoning_effort(request: &ChatRequest, target: &Target) -> Option<&'static str> {
-    let reasoning = request.anthropic.as_deref()?.reasoning.as_ref()?;
+    request.anthropic()?;
+    let reasoning = request.exchange.reasoning.as_ref()?;
     has_reasoning(target).then_some(reasoning.effort?.as_str())
 }
 
@@ -240,11 +246,13 @@ mod tests {
 
     #[test]
     fn thinking_becomes_reasoning_effort_where_the_target_has_it_and_is_named_where_not() {
-        use shield_core::chat_request::{AnthropicOrigin, Effort, Reasoning};
+        use shield_core::chat_request::{AnthropicOrigin, Origin};
+        use shield_core::exchange::{Effort, Reasoning};
         let mut request =
             ChatRequest::parse(br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#).unwrap();
-        request.anthropic = Some(std::sync::Arc::new(AnthropicOrigin {
-            reasoning: Some(Reasoning { effort: Some(Effort::High), fields: vec!["thinking", "output_config.effort"] }),
+        std::sync::Arc::make_mut(&mut request.exchange).reasoning =
+            Some(Reasoning { effort: Some(Effort::High), fields: vec!["thinking", "output_config.effort"] });
+        request.origin = Origin::Anthropic(std::sync::Arc::new(AnthropicOrigin {
             unmapped: vec!["context_management".into()],
             ..Default::default()
         }));
@@ -256,6 +264,11 @@ mod tests {
         let reasoning = target(serde_json::json!({"reasoning": true}));
         let body: serde_json::Value = serde_json::from_slice(&OPENAI.body(&request, &reasoning, false)).unwrap();
         assert_eq!(body["reasoning_effort"], "high");
+        assert_eq!(
+            body["messages"],
+            serde_json::json!([{"role": "user", "content": "x"}]),
+            "rendered from the typed request"
+        );
         assert_eq!(OPENAI.dropped(&request, &reasoning), ["context_management"]);
         let plain = target(serde_json::json!({}));
         let body: serde_json::Value = serde_json::from_slice(&OPENAI.body(&request, &plain, false)).unwrap();

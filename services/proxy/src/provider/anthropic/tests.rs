@@ -256,13 +256,14 @@ fn from_anthropic(body: Value, beta: Option<&str>) -> ChatRequest {
     let mut request = ChatRequest::parse(br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#).unwrap();
     let original = body.as_object().unwrap().clone();
     let system_messages = original["messages"].as_array().unwrap().iter().any(|m| m["role"] == "system");
-    request.anthropic = Some(std::sync::Arc::new(shield_core::chat_request::AnthropicOrigin {
-        original,
-        beta: beta.map(str::to_string),
-        version: Some("2023-06-01".into()),
-        system_messages,
-        ..Default::default()
-    }));
+    request.origin =
+        shield_core::chat_request::Origin::Anthropic(std::sync::Arc::new(shield_core::chat_request::AnthropicOrigin {
+            original,
+            beta: beta.map(str::to_string),
+            version: Some("2023-06-01".into()),
+            system_messages,
+            ..Default::default()
+        }));
     request
 }
 
