@@ -3,7 +3,7 @@
 //! and accounting tests run across formats. Besides those: `cache:R-W` reports R cache-read
 //! and W cache-write input tokens, and `err:CODE` becomes the error's
 //! `details.error_code` with CODE (underscores as spaces) as its message — e.g.
-//! `err:prompt_is_too_long`, `err:enforced_spend_limit_reached`; `think` streams a thinking
+//! `err:prompt_is_too_long`, `err:enforced_spend_limit_reached`; `think` answers (or streams) a thinking
 //! block (with a signature) before the text.
 
 use actix_web::HttpResponseBuilder;
@@ -74,6 +74,10 @@ fn message(request: &Value, scenario: &Scenario) -> Value {
             let input: Value = serde_json::from_str(&scenario.tool_arguments()).unwrap_or_else(|_| json!({}));
             (json!([{"type": "tool_use", "id": "toolu_mock1", "name": tool, "input": input}]), "tool_use")
         }
+        None if scenario.think => (
+            json!([{"type": "thinking", "thinking": "Let me think.", "signature": "c2ln"}, {"type": "text", "text": text}]),
+            "end_turn",
+        ),
         None => (json!([{"type": "text", "text": text}]), "end_turn"),
     };
     json!({"id": "msg_mock", "type": "message", "role": "assistant", "model": model, "content": content,
