@@ -136,7 +136,7 @@ fn openai_summary(text: &str, stream: bool) -> Summary {
 /// An Anthropic-shaped message or event stream, summarised.
 fn anthropic_summary(text: &str, stream: bool) -> Summary {
     let mut summary = Summary::default();
-    let mut read_block = |block: &Value, summary: &mut Summary| match block["type"].as_str() {
+    let read_block = |block: &Value, summary: &mut Summary| match block["type"].as_str() {
         Some("text") => summary.text.push_str(block["text"].as_str().unwrap()),
         Some("thinking") => {
             summary.thinking.push_str(block["thinking"].as_str().unwrap());
