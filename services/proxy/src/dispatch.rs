@@ -418,7 +418,8 @@ pub fn prepare_for(
     stream: bool,
 ) -> Result<Prepared, Failure> {
     let provider = provider::for_flavor(target.flavor);
-    let url = tenant.endpoint(&target.id).map_err(|_| Failure::of(Class::UnsafeUrl))?.clone();
+    let endpoint = tenant.endpoint(&target.id).map_err(|_| Failure::of(Class::UnsafeUrl))?;
+    let url = provider.call_url(endpoint, stream).into_owned();
     let body = provider.body(request, target, stream);
     let mut headers = HeaderMap::with_capacity(4);
     let accept = if stream { "text/event-stream" } else { "application/json" };
@@ -436,7 +437,7 @@ pub fn prepare_for(
     };
     match (target.auth.mode, credential) {
         (AuthMode::None, _) => {}
-        (_, Some(credential)) => provider.authenticate(credential, &body, &mut headers),
+        (_, Some(credential)) => provider.authenticate(credential, &url, &body, &mut headers),
         (_, None) => return Err(Failure::of(Class::CredentialUnavailable)),
     }
     Ok((provider, url, headers, body))

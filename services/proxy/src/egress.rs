@@ -136,8 +136,8 @@ impl Failure {
 /// provider adapter), or a failure.
 pub type Attempted = Result<(u16, Answer), Failure>;
 
-/// The upstream's SSE events after the first one.
-pub type Events = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<eventsource_stream::Event, String>> + Send>>;
+/// The upstream's stream events after the first one, framed by its provider.
+pub type Events = crate::provider::Frames;
 
 /// A stream that reached its first usable event: everything up to the commit point.
 pub struct Opened {
@@ -224,7 +224,6 @@ impl Egress {
         body: Vec<u8>,
         first_byte: Duration,
     ) -> Result<Opened, Failure> {
-        use eventsource_stream::Eventsource;
         let sent = self.post(url, allow_private, headers, body)?;
         let opening = async {
             let response = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
@@ -235,8 +234,8 @@ impl Egress {
                 let bytes = read_body(body, 1 << 20).await.ok().flatten().unwrap_or_default();
                 return Err(provider.failure(status, &head.headers, bytes));
             }
-            let mut events: Events =
-                Box::pin(BodyDataStream::new(body).eventsource().map(|e| e.map_err(|err| err.to_string())));
+            let bytes = BodyDataStream::new(body).map(|chunk| chunk.map_err(|err| err.to_string()));
+            let mut events: Events = provider.frames(Box::pin(bytes));
             let mut decoder = provider.decoder();
             let mut first = Vec::new();
             let mut malformed = 0;

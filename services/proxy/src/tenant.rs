@@ -138,7 +138,12 @@ mod tests {
         let config = TenantConfig::build(snapshot(&["api.openai.com"], "acme"), &keyring());
         let credential = config.vault_credential("t").expect("bound and decryptable");
         let mut headers = http::HeaderMap::new();
-        provider::for_flavor(shield_core::target::Flavor::Openai).authenticate(credential, b"{}", &mut headers);
+        provider::for_flavor(shield_core::target::Flavor::Openai).authenticate(
+            credential,
+            &url::Url::parse("https://api.openai.com/v1/chat/completions").unwrap(),
+            b"{}",
+            &mut headers,
+        );
         assert_eq!(headers["authorization"], "Bearer sk-live");
         assert!(headers["authorization"].is_sensitive());
         assert!(!format!("{credential:?}").contains("sk-live"), "Debug never shows a credential");

@@ -126,11 +126,52 @@ pub trait StreamDecoder: Send {
     fn usage_final(&self) -> bool;
 }
 
+/// One event of an upstream stream, however the provider frames it (SSE's `event:` name, or
+/// a binary frame's event type; empty when absent), with its payload as text.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Frame {
+    pub event: String,
+    pub data: String,
+}
+
+/// An upstream stream's frames, in order.
+pub type Frames = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Frame, String>> + Send>>;
+
+/// An upstream stream's body, as its bytes arrive.
+pub type BodyBytes = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<actix_web::web::Bytes, String>> + Send>>;
+
+/// Server-sent events: what OpenAI and Anthropic stream in.
+pub fn sse_frames(body: BodyBytes) -> Frames {
+    use eventsource_stream::Eventsource;
+    use futures_util::StreamExt;
+    Box::pin(body.eventsource().map(|event| match event {
+        Ok(event) => Ok(Frame { event: event.event, data: event.data }),
+        Err(err) => Err(err.to_string()),
+    }))
+}
+
 /// One provider's wire format. Implementations are stateless; per-stream state lives in the
 /// [`StreamDecoder`] they make.
+///
+/// What a provider may need beyond the common case is a hook here with a default: its URL per
+/// call ([`Self::call_url`], for a model or a method in the path), signing over the final
+/// request ([`Self::authenticate`] sees the URL, headers and body), its stream framing
+/// ([`Self::frames`], SSE by default), its error dialect ([`Self::failure`]).
 pub trait Provider: Sync {
     /// The chat endpoint of `target` (built once per snapshot version).
     fn endpoint(&self, target: &Target) -> Result<Url, &'static str>;
+
+    /// The URL of one call: the endpoint, unless the provider's path depends on the call (a
+    /// streaming method of its own, say).
+    fn call_url<'u>(&self, endpoint: &'u Url, _stream: bool) -> std::borrow::Cow<'u, Url> {
+        std::borrow::Cow::Borrowed(endpoint)
+    }
+
+    /// A streamed answer's body as frames: server-sent events unless the provider frames its
+    /// streams otherwise (a binary event stream, say).
+    fn frames(&self, body: BodyBytes) -> Frames {
+        sse_frames(body)
+    }
 
     /// The request body for `target`. `stream` asks for a stream (and the provider's usage in
     /// it).
@@ -146,9 +187,9 @@ pub trait Provider: Sync {
         Vec::new()
     }
 
-    /// Puts the credential on the request. Sees the final body, so a provider that signs
-    /// requests (Bedrock SigV4) signs it here.
-    fn authenticate(&self, credential: &Credential, _body: &[u8], headers: &mut HeaderMap) {
+    /// Puts the credential on the request. Sees the final URL, headers and body, so a provider
+    /// that signs requests (Bedrock SigV4) signs them here, on every attempt.
+    fn authenticate(&self, credential: &Credential, _url: &Url, _body: &[u8], headers: &mut HeaderMap) {
         headers.insert(credential.header.clone(), credential.value.clone());
     }
 

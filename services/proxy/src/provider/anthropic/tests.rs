@@ -220,7 +220,8 @@ fn the_version_header_and_the_key_header() {
     ANTHROPIC.headers(&target(json!({"anthropic": {"version": "2024-01-01"}})), &request, &mut headers);
     assert_eq!(headers["anthropic-version"], "2024-01-01");
     let credential = super::super::Credential::for_target(&target(json!({})), "sk-ant-1").unwrap();
-    ANTHROPIC.authenticate(&credential, b"{}", &mut headers);
+    let url = url::Url::parse("https://api.anthropic.com/v1/messages").unwrap();
+    ANTHROPIC.authenticate(&credential, &url, b"{}", &mut headers);
     assert_eq!(headers["x-api-key"], "sk-ant-1");
     assert!(headers.get("authorization").is_none());
 }
