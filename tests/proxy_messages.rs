@@ -156,7 +156,10 @@ async fn anthropic_only_fields_map_drop_or_need_an_anthropic_target() {
     stack.mock_target("gpt", "", json!({})).await;
     stack.mock_target("gpt-reasoning", "", json!({"capabilities": {"reasoning": true}})).await;
     stack.mock_target("claude", "", claude.clone()).await;
-    stack.mock_target("claude-strict", "status:400;err:thinking_blocks_cannot_be_modified", claude).await;
+    stack.mock_target("claude-strict", "status:400;err:thinking_blocks_cannot_be_modified", claude.clone()).await;
+    // An upstream whose error message echoes a credential (the mock's message is the code).
+    stack.mock_target("claude-echo", "status:400;err:bad_key_sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123", claude).await;
+    stack.put_route("echo", json!({"targets": ["claude-echo"]})).await;
     stack.put_route("mixed", json!({"targets": ["gpt", "claude"]})).await;
     stack.put_route("reasoner", json!({"targets": ["gpt-reasoning"]})).await;
     stack.put_route("openai-only", json!({"targets": ["gpt"]})).await;
@@ -227,6 +230,9 @@ async fn anthropic_only_fields_map_drop_or_need_an_anthropic_target() {
     let (status, _, text) = messages(&stack, &key, body("strict"), &[]).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
     assert_eq!(error_of(&text), ("invalid_request_error".into(), "thinking blocks cannot be modified".into()));
+    let (status, _, text) = messages(&stack, &key, body("echo"), &[]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert_eq!(error_of(&text).1, "bad key [redacted]", "credentials in an upstream's words are redacted");
 
     // count_tokens: the router's estimate, no upstream call; Bearer works too.
     let response = stack
