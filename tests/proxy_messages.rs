@@ -158,7 +158,9 @@ async fn anthropic_only_fields_map_drop_or_need_an_anthropic_target() {
     stack.mock_target("claude", "", claude.clone()).await;
     stack.mock_target("claude-strict", "status:400;err:thinking_blocks_cannot_be_modified", claude.clone()).await;
     // An upstream whose error message echoes a credential (the mock's message is the code).
-    stack.mock_target("claude-echo", "status:400;err:bad_key_sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123", claude).await;
+    stack
+        .mock_target("claude-echo", "status:400;err:bad_key_sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123", claude)
+        .await;
     stack.put_route("echo", json!({"targets": ["claude-echo"]})).await;
     stack.put_route("mixed", json!({"targets": ["gpt", "claude"]})).await;
     stack.put_route("reasoner", json!({"targets": ["gpt-reasoning"]})).await;

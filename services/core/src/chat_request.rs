@@ -207,13 +207,13 @@ fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
                 }
                 typed.push(Message { role: Role::Assistant, content: parts });
             }
-            Some("tool" | "function") => {
+            Some("tool") => {
                 let content = parts_of(content)
                     .into_iter()
                     .filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None })
                     .collect::<Vec<_>>()
                     .join("\n");
-                let id = message.get("tool_call_id").or_else(|| message.get("name")).and_then(text).unwrap_or_default();
+                let id = message.get("tool_call_id").and_then(text).unwrap_or_default();
                 typed.push(Message {
                     role: Role::User,
                     content: vec![Part::ToolResult { id, content, is_error: false }],
@@ -277,11 +277,15 @@ fn parts_of(content: Option<&Value>) -> Vec<Part> {
         Some(Value::String(text)) => vec![Part::Text(text.clone())],
         Some(Value::Array(parts)) => parts
             .iter()
-            .filter_map(|part| match part.get("type").and_then(Value::as_str) {
-                Some("text") => part.get("text").and_then(Value::as_str).map(|t| Part::Text(t.to_string())),
-                Some("image_url") => part.pointer("/image_url/url").and_then(Value::as_str).and_then(image_of),
-                Some(kind) => Some(Part::Opaque { kind: kind.to_string(), text: String::new() }),
-                None => None,
+            .filter_map(|part| {
+                let text = part.get("text").and_then(Value::as_str).map(str::to_string);
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") | None => text.map(Part::Text),
+                    Some("image_url") => part.pointer("/image_url/url").and_then(Value::as_str).and_then(image_of),
+                    // Parts other shapes cannot carry (audio, files, a server's own kinds): their
+                    // text still reaches the guardrails.
+                    Some(kind) => Some(Part::Opaque { kind: kind.to_string(), text: text.unwrap_or_default() }),
+                }
             })
             .collect(),
         _ => Vec::new(),
@@ -291,7 +295,7 @@ fn parts_of(content: Option<&Value>) -> Vec<Part> {
 /// `data:image/png;base64,…` → base64 data; an http(s) URL → a URL.
 pub fn image_of(url: &str) -> Option<Part> {
     if let Some(rest) = url.strip_prefix("data:") {
-        let (media_type, data) = rest.split_once(";base64,")?;
+        let (media_type, data) = rest.split_once(";base64,").filter(|(media_type, _)| !media_type.is_empty())?;
         return Some(Part::Image(Image::Base64 { media_type: media_type.to_string(), data: data.to_string() }));
     }
     (url.starts_with("https://") || url.starts_with("http://")).then(|| Part::Image(Image::Url(url.to_string())))
@@ -404,6 +408,15 @@ mod tests {
         assert_eq!(typed.reasoning.as_ref().and_then(|r| r.effort), Some(Effort::Low));
         assert_eq!(request.prompt_text(), "hi\nbe brief\n\n42\nsee\n");
         assert_eq!(request.prompt_chars(), "hibe brief42see".len());
+    }
+
+    #[test]
+    fn every_parts_text_reaches_the_guardrails() {
+        let request = ChatRequest::parse(
+            br#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "input_text", "text": "AKIAABCDEFGHIJKLMNOP"}, {"text": "untyped"}]}]}"#,
+        )
+        .unwrap();
+        assert!(request.prompt_text().contains("AKIAABCDEFGHIJKLMNOP") && request.prompt_text().contains("untyped"));
     }
 
     #[test]

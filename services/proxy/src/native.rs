@@ -94,10 +94,10 @@ fn render(outcome: Outcome) -> HttpResponse {
                     // API.md: the answer's text (null when it only calls tools), the stop in
                     // Chat Completions' words, the usage as counted.
                     let answer = &body.answer;
-                    let text = answer.visible_text();
+                    let has_text = answer.blocks.iter().any(|b| matches!(b, shield_core::exchange::Block::Text(_)));
                     let answer = json!({
                         "id": answer.id, "model": model,
-                        "content": if text.is_empty() { Value::Null } else { Value::String(text) },
+                        "content": if has_text { Value::String(answer.visible_text()) } else { Value::Null },
                         "finish_reason": answer.stop.map(finish_reason),
                         "usage": usage.map(|u| json!({"prompt_tokens": u.input, "completion_tokens": u.output,
                             "total_tokens": u.input + u.output})),

@@ -21,6 +21,7 @@ use crate::pipeline::{
     Ingress, Outcome, RoutingRecord, admit, pipeline, routing_record, unavailable_message, upstream_refusal,
     with_routing_headers,
 };
+use crate::provider::Native;
 
 pub mod wire;
 
@@ -64,9 +65,9 @@ fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailR
             // in (an upstream's own `x_shield` is dropped: the one the caller reads is
             // Shield's); any other target's typed answer as a completion.
             let x_shield = XShield { routing: routing_record(&routed, Some(&target)), guardrail_results: &guardrails };
-            let json = match body.openai {
-                Some(native) => native.render(&model, &x_shield),
-                None => completion_of(&body.answer, &model, usage, &x_shield),
+            let json = match body.native {
+                Some(Native::OpenAi(native)) => native.render(&model, &x_shield),
+                _ => completion_of(&body.answer, &model, usage, &x_shield),
             };
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target))
                 .content_type(ContentType::json())
@@ -221,7 +222,7 @@ mod tests {
             result: RoutedResult::Answer {
                 target: "a".into(),
                 model: "gpt-x".into(),
-                body: crate::provider::Completion { answer, openai: Some(native) },
+                body: crate::provider::Completion { answer, native: Some(Native::OpenAi(native)) },
                 usage: None,
             },
             cost_micros: Some(1350),

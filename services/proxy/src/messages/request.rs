@@ -75,6 +75,7 @@ pub fn normalise(body: &[u8], headers: Headers, count_only: bool) -> Result<Chat
         None | Some(Value::Null) => Vec::new(),
         Some(system) => texts_of(system).ok_or_else(|| bad("system: must be a string or an array of text blocks"))?,
     };
+    let system = system.into_iter().filter(|part| !part.is_empty()).collect();
     let mut typed = Vec::with_capacity(messages.len());
     let mut system_messages = false;
     for (i, message) in messages.iter().enumerate() {
@@ -178,7 +179,7 @@ fn part_of(turn: usize, index: usize, block: &Value, found: &mut Found) -> Optio
         "text" => Part::Text(string(block, "text")),
         "image" => match image_of(block.get("source").unwrap_or(&Value::Null)) {
             Some(image) => Part::Image(image),
-            None => return Some(opaque(turn, index, "image by file id", block, found)),
+            None => return Some(opaque(turn, index, "image by file id or without a media type", block, found)),
         },
         "tool_use" => Part::ToolUse {
             id: string(block, "id"),
@@ -286,7 +287,10 @@ fn blocks_of(content: &Value) -> Option<Vec<Value>> {
 /// An image source, typed (`None` for a file id, which only Anthropic resolves).
 fn image_of(source: &Value) -> Option<Image> {
     match source.get("type").and_then(Value::as_str)? {
-        "base64" => Some(Image::Base64 { media_type: string(source, "media_type"), data: string(source, "data") }),
+        "base64" => {
+            let media_type = source.get("media_type").and_then(Value::as_str).filter(|m| !m.is_empty())?;
+            Some(Image::Base64 { media_type: media_type.to_string(), data: string(source, "data") })
+        }
         "url" => source.get("url").and_then(Value::as_str).map(|url| Image::Url(url.to_string())),
         _ => None,
     }

@@ -15,6 +15,7 @@ use crate::dispatch::{Routed, RoutedResult};
 use crate::error::ProxyError;
 use crate::guard::GuardrailRecord;
 use crate::pipeline::{routing_record, unavailable_message, upstream_refusal, with_routing_headers};
+use crate::provider::Native;
 
 /// Anthropic's error `type` for a status (design/ANTHROPIC.md "Errors").
 pub fn error_type(status: StatusCode) -> &'static str {
@@ -128,8 +129,16 @@ pub fn refusal(head: HttpResponseBuilder, request: &ChatRequest, reason: &str) -
 pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailRecord>) -> HttpResponse {
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
-            let usage = usage.unwrap_or_default();
-            let mut answer = message(&body.answer, &model, usage);
+            // An Anthropic target's own message as it sent it (only `model` set); any other
+            // target's typed answer as a message.
+            let mut answer = match body.native {
+                Some(Native::Anthropic(mut native)) => {
+                    native.insert("model".into(), Value::String(model.clone()));
+                    native.remove("x_shield");
+                    Value::Object(native)
+                }
+                _ => message(&body.answer, &model, usage.unwrap_or_default()),
+            };
             let x_shield = json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
             crate::json::set(&mut answer, &["x_shield"], x_shield);
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(answer)

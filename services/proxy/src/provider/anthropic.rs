@@ -22,7 +22,7 @@ use url::Url;
 
 use shield_core::exchange::{self, Block, Delta, Image, Part, Role, Stop, ToolChoice};
 
-use super::{Answer, Chunk, Completion, Decoded, Provider, StreamDecoder, join, reset_hint};
+use super::{Answer, Chunk, Completion, Decoded, Native, Provider, StreamDecoder, join, reset_hint};
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
@@ -71,6 +71,9 @@ impl Provider for Anthropic {
                 if origin.system_messages && !takes_system {
                     fold_system_messages(&mut body);
                 }
+                if thinking_breaks_history(&body) {
+                    body.remove("thinking");
+                }
                 body
             }
             None => messages_request(&request.exchange, target),
@@ -86,6 +89,9 @@ impl Provider for Anthropic {
 
     /// An OpenAI-shaped caller's fields the Messages API has no place for.
     fn dropped(&self, request: &ChatRequest, _target: &Target) -> Vec<String> {
+        if let Some(origin) = request.anthropic() {
+            return if thinking_breaks_history(&origin.original) { vec!["thinking".into()] } else { Vec::new() };
+        }
         let Some(fields) = request.openai_fields() else { return Vec::new() };
         OPENAI_ONLY.iter().filter(|key| fields.contains_key(**key)).map(|key| key.to_string()).collect()
     }
@@ -120,7 +126,8 @@ impl Provider for Anthropic {
             stop: message.get("stop_reason").and_then(Value::as_str).map(stop_of),
         };
         let usage = message.get("usage").map(usage_of);
-        Some(Answer { body: Completion { answer, openai: None }, usage })
+        let Value::Object(message) = message else { return None };
+        Some(Answer { body: Completion { answer, native: Some(Native::Anthropic(message)) }, usage })
     }
 
     fn decoder(&self) -> Box<dyn StreamDecoder> {
@@ -162,17 +169,44 @@ fn forwarded_beta(beta: &str, strip: &[String]) -> Option<HeaderValue> {
     (!kept.is_empty()).then(|| HeaderValue::from_str(&kept.join(",")).ok()).flatten()
 }
 
+/// Whether the request asks for thinking while its last assistant turn calls tools without
+/// starting with thinking: Anthropic refuses that ("a final assistant message must start with
+/// a thinking block"). It happens when a turn was answered by a target of another flavor (a
+/// failover on a mixed route): such a request goes without `thinking`, and the caller is told.
+fn thinking_breaks_history(body: &Map<String, Value>) -> bool {
+    let thinks =
+        body.get("thinking").and_then(|t| t.get("type")).and_then(Value::as_str).is_some_and(|t| t != "disabled");
+    let messages = body.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let last_assistant = messages.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
+    let Some(blocks) = last_assistant.and_then(|m| m.get("content")).and_then(Value::as_array) else { return false };
+    let kind = |block: &Value| block.get("type").and_then(Value::as_str).map(str::to_string);
+    let calls_tools = blocks.iter().any(|b| kind(b).as_deref() == Some("tool_use"));
+    let starts_thinking = blocks.first().and_then(kind).is_some_and(|k| k == "thinking" || k == "redacted_thinking");
+    thinks && calls_tools && !starts_thinking
+}
+
 /// For a model that does not take `role: "system"` messages inside `messages`: each becomes a
 /// user turn in its place holding one `<system-reminder>` text block (Anthropic joins
 /// consecutive user turns; the turns before keep their bytes, so a prompt cache still hits),
-/// and one before any other turn joins the top-level `system`.
+/// and one before any other turn joins the top-level `system`. One between an assistant's tool
+/// calls and their results follows the results (a user turn must start with them).
 fn fold_system_messages(body: &mut Map<String, Value>) {
     let Some(Value::Array(messages)) = body.remove("messages") else { return };
     let mut folded = Vec::with_capacity(messages.len());
     let mut leading = Vec::new();
+    let mut held: Vec<Value> = Vec::new();
+    let calls_tools = |message: &Value| {
+        message.get("role").and_then(Value::as_str) == Some("assistant")
+            && message
+                .get("content")
+                .and_then(Value::as_array)
+                .is_some_and(|blocks| blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("tool_use")))
+    };
     for message in messages {
         if message.get("role").and_then(Value::as_str) != Some("system") {
+            // Held reminders are held only right after tool calls: this is the results' turn.
             folded.push(message);
+            folded.append(&mut held);
             continue;
         }
         let text = match message.get("content") {
@@ -184,11 +218,17 @@ fn fold_system_messages(body: &mut Map<String, Value>) {
         };
         if folded.is_empty() {
             leading.push(json!({"type": "text", "text": text}));
+            continue;
+        }
+        let reminder = format!("<system-reminder>\n{text}\n</system-reminder>");
+        let turn = json!({"role": "user", "content": [{"type": "text", "text": reminder}]});
+        if folded.last().is_some_and(calls_tools) || !held.is_empty() {
+            held.push(turn);
         } else {
-            let reminder = format!("<system-reminder>\n{text}\n</system-reminder>");
-            folded.push(json!({"role": "user", "content": [{"type": "text", "text": reminder}]}));
+            folded.push(turn);
         }
     }
+    folded.append(&mut held);
     body.insert("messages".into(), Value::Array(folded));
     if leading.is_empty() {
         return;

@@ -9,10 +9,11 @@
 //! loop, breakers, guardrails, the relay and accounting see only the typed answer and deltas,
 //! with usage as [`TokenUsage`].
 //!
-//! The one exception is the same shape on both sides: an OpenAI-flavour target's answer (and
-//! each of its stream chunks) is kept as sent beside the typed one, and an OpenAI-shaped
-//! caller gets it with only `model` set, so fields the typed answer does not model (several
-//! choices, `logprobs`, `system_fingerprint`) are not lost there and no answer is rebuilt.
+//! The one exception is the same shape on both sides: a target's answer is kept as sent
+//! beside the typed one (an OpenAI-flavour target's stream chunks too), and a caller of that
+//! shape gets it with only `model` set, so fields the typed answer does not model (several
+//! choices, `logprobs`, `system_fingerprint`; Anthropic's server-tool blocks and citations)
+//! are not lost there and no answer is rebuilt.
 //!
 //! Adding a provider: one module implementing [`Provider`], one arm in [`for_flavor`], its
 //! tests. Adapters never log a header value or a body.
@@ -41,11 +42,21 @@ pub struct Answer {
     pub usage: Option<TokenUsage>,
 }
 
-/// An answer, typed, and (from an OpenAI-flavour target) as the upstream sent it.
+/// An answer, typed, and as the upstream sent it (for a caller of the upstream's own shape).
 #[derive(Debug)]
 pub struct Completion {
     pub answer: exchange::Answer,
-    pub openai: Option<OpenAiAnswer>,
+    pub native: Option<Native>,
+}
+
+/// An answer as its upstream sent it.
+#[derive(Debug)]
+pub enum Native {
+    /// An OpenAI-flavour target's `chat.completion`.
+    OpenAi(OpenAiAnswer),
+    /// An Anthropic target's `message` (server-tool blocks and citations the typed answer
+    /// does not model included).
+    Anthropic(serde_json::Map<String, Value>),
 }
 
 /// What one upstream stream event came to: typed deltas, whether it reported usage, and (from

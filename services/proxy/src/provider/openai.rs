@@ -16,7 +16,7 @@ use url::Url;
 
 pub use completion::OpenAiAnswer;
 
-use super::{Answer, Chunk, Completion, Decoded, Provider, StreamDecoder, join, reset_hint};
+use super::{Answer, Chunk, Completion, Decoded, Native, Provider, StreamDecoder, join, reset_hint};
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
@@ -49,9 +49,11 @@ impl Provider for OpenAi {
         let ask_usage = stream && self.flavor == Flavor::Openai;
         let effort = reasoning_effort(request, target).map(|effort| ("reasoning_effort", Value::from(effort)));
         let (model, extra) = (&target.model, target.extra_body.as_ref());
-        request
-            .upstream_body(model, extra, ask_usage, effort.as_slice())
-            .unwrap_or_else(|| request::render(&request.exchange, model, ask_usage, effort.as_slice(), extra))
+        request.upstream_body(model, extra, ask_usage, effort.as_slice()).unwrap_or_else(|| {
+            let added = effort.as_slice();
+            let target = request::Rendering { model, ask_usage, reasoning: has_reasoning(target), added, extra };
+            request::render(&request.exchange, target)
+        })
     }
 
     /// A caller in Anthropic's shape: what this shape has no place for, and its reasoning
@@ -69,7 +71,7 @@ impl Provider for OpenAi {
 
     fn answer(&self, body: Vec<u8>) -> Option<Answer> {
         let (openai, answer, usage) = OpenAiAnswer::parse(body)?;
-        Some(Answer { body: Completion { answer, openai: Some(openai) }, usage })
+        Some(Answer { body: Completion { answer, native: Some(Native::OpenAi(openai)) }, usage })
     }
 
     fn decoder(&self) -> Box<dyn StreamDecoder> {
@@ -161,7 +163,9 @@ impl StreamDecoder for Decoder {
                 {
                     self.id = id.to_string();
                 }
-                out.push(Chunk { deltas: deltas_of(&chunk), usage: reported.is_some(), openai: Some(chunk) });
+                // A usage report Shield cannot read is still one (never relayed unasked).
+                let usage = chunk.get("usage").is_some_and(|u| !u.is_null());
+                out.push(Chunk { deltas: deltas_of(&chunk), usage, openai: Some(chunk) });
                 Decoded::Continue
             }
             _ => Decoded::Malformed,
@@ -227,6 +231,9 @@ mod tests {
         assert_eq!(decoder.decode("", usage, &mut out), Decoded::Continue);
         assert_eq!(decoder.usage().map(|u| (u.input, u.output)), Some((5, 2)));
         assert!(out.last().unwrap().usage && out.last().unwrap().deltas.is_empty());
+        // A usage report Shield cannot read is still a usage-only chunk (never relayed unasked).
+        decoder.decode("", r#"{"choices":[],"usage":{"prompt_tokens":5}}"#, &mut out);
+        assert!(out.last().unwrap().usage);
         assert_eq!(decoder.decode("", "[DONE]", &mut out), Decoded::Done);
         assert_eq!(first_error(r#"{"error":{"code":"rate_limit_exceeded"}}"#), Some(Class::RateLimited));
     }

@@ -82,7 +82,7 @@ fn answers_become_typed_answers_with_usage_and_tool_calls() {
         "usage": {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20}});
     let answer = ANTHROPIC.answer(message.to_string().into_bytes()).unwrap();
     let usage = answer.usage;
-    assert!(answer.body.openai.is_none());
+    assert!(matches!(answer.body.native, Some(crate::provider::Native::Anthropic(_))), "kept as sent");
     let typed = answer.body.answer;
     assert_eq!(typed.id, "msg_1");
     assert_eq!(typed.stop, Some(Stop::ToolUse));
@@ -315,4 +315,43 @@ fn an_openai_callers_fields_without_a_place_are_named() {
     )
     .unwrap();
     assert_eq!(ANTHROPIC.dropped(&request, &target(json!({}))), ["response_format", "seed"]);
+}
+
+#[test]
+fn a_reminder_between_tool_calls_and_their_results_follows_the_results() {
+    let caller = json!({"model": "m", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+        {"role": "system", "content": "reminder"},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "42"}]}]});
+    let folded: Value =
+        serde_json::from_slice(&ANTHROPIC.body(&from_anthropic(caller, None), &target(json!({})), false)).unwrap();
+    let kinds: Vec<String> = folded["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| format!("{}:{}", m["role"].as_str().unwrap(), m["content"][0]["type"].as_str().unwrap_or("text")))
+        .collect();
+    assert_eq!(kinds, ["user:text", "assistant:tool_use", "user:tool_result", "user:text"]);
+}
+
+#[test]
+fn thinking_is_dropped_when_another_flavor_answered_the_last_tool_call() {
+    let history = |first: Value| {
+        json!({"model": "m", "max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 2048}, "messages": [
+            {"role": "user", "content": "read it"},
+            {"role": "assistant", "content": [first, {"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "42"}]}]})
+    };
+    // The call came from an OpenAI target: no thinking block before it.
+    let request = from_anthropic(history(json!({"type": "text", "text": "Reading."})), None);
+    let sent: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false)).unwrap();
+    assert!(sent.get("thinking").is_none(), "Anthropic would refuse it");
+    assert_eq!(ANTHROPIC.dropped(&request, &target(json!({}))), ["thinking"]);
+    // It came from an Anthropic target, thinking first: as sent.
+    let thought = json!({"type": "thinking", "thinking": "hm", "signature": "s"});
+    let request = from_anthropic(history(thought), None);
+    let sent: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false)).unwrap();
+    assert!(sent["thinking"].is_object());
+    assert!(ANTHROPIC.dropped(&request, &target(json!({}))).is_empty());
 }

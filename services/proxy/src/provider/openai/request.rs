@@ -7,27 +7,53 @@
 use serde_json::{Map, Value, json};
 use shield_core::exchange::{self, Image, Message, Part, Role, ToolChoice};
 
-/// The body for a target whose model is `model`. `ask_usage`: a stream asks for the final
-/// usage chunk. `added` (e.g. `reasoning_effort`) goes under `extra_body`, which goes over all.
-pub fn render(
-    request: &exchange::Request,
-    model: &str,
-    ask_usage: bool,
-    added: &[(&str, Value)],
-    extra: Option<&Map<String, Value>>,
-) -> Vec<u8> {
+/// How one target takes the request.
+pub struct Rendering<'a> {
+    pub model: &'a str,
+    /// A stream asks for the final usage chunk.
+    pub ask_usage: bool,
+    /// A reasoning model: its output limit is `max_completion_tokens` (such models refuse
+    /// `max_tokens`).
+    pub reasoning: bool,
+    /// Fields the adapter sets (e.g. `reasoning_effort`), under `extra`.
+    pub added: &'a [(&'a str, Value)],
+    /// The target's `extra_body`, over all.
+    pub extra: Option<&'a Map<String, Value>>,
+}
+
+/// The body for one target.
+pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
-    if !request.system.is_empty() {
-        messages.push(json!({"role": "system", "content": request.system.join("\n")}));
+    let system = request.system.iter().filter(|part| !part.is_empty()).cloned().collect::<Vec<_>>();
+    if !system.is_empty() {
+        messages.push(json!({"role": "system", "content": system.join("\n")}));
     }
+    // A system message between an assistant's tool calls and their results waits until the
+    // results are given: OpenAI wants `tool` messages right after the calls.
+    let mut awaiting_results = false;
+    let mut held: Vec<Value> = Vec::new();
     for message in &request.messages {
-        render_message(message, &mut messages);
+        match message.role {
+            Role::System if awaiting_results => held.push(system_message(message)),
+            Role::User => {
+                render_user(message, &mut messages, &mut held);
+                awaiting_results = false;
+            }
+            _ => {
+                render_message(message, &mut messages);
+                awaiting_results = message.role == Role::Assistant
+                    && message.content.iter().any(|p| matches!(p, Part::ToolUse { .. }));
+            }
+        }
     }
+    messages.append(&mut held);
+    let (model, ask_usage, added, extra) = (target.model, target.ask_usage, target.added, target.extra);
     let mut body = Map::new();
     body.insert("model".into(), json!(model));
     body.insert("messages".into(), Value::Array(messages));
     if let Some(max_tokens) = request.max_tokens {
-        body.insert("max_tokens".into(), json!(max_tokens));
+        let field = if target.reasoning { "max_completion_tokens" } else { "max_tokens" };
+        body.insert(field.into(), json!(max_tokens));
     }
     if !request.stop.is_empty() {
         body.insert("stop".into(), json!(request.stop));
@@ -84,9 +110,24 @@ fn texts(content: &[Part], separator: &str) -> String {
         .join(separator)
 }
 
+fn system_message(message: &Message) -> Value {
+    json!({"role": "system", "content": texts(&message.content, "\n")})
+}
+
+/// A user turn: its tool results as `tool` messages, then any held system messages, then the
+/// rest of the turn.
+fn render_user(message: &Message, out: &mut Vec<Value>, held: &mut Vec<Value>) {
+    let mut rest = Vec::new();
+    render_message(message, &mut rest);
+    let (results, turn): (Vec<Value>, Vec<Value>) = rest.into_iter().partition(|m| m["role"] == "tool");
+    out.extend(results);
+    out.append(held);
+    out.extend(turn);
+}
+
 fn render_message(message: &Message, out: &mut Vec<Value>) {
     match message.role {
-        Role::System => out.push(json!({"role": "system", "content": texts(&message.content, "\n")})),
+        Role::System => out.push(system_message(message)),
         Role::Assistant => {
             let text = texts(&message.content, "");
             let calls: Vec<Value> = message
@@ -136,5 +177,40 @@ fn render_message(message: &Message, out: &mut Vec<Value>) {
             };
             out.push(json!({"role": "user", "content": content}));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shield_core::exchange::Request;
+
+    #[test]
+    fn a_system_message_between_tool_calls_and_their_results_follows_the_results() {
+        let request = Request {
+            messages: vec![
+                Message { role: Role::User, content: vec![Part::Text("read it".into())] },
+                Message {
+                    role: Role::Assistant,
+                    content: vec![Part::ToolUse { id: "t1".into(), name: "Read".into(), input: "{}".into() }],
+                },
+                Message { role: Role::System, content: vec![Part::Text("reminder".into())] },
+                Message {
+                    role: Role::User,
+                    content: vec![
+                        Part::ToolResult { id: "t1".into(), content: "42".into(), is_error: false },
+                        Part::Text("and?".into()),
+                    ],
+                },
+            ],
+            max_tokens: Some(10),
+            ..Request::default()
+        };
+        let target = Rendering { model: "m", ask_usage: false, reasoning: false, added: &[], extra: None };
+        let body: Value = serde_json::from_slice(&render(&request, target)).unwrap();
+        let roles: Vec<&str> =
+            body["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool", "system", "user"]);
+        assert_eq!(body["max_tokens"], 10);
     }
 }
