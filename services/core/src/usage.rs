@@ -16,13 +16,17 @@ pub fn cost_micros(price: Option<&Price>, input_tokens: u64, output_tokens: u64)
 /// The tokens of one answer, normalised across providers. `input` counts every prompt token,
 /// cached ones included (OpenAI's `prompt_tokens`; Anthropic's `input_tokens` +
 /// `cache_read_input_tokens` + `cache_creation_input_tokens`); `cache_read` and `cache_write`
-/// say how many of them the provider read from or wrote to its prompt cache.
+/// say how many of them the provider read from or wrote to its prompt cache; `reasoning` how
+/// many of the `output` tokens the model spent reasoning, where the provider says (OpenAI's
+/// `completion_tokens_details.reasoning_tokens`; Anthropic counts thinking in `output_tokens`
+/// without a separate figure): informational, already priced in `output`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TokenUsage {
     pub input: u64,
     pub output: u64,
     pub cache_read: u64,
     pub cache_write: u64,
+    pub reasoning: u64,
 }
 
 /// Cost of one call in micro-USD, cache reads and writes at their own prices where the target
@@ -146,13 +150,13 @@ mod tests {
     #[test]
     fn cache_reads_and_writes_have_their_own_prices() {
         let mut p = price("3", "15");
-        let usage = TokenUsage { input: 1_000, output: 100, cache_read: 600, cache_write: 200 };
+        let usage = TokenUsage { input: 1_000, output: 100, cache_read: 600, cache_write: 200, reasoning: 0 };
         assert_eq!(cost_of(Some(&p), &usage), 4_500, "without cache prices: 1000 × 3 + 100 × 15");
         p.cache_read_per_mtok = Some(Usd(300_000));
         p.cache_write_per_mtok = Some(Usd(3_750_000));
         // 200 uncached × 3 + 600 × 0.3 + 200 × 3.75 + 100 × 15 = 600 + 180 + 750 + 1500
         assert_eq!(cost_of(Some(&p), &usage), 3_030);
-        let odd = TokenUsage { input: 10, output: 0, cache_read: 50, cache_write: 50 };
+        let odd = TokenUsage { input: 10, output: 0, cache_read: 50, cache_write: 50, reasoning: 0 };
         assert_eq!(cost_of(Some(&p), &odd), 3, "cached never exceeds input: 10 read at 0.3");
     }
 

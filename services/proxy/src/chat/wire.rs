@@ -50,7 +50,8 @@ pub fn finish_reason(stop: Stop) -> &'static str {
 /// OpenAI's `usage` object.
 pub fn usage_json(usage: &TokenUsage) -> Value {
     json!({"prompt_tokens": usage.input, "completion_tokens": usage.output, "total_tokens": usage.input + usage.output,
-        "prompt_tokens_details": {"cached_tokens": usage.cache_read}})
+        "prompt_tokens_details": {"cached_tokens": usage.cache_read},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning}})
 }
 
 impl OpenAiWire {

@@ -375,6 +375,7 @@ fn usage_of(usage: &Value) -> TokenUsage {
         output: n("output_tokens"),
         cache_read,
         cache_write,
+        reasoning: 0,
     }
 }
 

@@ -103,7 +103,8 @@ pub(super) fn usage_of(usage: &Value) -> Option<TokenUsage> {
     let input = usage.get("prompt_tokens")?.as_u64()?;
     let output = usage.get("completion_tokens")?.as_u64()?;
     let cache_read = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
-    Some(TokenUsage { input, output, cache_read, cache_write: 0 })
+    let reasoning = usage.pointer("/completion_tokens_details/reasoning_tokens").and_then(Value::as_u64).unwrap_or(0);
+    Some(TokenUsage { input, output, cache_read, cache_write: 0, reasoning })
 }
 
 /// Each chunk is read into typed deltas and kept as sent; `[DONE]` ends; an `error` object is
@@ -201,10 +202,10 @@ mod tests {
 
     #[test]
     fn answers_keep_the_upstreams_parse_and_read_usage() {
-        let body = br#"{"id":"c","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        let body = br#"{"id":"c","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":2}}}"#;
         let answer = OPENAI.answer(body.to_vec()).unwrap();
         assert_eq!(answer.body.answer.text(), "hi");
-        assert_eq!(answer.usage, Some(TokenUsage { input: 10, output: 3, cache_read: 4, cache_write: 0 }));
+        assert_eq!(answer.usage, Some(TokenUsage { input: 10, output: 3, cache_read: 4, cache_write: 0, reasoning: 2 }));
         assert!(OPENAI.answer(br#"{"error":{"message":"x"}}"#.to_vec()).is_none(), "not a completion");
         assert!(OPENAI.answer(b"garbage".to_vec()).is_none());
     }

@@ -93,7 +93,7 @@ fn answers_become_typed_answers_with_usage_and_tool_calls() {
             Block::ToolUse { id: "toolu_1".into(), name: "search".into(), input: r#"{"q":"x"}"#.into() }
         ]
     );
-    assert_eq!(usage, Some(TokenUsage { input: 130, output: 5, cache_read: 100, cache_write: 20 }));
+    assert_eq!(usage, Some(TokenUsage { input: 130, output: 5, cache_read: 100, cache_write: 20, reasoning: 0 }));
     for (reason, stop) in
         [("end_turn", Stop::EndTurn), ("stop_sequence", Stop::EndTurn), ("max_tokens", Stop::MaxTokens)]
     {
@@ -167,7 +167,7 @@ fn streams_become_deltas_after_the_first_content() {
     );
     assert!(out.last().unwrap().usage, "message_delta reports the usage");
     assert!(out.iter().all(|c| c.openai.is_none()));
-    assert_eq!(decoder.usage(), Some(TokenUsage { input: 12, output: 15, cache_read: 0, cache_write: 0 }));
+    assert_eq!(decoder.usage(), Some(TokenUsage { input: 12, output: 15, cache_read: 0, cache_write: 0, reasoning: 0 }));
     assert_eq!(decoder.message_id(), "msg_1");
 }
 

@@ -71,18 +71,23 @@ struct UsageView {
     completion_tokens: Option<u64>,
     #[serde(default)]
     prompt_tokens_details: Option<DetailsView>,
+    #[serde(default)]
+    completion_tokens_details: Option<DetailsView>,
 }
 
 #[derive(Deserialize)]
 struct DetailsView {
     #[serde(default)]
     cached_tokens: Option<u64>,
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
 }
 
 impl UsageView {
     fn tokens(&self) -> Option<TokenUsage> {
         let cache_read = self.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens).unwrap_or(0);
-        Some(TokenUsage { input: self.prompt_tokens?, output: self.completion_tokens?, cache_read, cache_write: 0 })
+        let reasoning = self.completion_tokens_details.as_ref().and_then(|d| d.reasoning_tokens).unwrap_or(0);
+        Some(TokenUsage { input: self.prompt_tokens?, output: self.completion_tokens?, cache_read, cache_write: 0, reasoning })
     }
 }
 
