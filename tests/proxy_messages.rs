@@ -71,8 +71,10 @@ async fn each_error_type_in_anthropics_shape() {
     ];
     for (request, other_key, status, kind) in cases {
         let key = if other_key.is_empty() { key.as_str() } else { other_key };
-        let (got, _, text) = messages(&stack, key, request.clone(), &[]).await;
+        let (got, headers, text) = messages(&stack, key, request.clone(), &[]).await;
         assert_eq!(got.as_u16(), status, "{request}: {text}");
+        let final_ = matches!(status, 400 | 401 | 403 | 404);
+        assert_eq!(headers.get("x-should-retry").is_some_and(|v| v == "false"), final_, "{request}: retry hint");
         let (got_kind, message) = error_of(&text);
         assert_eq!(got_kind, kind, "{request}: {text}");
         assert!(!message.is_empty());

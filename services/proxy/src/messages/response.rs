@@ -42,7 +42,19 @@ pub fn proxy_error(err: &ProxyError) -> HttpResponse {
     let status = err.status_code();
     let mut response = HttpResponse::build(status).json(error_body(status, &err.to_string()));
     err.decorate(&mut response);
+    no_retry(status, &mut response);
     response
+}
+
+/// Anthropic's SDKs (and Claude Code) retry 408, 409, 429 and 5xx unless told not to: a
+/// deterministic refusal (any other 4xx) says so with `x-should-retry: false`.
+fn no_retry(status: StatusCode, response: &mut HttpResponse) {
+    if status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 429) {
+        response.headers_mut().insert(
+            actix_web::http::header::HeaderName::from_static("x-should-retry"),
+            actix_web::http::header::HeaderValue::from_static("false"),
+        );
+    }
 }
 
 /// `stop_reason` of a typed stop.
@@ -152,7 +164,9 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
             let mut error = anthropic_error(status, body.as_deref())
                 .unwrap_or_else(|| error_body(status, &upstream_refusal(&target, status, body.as_deref()).message));
             crate::json::set(&mut error, &["x_shield"], json!({"routing": routing_record(&routed, Some(&target))}));
-            with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error)
+            let mut response = with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error);
+            no_retry(status, &mut response);
+            response
         }
         RoutedResult::Unavailable => {
             let (status, message) = unavailable_message(&routed);

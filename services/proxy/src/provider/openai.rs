@@ -205,7 +205,10 @@ mod tests {
         let body = br#"{"id":"c","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":2}}}"#;
         let answer = OPENAI.answer(body.to_vec()).unwrap();
         assert_eq!(answer.body.answer.text(), "hi");
-        assert_eq!(answer.usage, Some(TokenUsage { input: 10, output: 3, cache_read: 4, cache_write: 0, reasoning: 2 }));
+        assert_eq!(
+            answer.usage,
+            Some(TokenUsage { input: 10, output: 3, cache_read: 4, cache_write: 0, reasoning: 2 })
+        );
         assert!(OPENAI.answer(br#"{"error":{"message":"x"}}"#.to_vec()).is_none(), "not a completion");
         assert!(OPENAI.answer(b"garbage".to_vec()).is_none());
     }

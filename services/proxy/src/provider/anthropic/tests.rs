@@ -167,7 +167,10 @@ fn streams_become_deltas_after_the_first_content() {
     );
     assert!(out.last().unwrap().usage, "message_delta reports the usage");
     assert!(out.iter().all(|c| c.openai.is_none()));
-    assert_eq!(decoder.usage(), Some(TokenUsage { input: 12, output: 15, cache_read: 0, cache_write: 0, reasoning: 0 }));
+    assert_eq!(
+        decoder.usage(),
+        Some(TokenUsage { input: 12, output: 15, cache_read: 0, cache_write: 0, reasoning: 0 })
+    );
     assert_eq!(decoder.message_id(), "msg_1");
 }
 

@@ -87,7 +87,13 @@ impl UsageView {
     fn tokens(&self) -> Option<TokenUsage> {
         let cache_read = self.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens).unwrap_or(0);
         let reasoning = self.completion_tokens_details.as_ref().and_then(|d| d.reasoning_tokens).unwrap_or(0);
-        Some(TokenUsage { input: self.prompt_tokens?, output: self.completion_tokens?, cache_read, cache_write: 0, reasoning })
+        Some(TokenUsage {
+            input: self.prompt_tokens?,
+            output: self.completion_tokens?,
+            cache_read,
+            cache_write: 0,
+            reasoning,
+        })
     }
 }
 
