@@ -20,6 +20,11 @@ pub const MAX_MESSAGES: usize = 2048;
 /// Fields only Shield reads; never sent upstream (ROUTING.md "body hygiene").
 const SHIELD_ONLY: [&str; 4] = ["x_shield", "prompt", "system", "run_id"];
 
+/// The key serde_json uses internally for raw values: no API's field, and a body whose first
+/// key it is reads back as something else in serde_json-based servers (found by the
+/// `request_body` fuzz target). Never sent upstream.
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
 /// Why a request body is refused (answered 400 with this text).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -314,6 +319,7 @@ impl Serialize for UpstreamBody<'_> {
         let extra_sets = |key: &str| self.extra.is_some_and(|e| e.contains_key(key));
         let overridden = |key: &str| {
             key == "model"
+                || key == RAW_VALUE_TOKEN
                 || SHIELD_ONLY.contains(&key)
                 || (key == "stream_options" && self.stream_options.is_some())
                 || self.added.iter().any(|(k, _)| *k == key)
@@ -417,6 +423,17 @@ mod tests {
         )
         .unwrap();
         assert!(request.prompt_text().contains("AKIAABCDEFGHIJKLMNOP") && request.prompt_text().contains("untyped"));
+    }
+
+    /// Found by the `request_body` fuzz target: serde_json's raw-value key first in the body
+    /// made the upstream body read back as something else.
+    #[test]
+    fn serde_jsons_raw_value_key_never_goes_upstream() {
+        let request =
+            ChatRequest::parse(br#"{"model":"smart","ms":[{"":"h1i"}],"$serde_json::private::RawValue":0}"#).unwrap();
+        let upstream = request.upstream_body("target-model", None, false, &[]).unwrap();
+        let value: Value = serde_json::from_slice(&upstream).unwrap();
+        assert_eq!(value, json!({"model": "target-model", "ms": [{"": "h1i"}]}));
     }
 
     #[test]
