@@ -48,6 +48,8 @@ pub enum Origin {
     OpenAi(Arc<Map<String, Value>>),
     /// Anthropic's Messages.
     Anthropic(Arc<AnthropicOrigin>),
+    /// OpenAI's Responses: no provider speaks it yet, every target gets the typed request.
+    Responses(Arc<Map<String, Value>>),
 }
 
 /// A request that arrived in Anthropic's Messages shape (`POST /v1/messages`): the caller's
@@ -98,7 +100,7 @@ impl ChatRequest {
     pub fn openai_fields(&self) -> Option<&Map<String, Value>> {
         match &self.origin {
             Origin::OpenAi(fields) => Some(fields),
-            Origin::Anthropic(_) => None,
+            Origin::Anthropic(_) | Origin::Responses(_) => None,
         }
     }
 
@@ -106,7 +108,7 @@ impl ChatRequest {
     pub fn anthropic(&self) -> Option<&AnthropicOrigin> {
         match &self.origin {
             Origin::Anthropic(origin) => Some(origin),
-            Origin::OpenAi(_) => None,
+            Origin::OpenAi(_) | Origin::Responses(_) => None,
         }
     }
 

@@ -35,6 +35,7 @@ pub mod native;
 pub mod pipeline;
 pub mod provider;
 mod relay;
+pub mod responses;
 pub mod resume;
 pub mod sync;
 pub mod tenant;
@@ -208,6 +209,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(messages::count_tokens)
         .service(messages::messages)
         .service(native::chat)
+        .service(responses::responses)
         .service(models::list)
         .service(models::get)
         .service(index)

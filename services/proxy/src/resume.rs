@@ -259,6 +259,8 @@ fn with_prefill(request: &ChatRequest, sent: &str) -> ChatRequest {
     let messages = match &mut request.origin {
         Origin::OpenAi(fields) => std::sync::Arc::make_mut(fields).get_mut("messages"),
         Origin::Anthropic(origin) => std::sync::Arc::make_mut(origin).original.get_mut("messages"),
+        // Not sent as such to any provider: the typed request carries it.
+        Origin::Responses(_) => None,
     };
     if let Some(Value::Array(messages)) = messages {
         messages.push(prefill);

@@ -1,0 +1,22 @@
+"""The official openai SDK's `responses.create` against Shield (issue 29, first part): a text
+answer and a function call, printed as one JSON object for the Rust test to check."""
+import json
+import sys
+
+import openai
+
+base, key, route = sys.argv[1], sys.argv[2], sys.argv[3]
+client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+text = client.responses.create(model=route, instructions="Be brief.", input="hello from the SDK", store=False)
+tools = client.responses.create(
+    model=route,
+    input=[{"role": "user", "content": [{"type": "input_text", "text": "find x"}]}],
+    tools=[{"type": "function", "name": "search", "description": "d", "parameters": {"type": "object"}}],
+)
+calls = [item for item in tools.output if item.type == "function_call"]
+print(json.dumps({
+    "text": text.output_text,
+    "status": text.status,
+    "input_tokens": text.usage.input_tokens,
+    "call": {"name": calls[0].name, "arguments": calls[0].arguments} if calls else None,
+}))
