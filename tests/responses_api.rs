@@ -1,8 +1,8 @@
-//! `POST /v1/responses` (issue 29, first part: answers that are not streamed): callers in
+//! `POST /v1/responses` (issue 29, first part): callers in
 //! OpenAI's Responses shape reach OpenAI- and Anthropic-flavour targets through the one
 //! pipeline; input items, function and custom (freeform) tools, tool results and dropped tool
 //! types map as the module says; the official openai SDK's `responses.create` reads the
-//! answers. Streams and stored responses are refused by name until they exist.
+//! answers, streamed and not. Stored responses are refused by name until they exist.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -109,10 +109,51 @@ async fn responses_reach_every_flavor_with_tools_and_results() {
         assert_eq!(schema["required"], json!(["input"]), "a freeform tool as a function of one string");
     }
 
+    // Streamed, over each flavor: the event sequence, one terminal event, no [DONE].
+    for route in ["r-gpt", "r-claude", "r-claude-tool"] {
+        let response = stack
+            .client
+            .post(format!("http://{}/v1/responses", stack.proxy))
+            .bearer_auth(&key)
+            .json(&json!({"model": route, "input": "hello", "stream": true,
+                "tools": [{"type": "function", "name": "search", "parameters": {"type": "object"}}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let text = response.text().await.unwrap();
+        assert!(!text.contains("[DONE]"));
+        let events: Vec<Value> = text
+            .split("\n\n")
+            .filter(|e| !e.trim().is_empty())
+            .map(|e| serde_json::from_str(e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap()).unwrap())
+            .collect();
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            &kinds[..3],
+            ["response.created", "response.in_progress", "response.output_item.added"],
+            "{kinds:?}"
+        );
+        assert_eq!(kinds.last(), Some(&"response.completed"), "{kinds:?}");
+        assert_eq!(
+            kinds.iter().filter(|k| k.starts_with("response.completed") || k.starts_with("response.failed")).count(),
+            1
+        );
+        let completed = &events.last().unwrap()["response"];
+        if route == "r-claude-tool" {
+            assert_eq!(completed["output"][0]["type"], "function_call", "{completed}");
+            assert_eq!(
+                serde_json::from_str::<Value>(completed["output"][0]["arguments"].as_str().unwrap()).unwrap(),
+                json!({"q": "mock"})
+            );
+        } else {
+            assert_eq!(completed["output"][0]["content"][0]["text"], "mock part1 part2 ", "{route}");
+        }
+        let numbers: Vec<u64> = events.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
+        assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1));
+    }
+
     // What is not served yet is refused by name, as a 400 (never retried).
-    let (status, _, error) = post(&stack, &key, json!({"model": "r-gpt", "input": "x", "stream": true})).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(error["error"]["message"].as_str().unwrap().contains("stream"), "{error}");
     let (status, _, error) =
         post(&stack, &key, json!({"model": "r-gpt", "input": "x", "previous_response_id": "resp_1"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -133,8 +174,10 @@ async fn responses_reach_every_flavor_with_tools_and_results() {
         assert_eq!(out["status"], "completed");
         if route == "r-gpt" {
             assert_eq!(out["text"], "mock answer to: hello from the SDK");
+            assert_eq!(out["streamed"], "mock part1 part2 ", "responses.stream().get_final_response()");
         } else {
             assert_eq!(out["call"]["name"], "search");
+            assert_eq!(out["streamed"], "function_call");
         }
     }
 }

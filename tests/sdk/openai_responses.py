@@ -1,5 +1,6 @@
-"""The official openai SDK's `responses.create` against Shield (issue 29, first part): a text
-answer and a function call, printed as one JSON object for the Rust test to check."""
+"""The official openai SDK's `responses.create` and `responses.stream` against Shield (issue 29,
+first part): a text answer, a function call and a streamed answer, printed as one JSON object
+for the Rust test to check."""
 import json
 import sys
 
@@ -14,9 +15,12 @@ tools = client.responses.create(
     tools=[{"type": "function", "name": "search", "description": "d", "parameters": {"type": "object"}}],
 )
 calls = [item for item in tools.output if item.type == "function_call"]
+with client.responses.stream(model=route, input="hello streamed") as stream:
+    streamed = stream.get_final_response()
 print(json.dumps({
     "text": text.output_text,
     "status": text.status,
     "input_tokens": text.usage.input_tokens,
     "call": {"name": calls[0].name, "arguments": calls[0].arguments} if calls else None,
+    "streamed": streamed.output_text if streamed.output and streamed.output[0].type == "message" else streamed.output[0].type,
 }))

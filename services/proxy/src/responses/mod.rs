@@ -1,7 +1,8 @@
-//! `POST /v1/responses`: callers in OpenAI's Responses shape (issue 29, first part: answers
-//! that are not streamed). The ingress adapter for that shape: read the body into the typed
-//! request, run the shared [`crate::pipeline`] (any provider flavor), render the typed answer
-//! as a `response` object. Errors are OpenAI's error object, as the SDKs expect.
+//! `POST /v1/responses`: callers in OpenAI's Responses shape (issue 29, first part). The
+//! ingress adapter for that shape: read the body into the typed request, run the shared
+//! [`crate::pipeline`] (any provider flavor), render the typed answer as a `response` object
+//! or a stream of Responses events ([`wire`]). Errors are OpenAI's error object, as the SDKs
+//! expect.
 //!
 //! Mapping (RESPONSES.md): `instructions` → the system prompt; `input` (a string, or items:
 //! `message` with user / assistant / system / developer roles and `input_text`,
@@ -13,8 +14,9 @@
 //! `X-Shield-Dropped-Fields`; `reasoning.effort` → the typed effort; `max_output_tokens`,
 //! `temperature`, `top_p`, `tool_choice`, `parallel_tool_calls` as typed; other fields
 //! (`store`, `include`, `prompt_cache_key`, `metadata`, `service_tier`, `text`) are accepted
-//! and ignored. Not yet: streams, stored responses (`previous_response_id`), the reasoning
-//! round trip.
+//! and ignored. Not yet: stored responses (`previous_response_id`), the reasoning round trip.
+
+pub mod wire;
 
 use std::sync::Arc;
 
@@ -31,7 +33,7 @@ use crate::egress::Egress;
 use crate::error::ProxyError;
 use crate::pipeline::{Ingress, Outcome, admit, pipeline, routing_record, with_routing_headers};
 
-const INGRESS: Ingress = Ingress { stream: false, default_path: false };
+const INGRESS: Ingress = Ingress { stream: true, default_path: false };
 const DROPPED_TOOLS: HeaderName = HeaderName::from_static("x-shield-dropped-fields");
 
 #[post("/v1/responses")]
@@ -68,9 +70,6 @@ fn parse(body: &[u8]) -> Result<(ChatRequest, Vec<String>, Vec<String>), BadRequ
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
         _ => return Err(BadRequest("`model` must be a non-empty string".into())),
     };
-    if fields.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(BadRequest("`stream: true` is not served on /v1/responses yet; send stream: false".into()));
-    }
     if fields.get("previous_response_id").is_some_and(|v| !v.is_null()) {
         return Err(BadRequest(
             "`previous_response_id`: Shield stores no responses yet; send the whole conversation in `input`".into(),
@@ -185,7 +184,7 @@ fn parse(body: &[u8]) -> Result<(ChatRequest, Vec<String>, Vec<String>), BadRequ
         top_p: fields.get("top_p").and_then(Value::as_f64),
         stop: Vec::new(),
         reasoning: effort.map(|effort| Reasoning { effort: Some(effort), fields: vec!["reasoning.effort"] }),
-        stream: false,
+        stream: fields.get("stream").and_then(Value::as_bool) == Some(true),
         user: None,
     };
     if typed.messages.is_empty() {
@@ -220,13 +219,20 @@ fn parts_of(content: Option<&Value>) -> Vec<Part> {
 }
 
 fn render(outcome: Outcome, request: &ChatRequest, custom: &[String]) -> HttpResponse {
-    let Outcome::Routed { mut routed, guardrails } = outcome else {
-        return match outcome {
-            Outcome::Relayed(response) => response,
-            Outcome::InputBlocked { reason, .. } => refusal(HttpResponse::Ok(), request, &reason),
-            _ => ProxyError::BadRequest("this endpoint does not stream yet".into()).error_response(),
-        };
-    };
+    match outcome {
+        Outcome::Relayed(response) => response,
+        Outcome::InputBlocked { reason, .. } => refusal(HttpResponse::Ok(), request, &reason),
+        Outcome::Stream(start) => start.respond(Box::new(wire::ResponsesWire::new(&request.model, custom.to_vec()))),
+        Outcome::Routed { routed, guardrails } => routed_response(*routed, guardrails, request, custom),
+    }
+}
+
+fn routed_response(
+    mut routed: crate::dispatch::Routed,
+    guardrails: Vec<crate::guard::GuardrailRecord>,
+    request: &ChatRequest,
+    custom: &[String],
+) -> HttpResponse {
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
             let mut answer = response_of(&body.answer, &model, usage.unwrap_or_default(), custom);
@@ -252,9 +258,16 @@ fn render(outcome: Outcome, request: &ChatRequest, custom: &[String]) -> HttpRes
     }
 }
 
-/// A refusal (guardrail, deny rule, budget block): a completed response whose text is the
-/// reason, marked `incomplete_details.reason: "content_filter"`.
+/// A refusal (guardrail, deny rule, budget block): a response whose text is the reason,
+/// marked `incomplete_details.reason: "content_filter"` (as a stream of events when the
+/// caller asked for one).
 fn refusal(mut head: actix_web::HttpResponseBuilder, request: &ChatRequest, reason: &str) -> HttpResponse {
+    if request.stream() {
+        let mut wire = wire::ResponsesWire::new(&request.model, Vec::new());
+        let events =
+            crate::client_wire::ClientWire::blocked(&mut wire, reason, &request.model, Value::Null, Default::default());
+        return head.insert_header(("content-type", "text/event-stream")).body(events);
+    }
     let answer = exchange::Answer {
         blocks: vec![Block::Text(reason.to_string())],
         stop: Some(Stop::Refusal),

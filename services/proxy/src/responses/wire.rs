@@ -1,0 +1,306 @@
+//! A committed stream in the Responses shape (RESPONSES.md §3): `response.created` and
+//! `response.in_progress` at the commit point, then one output item at a time — `added`, its
+//! deltas, `done` — and exactly one terminal event (`response.completed` with the whole
+//! `output` and `usage`, `response.incomplete`, or `response.failed`); every event carries a
+//! rising `sequence_number`; no `[DONE]`. Thinking has no place here yet (the reasoning round
+//! trip is to come): it is not sent.
+
+use actix_web::web::Bytes;
+use serde_json::{Value, json};
+use shield_core::exchange::{Delta, Stop};
+use shield_core::usage::TokenUsage;
+
+use crate::client_wire::{ClientWire, StreamHead};
+use crate::provider::Chunk;
+
+/// The output item being streamed.
+enum Open {
+    Message { id: String, text: String },
+    Call { id: String, call_id: String, name: String, arguments: String, custom: bool },
+}
+
+pub struct ResponsesWire {
+    /// The route name the caller sent, until the first chunk names the answering model.
+    model: String,
+    id: String,
+    created_at: u64,
+    sequence: u64,
+    started: bool,
+    open: Option<Open>,
+    /// Finished output items, for `response.completed`.
+    output: Vec<Value>,
+    /// The caller's freeform tools: their calls go out as `custom_tool_call` items.
+    custom: Vec<String>,
+    stop: Option<Stop>,
+}
+
+impl ResponsesWire {
+    pub fn new(model: &str, custom: Vec<String>) -> ResponsesWire {
+        let created_at =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        ResponsesWire {
+            model: model.to_string(),
+            id: "resp_shield".into(),
+            created_at,
+            sequence: 0,
+            started: false,
+            open: None,
+            output: Vec::new(),
+            custom,
+            stop: None,
+        }
+    }
+
+    fn event(&mut self, kind: &str, mut data: Value, out: &mut String) {
+        crate::json::set(&mut data, &["type"], json!(kind));
+        crate::json::set(&mut data, &["sequence_number"], json!(self.sequence));
+        self.sequence += 1;
+        out.push_str(&format!("event: {kind}\ndata: {data}\n\n"));
+    }
+
+    fn response(&self, status: &str, usage: Option<&TokenUsage>) -> Value {
+        let mut response = json!({"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+            "model": self.model, "output": self.output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": [],
+            "error": null, "incomplete_details": null});
+        if let Some(usage) = usage {
+            crate::json::set(
+                &mut response,
+                &["usage"],
+                json!({"input_tokens": usage.input, "input_tokens_details": {"cached_tokens": usage.cache_read},
+                    "output_tokens": usage.output, "output_tokens_details": {"reasoning_tokens": usage.reasoning},
+                    "total_tokens": usage.input + usage.output}),
+            );
+        }
+        response
+    }
+
+    fn start(&mut self, head: Option<&StreamHead<'_>>, out: &mut String) {
+        if std::mem::replace(&mut self.started, true) {
+            return;
+        }
+        if let Some(head) = head {
+            self.model = head.model.to_string();
+            if !head.id.is_empty() {
+                self.id = format!("resp_{}", head.id);
+            }
+        }
+        let response = self.response("in_progress", None);
+        self.event("response.created", json!({"response": response}), out);
+        self.event("response.in_progress", json!({"response": response}), out);
+    }
+
+    fn close(&mut self, out: &mut String) {
+        let output_index = self.output.len();
+        let item = match self.open.take() {
+            None => return,
+            Some(Open::Message { id, text }) => {
+                let part = json!({"type": "output_text", "text": text, "annotations": []});
+                let at = json!({"item_id": id, "output_index": output_index, "content_index": 0});
+                let mut done = at.clone();
+                crate::json::set(&mut done, &["text"], json!(text));
+                crate::json::set(&mut done, &["logprobs"], json!([]));
+                self.event("response.output_text.done", done, out);
+                let mut part_done = at;
+                crate::json::set(&mut part_done, &["part"], part.clone());
+                self.event("response.content_part.done", part_done, out);
+                json!({"type": "message", "id": id, "status": "completed", "role": "assistant", "content": [part]})
+            }
+            Some(Open::Call { id, call_id, name, arguments, custom: false }) => {
+                let done = json!({"item_id": id, "output_index": output_index, "arguments": arguments});
+                self.event("response.function_call_arguments.done", done, out);
+                json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments,
+                    "status": "completed"})
+            }
+            Some(Open::Call { id, call_id, name, arguments, custom: true }) => {
+                // A freeform tool's text is the `input` of the function it was offered as.
+                let input: Value = serde_json::from_str(&arguments).unwrap_or(Value::Null);
+                let input = input.get("input").and_then(Value::as_str).unwrap_or_default().to_string();
+                let delta = json!({"item_id": id, "output_index": output_index, "call_id": call_id, "delta": input});
+                self.event("response.custom_tool_call_input.delta", delta, out);
+                let done = json!({"item_id": id, "output_index": output_index, "call_id": call_id, "input": input});
+                self.event("response.custom_tool_call_input.done", done, out);
+                json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name, "input": input,
+                    "status": "completed"})
+            }
+        };
+        self.event("response.output_item.done", json!({"output_index": output_index, "item": item}), out);
+        self.output.push(item);
+    }
+
+    fn text(&mut self, delta: &str, out: &mut String) {
+        let output_index = self.output.len();
+        if !matches!(self.open, Some(Open::Message { .. })) {
+            self.close(out);
+            let id = format!("msg_{}_{output_index}", self.id);
+            let item =
+                json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []});
+            self.event("response.output_item.added", json!({"output_index": output_index, "item": item}), out);
+            let part = json!({"type": "output_text", "text": "", "annotations": []});
+            let added = json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": part});
+            self.event("response.content_part.added", added, out);
+            self.open = Some(Open::Message { id, text: String::new() });
+        }
+        let Some(Open::Message { id, text }) = &mut self.open else { return };
+        text.push_str(delta);
+        let data =
+            json!({"item_id": id, "output_index": output_index, "content_index": 0, "delta": delta, "logprobs": []});
+        self.event("response.output_text.delta", data, out);
+    }
+
+    fn call(&mut self, call_id: &str, name: &str, out: &mut String) {
+        self.close(out);
+        let output_index = self.output.len();
+        let custom = self.custom.iter().any(|c| c == name);
+        let id = format!("{}_{call_id}", if custom { "ctc" } else { "fc" });
+        let item = if custom {
+            json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name, "input": "", "status": "in_progress"})
+        } else {
+            json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": "", "status": "in_progress"})
+        };
+        self.event("response.output_item.added", json!({"output_index": output_index, "item": item}), out);
+        let (call_id, name) = (call_id.to_string(), name.to_string());
+        self.open = Some(Open::Call { id, call_id, name, arguments: String::new(), custom });
+    }
+
+    fn arguments(&mut self, delta: &str, out: &mut String) {
+        let output_index = self.output.len();
+        let Some(Open::Call { id, arguments, custom, .. }) = &mut self.open else { return };
+        arguments.push_str(delta);
+        if !*custom {
+            let data = json!({"item_id": id, "output_index": output_index, "delta": delta});
+            self.event("response.function_call_arguments.delta", data, out);
+        }
+    }
+}
+
+impl ClientWire for ResponsesWire {
+    fn chunk(&mut self, chunk: Chunk, head: &StreamHead<'_>, _usage: TokenUsage) -> Option<Bytes> {
+        let mut out = String::new();
+        for delta in chunk.deltas {
+            match delta {
+                Delta::Text(text) if !text.is_empty() => {
+                    self.start(Some(head), &mut out);
+                    self.text(&text, &mut out);
+                }
+                Delta::ToolCall { id, name, .. } => {
+                    self.start(Some(head), &mut out);
+                    self.call(&id, &name, &mut out);
+                }
+                Delta::ToolArguments { json, .. } => self.arguments(&json, &mut out),
+                Delta::Stop(stop) => self.stop = Some(stop),
+                _ => {}
+            }
+        }
+        (!out.is_empty()).then(|| Bytes::from(out))
+    }
+
+    fn done(&mut self, usage: TokenUsage) -> Bytes {
+        let mut out = String::new();
+        self.start(None, &mut out);
+        self.close(&mut out);
+        let (kind, status, reason) = match self.stop {
+            Some(Stop::MaxTokens) => ("response.incomplete", "incomplete", Some("max_output_tokens")),
+            _ => ("response.completed", "completed", None),
+        };
+        let mut response = self.response(status, Some(&usage));
+        if let Some(reason) = reason {
+            crate::json::set(&mut response, &["incomplete_details"], json!({"reason": reason}));
+        }
+        self.event(kind, json!({"response": response}), &mut out);
+        Bytes::from(out)
+    }
+
+    fn broken(&mut self, message: &str) -> Bytes {
+        let mut out = String::new();
+        self.start(None, &mut out);
+        let mut response = self.response("failed", None);
+        crate::json::set(&mut response, &["error"], json!({"code": "server_error", "message": message}));
+        self.event("response.failed", json!({"response": response}), &mut out);
+        Bytes::from(out)
+    }
+
+    /// What was sent stands; the reason follows as text, and the response ends incomplete
+    /// (`content_filter`).
+    fn blocked(&mut self, reason: &str, _model: &str, _guardrails: Value, usage: TokenUsage) -> Bytes {
+        let mut out = String::new();
+        self.start(None, &mut out);
+        self.close(&mut out);
+        self.text(reason, &mut out);
+        self.close(&mut out);
+        let mut response = self.response("incomplete", Some(&usage));
+        crate::json::set(&mut response, &["incomplete_details"], json!({"reason": "content_filter"}));
+        self.event("response.incomplete", json!({"response": response}), &mut out);
+        Bytes::from(out)
+    }
+
+    fn wants_usage_chunk(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(bytes: &[u8]) -> Vec<Value> {
+        String::from_utf8_lossy(bytes)
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| serde_json::from_str(e.lines().nth(1).unwrap().trim_start_matches("data: ")).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn deltas_become_one_item_at_a_time_with_rising_sequence_numbers() {
+        let mut wire = ResponsesWire::new("route", vec!["apply_patch".into()]);
+        let head = StreamHead { id: "abc", model: "gpt-x" };
+        let usage = TokenUsage { input: 5, output: 3, ..TokenUsage::default() };
+        let mut all = Vec::new();
+        for deltas in [
+            vec![Delta::Text("Hel".into())],
+            vec![Delta::Text("lo".into())],
+            vec![Delta::ToolCall { index: 0, id: "c1".into(), name: "search".into() }],
+            vec![Delta::ToolArguments { index: 0, json: "{\"q\":1}".into() }],
+            vec![Delta::ToolCall { index: 1, id: "c2".into(), name: "apply_patch".into() }],
+            vec![Delta::ToolArguments { index: 1, json: "{\"input\":\"*** Begin Patch\"}".into() }],
+            vec![Delta::Stop(Stop::ToolUse)],
+        ] {
+            if let Some(bytes) = wire.chunk(Chunk::of(deltas), &head, usage) {
+                all.extend(events(&bytes));
+            }
+        }
+        all.extend(events(&wire.done(usage)));
+        let kinds: Vec<&str> = all.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.custom_tool_call_input.delta",
+                "response.custom_tool_call_input.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        let numbers: Vec<u64> = all.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
+        assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "{numbers:?}");
+        let completed = &all.last().unwrap()["response"];
+        assert_eq!(completed["id"], "resp_abc");
+        assert_eq!(completed["output"][0]["content"][0]["text"], "Hello");
+        assert_eq!(completed["output"][1]["arguments"], "{\"q\":1}");
+        assert_eq!(completed["output"][2]["input"], "*** Begin Patch");
+        assert_eq!(completed["usage"]["output_tokens"], 3);
+    }
+}
