@@ -153,6 +153,20 @@ async fn responses_reach_every_flavor_with_tools_and_results() {
         assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1));
     }
 
+    // Codex's WebSocket attempt: 426, so it falls back to HTTP at once.
+    let upgrade = stack
+        .client
+        .get(format!("http://{}/v1/responses", stack.proxy))
+        .bearer_auth(&key)
+        .header("upgrade", "websocket")
+        .header("connection", "upgrade")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(upgrade.status(), StatusCode::UPGRADE_REQUIRED);
+    let error: Value = upgrade.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "websocket_unsupported");
+
     // What is not served yet is refused by name, as a 400 (never retried).
     let (status, _, error) =
         post(&stack, &key, json!({"model": "r-gpt", "input": "x", "previous_response_id": "resp_1"})).await;

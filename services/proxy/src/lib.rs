@@ -210,6 +210,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(messages::messages)
         .service(native::chat)
         .service(responses::responses)
+        .service(responses::upgrade)
         .service(models::list)
         .service(models::get)
         .service(index)

@@ -61,6 +61,33 @@ pub async fn responses(
     result.await.unwrap_or_else(|err| err.error_response())
 }
 
+/// `GET /v1/responses`: Codex tries a WebSocket here when its provider says it supports them;
+/// a 426 with an error object makes it fall back to HTTP at once. Anything else is a 405.
+#[actix_web::get("/v1/responses")]
+pub async fn upgrade(req: HttpRequest) -> HttpResponse {
+    let websocket = req
+        .headers()
+        .get(actix_web::http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if websocket {
+        let error = crate::error::openai_error(
+            "Shield serves the Responses API over HTTP only: POST /v1/responses",
+            "invalid_request_error",
+            "websocket_unsupported",
+            Value::Null,
+        );
+        return HttpResponse::build(actix_web::http::StatusCode::UPGRADE_REQUIRED).json(error);
+    }
+    let error = crate::error::openai_error(
+        "use POST /v1/responses",
+        "invalid_request_error",
+        "method_not_allowed",
+        Value::Null,
+    );
+    HttpResponse::MethodNotAllowed().json(error)
+}
+
 /// The typed request, the names of the caller's freeform (`custom`) tools, and the tool types
 /// dropped.
 fn parse(body: &[u8]) -> Result<(ChatRequest, Vec<String>, Vec<String>), BadRequest> {
