@@ -18,7 +18,7 @@ use crate::api;
         api::health::get, api::simulate::simulate, api::usage::get,
         api::secrets::list, api::secrets::get, api::secrets::put, api::secrets::delete,
         api::keys::list, api::keys::create, api::keys::patch, api::keys::revoke,
-        api::limits::get, api::limits::put,
+        api::limits::get, api::limits::put, api::responses::get, api::responses::put,
         api::guardrails::get, api::guardrails::put,
         api::audit::list,
         api::webhooks::list, api::webhooks::create, api::webhooks::remove, api::webhooks::deliveries,

@@ -138,6 +138,7 @@ impl Publisher {
             config::routes(&mut *tx, tenant_id).await?.into_iter().map(|r| (r.name.clone(), r)).collect();
         let guardrails = config::guardrails(&mut *tx, tenant_id).await?;
         let limits = tenants::limits(&mut *tx, tenant_id).await?;
+        let responses = tenants::response_retention(&mut *tx, tenant_id).await?;
         let referenced: BTreeSet<&str> = targets.values().filter_map(|t| t.auth.secret_name()).collect();
         let mut sealed_secrets = BTreeMap::new();
         for row in secrets::sealed(&mut *tx, tenant_id).await? {
@@ -158,7 +159,8 @@ impl Publisher {
         let now = chrono::Utc::now().timestamp();
         let snapshot =
             Snapshot::new(tenant.slug, tenant.config_version, now, targets, routes, guardrails, sealed_secrets)
-                .with_limits(limits);
+                .with_limits(limits)
+                .with_responses(responses);
         Ok((snapshot, key_records))
     }
 

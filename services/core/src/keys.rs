@@ -73,6 +73,16 @@ impl RedisKeys {
         format!("{}gw_rl_procs:{{{tenant}}}", self.prefix)
     }
 
+    /// A stored Responses-API response (issue 29): its response object and input items.
+    pub fn response(&self, tenant: &str, id: &str) -> String {
+        format!("{}gw_resp:{{{tenant}}}:{id}", self.prefix)
+    }
+
+    /// One item of a stored response, for `item_reference`.
+    pub fn response_item(&self, tenant: &str, id: &str) -> String {
+        format!("{}gw_resp_item:{{{tenant}}}:{id}", self.prefix)
+    }
+
     pub fn events(&self) -> String {
         format!("{}gw_events", self.prefix)
     }

@@ -31,6 +31,47 @@ pub struct Snapshot {
     pub limits: Limits,
     /// Keyed by the reference targets use (`shield://name`); only referenced secrets.
     pub secrets: BTreeMap<String, SnapshotSecret>,
+    /// How long the data plane keeps Responses-API responses stored with `store: true`
+    /// (issue 29); absent in snapshots of tenants that kept the default.
+    #[serde(default, skip_serializing_if = "ResponseRetention::is_default")]
+    pub responses: ResponseRetention,
+}
+
+/// The tenant's retention of stored responses (`/v1/tenant/me/responses`): seconds a response
+/// stored with `store: true` stays readable by `previous_response_id`, `item_reference` and
+/// `GET /v1/responses/{id}`. 0 keeps nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseRetention {
+    pub retention_s: u32,
+}
+
+impl ResponseRetention {
+    /// A day, as OpenAI's own default for stored responses is counted in days.
+    pub const DEFAULT_S: u32 = 86_400;
+    /// 30 days: long enough for any agent session, short enough that stored prompts do not
+    /// become an archive.
+    pub const MAX_S: u32 = 30 * 86_400;
+
+    pub fn is_default(&self) -> bool {
+        self.retention_s == Self::DEFAULT_S
+    }
+
+    pub fn validate(&self) -> Result<(), Vec<crate::FieldError>> {
+        if self.retention_s > Self::MAX_S {
+            return Err(vec![crate::FieldError::new(
+                "retention_s",
+                format!("must be between 0 and {} seconds (30 days)", Self::MAX_S),
+            )]);
+        }
+        Ok(())
+    }
+}
+
+impl Default for ResponseRetention {
+    fn default() -> Self {
+        ResponseRetention { retention_s: Self::DEFAULT_S }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +121,7 @@ impl Snapshot {
             guardrails,
             limits: Limits::default(),
             secrets,
+            responses: ResponseRetention::default(),
         };
         snapshot.digest = snapshot.compute_digest();
         snapshot
@@ -88,6 +130,13 @@ impl Snapshot {
     /// The same snapshot with the tenant's limits (part of its digest).
     pub fn with_limits(mut self, limits: Limits) -> Snapshot {
         self.limits = limits;
+        self.digest = self.compute_digest();
+        self
+    }
+
+    /// The same snapshot with the tenant's response retention (part of its digest).
+    pub fn with_responses(mut self, responses: ResponseRetention) -> Snapshot {
+        self.responses = responses;
         self.digest = self.compute_digest();
         self
     }
@@ -101,6 +150,11 @@ impl Snapshot {
             && let Some(content) = content.as_object_mut()
         {
             content.insert("limits".into(), serde_json::json!(self.limits));
+        }
+        if !self.responses.is_default()
+            && let Some(content) = content.as_object_mut()
+        {
+            content.insert("responses".into(), serde_json::json!(self.responses));
         }
         hex::encode(Sha256::digest(content.to_string().as_bytes()))
     }

@@ -25,7 +25,7 @@
 //!   `[DONE]`), `empty` (a 200 stream that ends cleanly with no event). `say:secret` or
 //!   `say:card` answers (or streams) a canned sensitive text; `tool:NAME` answers a tool
 //!   call. `agent` answers as a coding agent's model: a `Read` call for a path the last user
-//!   turn names, then `the file says: …` once the tool result comes back (both shapes). `downfor:S` fails (503, or the `status:`) for S seconds from the scenario's first
+//!   turn names (`exec_command` with `cat PATH` when the tools offer it, as Codex's do), then `the file says: …` once the tool result comes back (both shapes). `downfor:S` fails (503, or the `status:`) for S seconds from the scenario's first
 //!   call, then answers. A usage chunk is
 //!   sent when the request asks `stream_options.include_usage`.
 //! * `POST /v1/messages`, `POST /mock/{scenario}/v1/messages` — the same in Anthropic's
@@ -229,7 +229,18 @@ fn agent_turn(scenario: &mut Scenario, request: &Value) {
     }
     let said = without_reminders(&text_of(last.get("content")));
     let path = said.split_whitespace().rev().find(|w| w.starts_with('/'));
+    // Codex offers a shell (`exec_command`) where Claude Code offers `Read`.
+    let offers = |name: &str| {
+        request.get("tools").and_then(Value::as_array).into_iter().flatten().any(|tool| {
+            tool.get("name").or_else(|| tool.get("function").and_then(|f| f.get("name"))).and_then(Value::as_str)
+                == Some(name)
+        })
+    };
     match path.map(|p| p.trim_end_matches(['.', ',', '?', '!', ':', ';', '"', '\''])) {
+        Some(path) if offers("exec_command") => {
+            scenario.tool = Some("exec_command".into());
+            scenario.tool_input = Some(json!({"cmd": format!("cat {path}")}).to_string());
+        }
         Some(path) => {
             scenario.tool = Some("Read".into());
             scenario.tool_input = Some(json!({"file_path": path}).to_string());

@@ -28,4 +28,9 @@ pub trait ClientWire: Send {
     /// Whether a chunk that only reports usage (Shield asked the upstream for it) reaches
     /// [`Self::chunk`].
     fn wants_usage_chunk(&self) -> bool;
+    /// Work to finish before the stream's last bytes go out (the Responses shape keeps a
+    /// stored response here, so the caller's next turn finds it on any proxy).
+    fn before_end(&mut self) -> Option<futures_util::future::BoxFuture<'static, ()>> {
+        None
+    }
 }

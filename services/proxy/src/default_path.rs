@@ -21,13 +21,14 @@ pub async fn forward(
     state: &ProxyState,
     egress: &Egress,
     model: &str,
+    path: &str,
     body: Bytes,
     next_hop: u32,
 ) -> Result<HttpResponse, ProxyError> {
     let Some(base) = &state.config.default_upstream else {
         return Err(ProxyError::ModelNotFound(model.to_string()));
     };
-    let url = chat_url(base);
+    let url = url_of(base, path);
     let mut headers = HeaderMap::with_capacity(2);
     headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
     headers.insert(crate::dispatch::HOP, crate::dispatch::hop_value(next_hop));
@@ -40,7 +41,8 @@ pub async fn forward(
     Ok(out.streaming(futures_util::StreamExt::map(body, |chunk| chunk.map_err(std::io::Error::other))))
 }
 
-pub fn chat_url(base: &url::Url) -> url::Url {
-    let joined = format!("{}/chat/completions", base.as_str().trim_end_matches('/'));
+/// `path` (`chat/completions`, `responses`) under the default upstream's base URL.
+pub fn url_of(base: &url::Url, path: &str) -> url::Url {
+    let joined = format!("{}/{path}", base.as_str().trim_end_matches('/'));
     url::Url::parse(&joined).unwrap_or_else(|_| base.clone())
 }

@@ -22,6 +22,12 @@ pub enum ProxyError {
     LoopDetected(u32),
     #[error("the default upstream failed: {0}")]
     DefaultUpstream(String),
+    /// The data plane's store is needed (a stored response) and cannot be reached.
+    #[error("{0}: the store is unreachable right now; retry shortly")]
+    StoreUnavailable(&'static str),
+    /// A stored object (a response, issue 29) that this tenant does not have.
+    #[error("{0}")]
+    NotFound(String),
     /// Over a rate limit (issue 18): refused before routing, no upstream called.
     #[error("{}", .0.message())]
     RateLimited(Box<crate::limits::RateLimited>),
@@ -37,6 +43,8 @@ impl ProxyError {
             ProxyError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             ProxyError::LoopDetected(_) => ("invalid_request_error", "loop_detected"),
             ProxyError::DefaultUpstream(_) => ("upstream_error", "upstream_error"),
+            ProxyError::StoreUnavailable(_) => ("service_unavailable", "store_unavailable"),
+            ProxyError::NotFound(_) => ("invalid_request_error", "not_found"),
             // OpenAI's own shape: `type` is what ran out, `code` says it was a rate limit.
             ProxyError::RateLimited(limited) => (limited.kind.as_str(), "rate_limit_exceeded"),
         }
@@ -53,6 +61,8 @@ impl ResponseError for ProxyError {
             ProxyError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ProxyError::LoopDetected(_) => StatusCode::LOOP_DETECTED,
             ProxyError::DefaultUpstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NotFound(_) => StatusCode::NOT_FOUND,
             ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }

@@ -68,6 +68,8 @@ pub struct ProxyState {
     pub usage: Arc<usage::UsageBuffer>,
     /// Rate-limit buckets, filled by the leaser ([`limits::lease`]).
     pub limiter: Arc<limits::Limiter>,
+    /// Stored Responses-API responses (issue 29).
+    pub responses: Arc<responses::store::ResponseStore>,
     /// Unix second of the last "taking the default path because the config is unavailable"
     /// log line (seed §7: logged once per minute).
     default_path_logged: AtomicU64,
@@ -79,12 +81,14 @@ impl ProxyState {
         redis: shield_store::Pool,
         events: tokio::sync::mpsc::Sender<health::TargetDown>,
     ) -> ProxyState {
+        let responses = Arc::new(responses::store::ResponseStore::new(redis.clone(), config.redis_keys.clone()));
         let caches =
             Arc::new(Caches::new(redis, config.redis_keys.clone(), config.keyring.clone(), config.cache_every));
         let metrics = Arc::new(metrics::Metrics::new(config.metrics_tenant_labels));
         let limiter = Arc::new(limits::Limiter::new(config.redis_keys.clone()));
         ProxyState {
             limiter,
+            responses,
             config,
             caches,
             health: Arc::new(health::Health::new(events)),
@@ -211,6 +215,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(native::chat)
         .service(responses::responses)
         .service(responses::upgrade)
+        .service(responses::input_items)
+        .service(responses::retrieve)
+        .service(responses::remove)
         .service(models::list)
         .service(models::get)
         .service(index)

@@ -72,7 +72,7 @@ fn finish_reason(stop: Stop) -> &'static str {
 }
 
 /// The Shield-native endpoint does not stream; unrouted models take the default path.
-const INGRESS: Ingress = Ingress { stream: false, default_path: true };
+const INGRESS: Ingress = Ingress { stream: false, default_path: Some("chat/completions") };
 
 fn render(outcome: Outcome) -> HttpResponse {
     match outcome {

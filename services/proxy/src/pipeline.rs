@@ -59,9 +59,10 @@ const DEFAULT_OUTPUT_TOKENS: u64 = 256;
 pub struct Ingress {
     /// The endpoint can stream.
     pub stream: bool,
-    /// A `model` that names no route goes down the default path (OpenAI-shaped endpoints
-    /// only: the default path relays the body as sent).
-    pub default_path: bool,
+    /// A `model` that names no route goes down the default path, to this path under the
+    /// default upstream (OpenAI-shaped endpoints only: the default path relays the body as
+    /// sent).
+    pub default_path: Option<&'static str>,
 }
 
 /// What the shared part of the request path came to.
@@ -161,7 +162,7 @@ pub async fn pipeline(
         if request.stream() && !ingress.stream {
             return Err(ProxyError::BadRequest("this endpoint does not stream; send stream: false".into()));
         }
-    } else if !ingress.default_path {
+    } else if ingress.default_path.is_none() {
         return Err(ProxyError::ModelNotFound(request.model.clone()));
     }
     let admission = admit_limits(state, &caller, tenant.as_deref(), resolved.map(|(_, r)| r), request).await?;
@@ -184,7 +185,8 @@ pub async fn pipeline(
         if let Some(admission) = &admission {
             admission.keep_reservation();
         }
-        return Box::pin(default_path::forward(state, egress, &request.model, raw, hop + 1))
+        let path = ingress.default_path.unwrap_or("chat/completions");
+        return Box::pin(default_path::forward(state, egress, &request.model, path, raw, hop + 1))
             .await
             .map(|response| served(Outcome::Relayed(response)));
     };

@@ -117,6 +117,11 @@ pub fn relay(
         }
         loop {
             if let Some(bytes) = relay.pending.take() {
+                if relay.ended.is_some()
+                    && let Some(work) = relay.wire.before_end()
+                {
+                    work.await;
+                }
                 return Some((Ok(bytes), relay));
             }
             if relay.ended.is_some() {

@@ -8,6 +8,7 @@ pub mod keys;
 pub mod limits;
 pub mod login;
 pub mod ops;
+pub mod responses;
 pub mod routes;
 pub mod secrets;
 pub mod simulate;
@@ -79,6 +80,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(keys::revoke)
         .service(limits::get)
         .service(limits::put)
+        .service(responses::get)
+        .service(responses::put)
         .service(guardrails::get)
         .service(guardrails::put)
         .service(audit::list)

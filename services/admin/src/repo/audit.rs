@@ -20,6 +20,7 @@ pub enum Action {
     KeyLimitsSet,
     TenantLimitsSet,
     GuardrailsSet,
+    ResponseRetentionSet,
     WebhookCreated,
     WebhookDeleted,
 }
@@ -40,6 +41,7 @@ impl Action {
             Action::KeyLimitsSet => "key_limits_set",
             Action::TenantLimitsSet => "tenant_limits_set",
             Action::GuardrailsSet => "guardrails_set",
+            Action::ResponseRetentionSet => "response_retention_set",
             Action::WebhookCreated => "webhook_created",
             Action::WebhookDeleted => "webhook_deleted",
         }

@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use shield_core::limits::Limits;
+use shield_core::snapshot::ResponseRetention;
 use sqlx::types::Json;
 use sqlx::{PgExecutor, Postgres, Transaction};
 
@@ -62,6 +63,28 @@ pub async fn limits(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Limits> {
     let row: Option<Option<Json<Limits>>> =
         sqlx::query_scalar("SELECT limits FROM tenants WHERE id = $1").bind(id).fetch_optional(db).await?;
     Ok(row.flatten().map(|Json(limits)| limits).unwrap_or_default())
+}
+
+/// How long the tenant's stored responses are kept (issue 29).
+pub async fn response_retention(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<ResponseRetention> {
+    let row: Option<i32> = sqlx::query_scalar("SELECT responses_retention_s FROM tenants WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await?;
+    Ok(row.map_or_else(ResponseRetention::default, |s| ResponseRetention { retention_s: s.max(0).unsigned_abs() }))
+}
+
+pub async fn set_response_retention(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    retention: ResponseRetention,
+) -> sqlx::Result<()> {
+    sqlx::query("UPDATE tenants SET responses_retention_s = $2 WHERE id = $1")
+        .bind(id)
+        .bind(i32::try_from(retention.retention_s).unwrap_or(i32::MAX))
+        .execute(db)
+        .await?;
+    Ok(())
 }
 
 /// Replaces the tenant's limits; empty ones are stored as NULL.

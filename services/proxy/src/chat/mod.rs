@@ -38,7 +38,7 @@ pub async fn chat_completions(
         let caller = admit(&req, &state).await?;
         let raw = body::read(payload).await?;
         let request = ChatRequest::parse(&raw)?;
-        let ingress = Ingress { stream: true, default_path: true };
+        let ingress = Ingress { stream: true, default_path: Some("chat/completions") };
         let served = pipeline(&req, caller, raw, &request, &state, &egress, ingress).await?;
         Ok::<_, ProxyError>(served.render(|outcome| match outcome {
             Outcome::Relayed(response) => response,

@@ -21,7 +21,7 @@ use crate::pipeline::{Ingress, Outcome, admit, pipeline};
 
 pub use response::proxy_error;
 
-const INGRESS: Ingress = Ingress { stream: true, default_path: false };
+const INGRESS: Ingress = Ingress { stream: true, default_path: None };
 
 #[post("/v1/messages")]
 pub async fn messages(

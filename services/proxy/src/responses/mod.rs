@@ -16,12 +16,15 @@
 //! (`store`, `include`, `prompt_cache_key`, `metadata`, `service_tier`, `text`) are accepted
 //! and ignored. Not yet: stored responses (`previous_response_id`), the reasoning round trip.
 
+pub mod history;
+pub mod store;
 pub mod wire;
 
 use std::sync::Arc;
 
+use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderName, HeaderValue};
-use actix_web::{HttpRequest, HttpResponse, ResponseError, post, web};
+use actix_web::{HttpRequest, HttpResponse, ResponseError, delete, get, post, web};
 use serde_json::{Map, Value, json};
 use shield_core::chat_request::{BadRequest, ChatRequest, Origin};
 use shield_core::exchange::{self, Block, Effort, Image, Message, Part, Reasoning, Role, Stop, Tool, ToolChoice};
@@ -32,9 +35,18 @@ use crate::dispatch::RoutedResult;
 use crate::egress::Egress;
 use crate::error::ProxyError;
 use crate::pipeline::{Ingress, Outcome, admit, pipeline, routing_record, with_routing_headers};
+use history::Keeper;
 
-const INGRESS: Ingress = Ingress { stream: true, default_path: false };
+const INGRESS: Ingress = Ingress { stream: true, default_path: Some("responses") };
 const DROPPED_TOOLS: HeaderName = HeaderName::from_static("x-shield-dropped-fields");
+const ORIGINATOR: HeaderName = HeaderName::from_static("originator");
+
+/// What the answer echoes of the request, besides its output.
+struct Echo {
+    id: String,
+    custom: Vec<String>,
+    fields: Value,
+}
 
 #[post("/v1/responses")]
 pub async fn responses(
@@ -43,13 +55,43 @@ pub async fn responses(
     state: web::Data<ProxyState>,
     egress: web::Data<Egress>,
 ) -> HttpResponse {
+    let codex = is_codex(&req);
+    let mut streamed = false;
     let result = async {
         let caller = admit(&req, &state).await?;
         let raw = body::read(payload).await?;
-        let (request, custom, dropped) = parse(&raw)?;
-        let served = pipeline(&req, caller, raw, &request, &state, &egress, INGRESS).await?;
+        let mut fields = object_of(&raw)?;
+        streamed = fields.get("stream").and_then(Value::as_bool) == Some(true);
+        let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
+        let tenant = state.tenant_config(&caller.key.tenant).await;
+        let model = fields.get("model").and_then(Value::as_str).unwrap_or_default();
+        let routed =
+            tenant.as_deref().is_some_and(|t| state.config.routing_enabled && t.enabled_route(model).is_some());
+        let mut keeper = match tenant.as_deref().filter(|_| routed) {
+            Some(tenant) => {
+                let retention = tenant.snapshot.responses.retention_s;
+                history::expand(&mut fields, &caller.key.tenant, retention, &state.responses, &id).await?
+            }
+            None => None,
+        };
+        let echo = Echo { id, custom: Vec::new(), fields: echoed(&fields) };
+        let (request, custom, dropped) = parse(fields)?;
+        let echo = Echo { custom, ..echo };
+        let mut served = pipeline(&req, caller, raw, &request, &state, &egress, INGRESS).await?;
+        // A non-streamed answer is kept before it is sent, so that the caller's next turn,
+        // on any proxy, finds it.
+        let mut answer = None;
+        if let Outcome::Routed { routed, .. } = &mut served.outcome
+            && let RoutedResult::Answer { model, body, usage, .. } = &routed.result
+        {
+            let value = response_of(&body.answer, model, usage.unwrap_or_default(), &echo);
+            if let Some(keeper) = keeper.take() {
+                keeper.keep(&value).await;
+            }
+            answer = Some(value);
+        }
         Ok::<_, ProxyError>(served.render(|outcome| {
-            let mut response = render(outcome, &request, &custom);
+            let mut response = render(outcome, &request, echo, answer, keeper, codex);
             if !dropped.is_empty()
                 && let Ok(value) = HeaderValue::from_str(&dropped.join(", "))
             {
@@ -58,7 +100,106 @@ pub async fn responses(
             response
         }))
     };
+    match result.await {
+        Ok(response) => response,
+        Err(ProxyError::RateLimited(limited)) if codex && streamed => {
+            let mut response = codex_rate_limited(limited.retry_after_s, &limited.message());
+            crate::limits::apply(&mut response, limited.headers.iter().cloned());
+            response
+        }
+        Err(err) => err.error_response(),
+    }
+}
+
+/// Whether the caller is OpenAI's Codex (its `originator` header: `codex_cli_rs`,
+/// `codex_exec`, `codex_vscode`, …). Codex gives up on an HTTP 429 but waits and retries a
+/// stream that fails with `rate_limit_exceeded`, so it is told of rate limits that way.
+fn is_codex(req: &HttpRequest) -> bool {
+    req.headers().get(ORIGINATOR).and_then(|v| v.to_str().ok()).is_some_and(|o| o.starts_with("codex"))
+}
+
+/// A rate limit told the way Codex waits on: a 200 stream that fails at once with
+/// `rate_limit_exceeded` and "try again in N s" (RESPONSES.md §4).
+fn codex_rate_limited(retry_after_s: u64, message: &str) -> HttpResponse {
+    let mut wire = wire::ResponsesWire::new("", Vec::new(), format!("resp_{}", uuid::Uuid::new_v4().simple()), None);
+    let message = format!("{message} Please try again in {}s.", retry_after_s.max(1));
+    let events = wire.failed("rate_limit_exceeded", &message);
+    HttpResponse::Ok()
+        .insert_header(("content-type", "text/event-stream"))
+        .insert_header(("retry-after", retry_after_s.max(1).to_string()))
+        .body(events)
+}
+
+/// The request's fields a response object echoes.
+fn echoed(fields: &Map<String, Value>) -> Value {
+    let mut echo = Map::new();
+    for key in ["previous_response_id", "metadata", "store", "instructions", "tool_choice", "parallel_tool_calls"] {
+        if let Some(value) = fields.get(key) {
+            echo.insert(key.into(), value.clone());
+        }
+    }
+    Value::Object(echo)
+}
+
+fn object_of(raw: &[u8]) -> Result<Map<String, Value>, BadRequest> {
+    match serde_json::from_slice(raw) {
+        Ok(Value::Object(fields)) => Ok(fields),
+        Ok(_) => Err(BadRequest("the body must be a JSON object".into())),
+        Err(e) => Err(BadRequest(format!("malformed JSON body: {e}"))),
+    }
+}
+
+/// `GET /v1/responses/{id}`: a stored response of the caller's tenant.
+#[get("/v1/responses/{id}")]
+pub async fn retrieve(req: HttpRequest, id: web::Path<String>, state: web::Data<ProxyState>) -> HttpResponse {
+    let result = async {
+        let caller = admit(&req, &state).await?;
+        let kept =
+            state.responses.load(&caller.key.tenant, &id).await.map_err(|_| ProxyError::StoreUnavailable("GET"))?;
+        kept.map(|kept| HttpResponse::Ok().json(kept.response)).ok_or_else(|| not_found(&id))
+    };
     result.await.unwrap_or_else(|err| err.error_response())
+}
+
+/// `GET /v1/responses/{id}/input_items`: the input a stored response answered, as a list.
+#[get("/v1/responses/{id}/input_items")]
+pub async fn input_items(req: HttpRequest, id: web::Path<String>, state: web::Data<ProxyState>) -> HttpResponse {
+    let result =
+        async {
+            let caller = admit(&req, &state).await?;
+            let kept =
+                state.responses.load(&caller.key.tenant, &id).await.map_err(|_| ProxyError::StoreUnavailable("GET"))?;
+            let kept = kept.ok_or_else(|| not_found(&id))?;
+            let id_of = |item: Option<&Value>| item.and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null);
+            let (first, last) = (id_of(kept.input.first()), id_of(kept.input.last()));
+            Ok::<_, ProxyError>(HttpResponse::Ok().json(
+                json!({"object": "list", "data": kept.input, "first_id": first, "last_id": last, "has_more": false}),
+            ))
+        };
+    result.await.unwrap_or_else(|err| err.error_response())
+}
+
+/// `DELETE /v1/responses/{id}`.
+#[delete("/v1/responses/{id}")]
+pub async fn remove(req: HttpRequest, id: web::Path<String>, state: web::Data<ProxyState>) -> HttpResponse {
+    let result = async {
+        let caller = admit(&req, &state).await?;
+        let deleted = state
+            .responses
+            .delete(&caller.key.tenant, &id)
+            .await
+            .map_err(|_| ProxyError::StoreUnavailable("DELETE"))?;
+        if !deleted {
+            return Err(not_found(&id));
+        }
+        Ok(HttpResponse::Ok().json(json!({"id": id.as_str(), "object": "response", "deleted": true})))
+    };
+    result.await.unwrap_or_else(|err| err.error_response())
+}
+
+/// The same answer for an id never stored, expired, deleted or another tenant's.
+fn not_found(id: &str) -> ProxyError {
+    ProxyError::NotFound(format!("Response with id '{id}' not found."))
 }
 
 /// `GET /v1/responses`: Codex tries a WebSocket here when its provider says it supports them;
@@ -90,18 +231,11 @@ pub async fn upgrade(req: HttpRequest) -> HttpResponse {
 
 /// The typed request, the names of the caller's freeform (`custom`) tools, and the tool types
 /// dropped.
-fn parse(body: &[u8]) -> Result<(ChatRequest, Vec<String>, Vec<String>), BadRequest> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| BadRequest(format!("malformed JSON body: {e}")))?;
-    let Value::Object(fields) = value else { return Err(BadRequest("the body must be a JSON object".into())) };
+fn parse(fields: Map<String, Value>) -> Result<(ChatRequest, Vec<String>, Vec<String>), BadRequest> {
     let model = match fields.get("model") {
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
         _ => return Err(BadRequest("`model` must be a non-empty string".into())),
     };
-    if fields.get("previous_response_id").is_some_and(|v| !v.is_null()) {
-        return Err(BadRequest(
-            "`previous_response_id`: Shield stores no responses yet; send the whole conversation in `input`".into(),
-        ));
-    }
     let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
     let mut messages: Vec<Message> = Vec::new();
     let mut push = |role: Role, part: Part| match messages.last_mut() {
@@ -245,12 +379,23 @@ fn parts_of(content: Option<&Value>) -> Vec<Part> {
     }
 }
 
-fn render(outcome: Outcome, request: &ChatRequest, custom: &[String]) -> HttpResponse {
+fn render(
+    outcome: Outcome,
+    request: &ChatRequest,
+    echo: Echo,
+    answer: Option<Value>,
+    keeper: Option<Keeper>,
+    codex: bool,
+) -> HttpResponse {
     match outcome {
         Outcome::Relayed(response) => response,
-        Outcome::InputBlocked { reason, .. } => refusal(HttpResponse::Ok(), request, &reason),
-        Outcome::Stream(start) => start.respond(Box::new(wire::ResponsesWire::new(&request.model, custom.to_vec()))),
-        Outcome::Routed { routed, guardrails } => routed_response(*routed, guardrails, request, custom),
+        Outcome::InputBlocked { reason, .. } => refusal(HttpResponse::Ok(), request, &reason, &echo),
+        Outcome::Stream(start) => {
+            start.respond(Box::new(wire::ResponsesWire::new(&request.model, echo.custom, echo.id, keeper)))
+        }
+        Outcome::Routed { routed, guardrails } => {
+            routed_response(*routed, guardrails, request, &echo, answer, codex && request.stream())
+        }
     }
 }
 
@@ -258,39 +403,67 @@ fn routed_response(
     mut routed: crate::dispatch::Routed,
     guardrails: Vec<crate::guard::GuardrailRecord>,
     request: &ChatRequest,
-    custom: &[String],
+    echo: &Echo,
+    answer: Option<Value>,
+    codex_stream: bool,
 ) -> HttpResponse {
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
-            let mut answer = response_of(&body.answer, &model, usage.unwrap_or_default(), custom);
+            let mut answer =
+                answer.unwrap_or_else(|| response_of(&body.answer, &model, usage.unwrap_or_default(), echo));
             let x_shield = json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
             crate::json::set(&mut answer, &["x_shield"], x_shield);
             with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(answer)
         }
         RoutedResult::Refusal { reason, target } => {
             routed.result = RoutedResult::Refusal { reason: reason.clone(), target: target.clone() };
-            refusal(with_routing_headers(HttpResponse::Ok(), &routed, target.as_deref()), request, &reason)
+            refusal(with_routing_headers(HttpResponse::Ok(), &routed, target.as_deref()), request, &reason, echo)
         }
         RoutedResult::Refused { target, status, body } => {
-            let status =
-                actix_web::http::StatusCode::from_u16(status).unwrap_or(actix_web::http::StatusCode::BAD_GATEWAY);
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
             let error = crate::chat::refused_error(&target, status, body.as_deref());
             with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error)
         }
         RoutedResult::Unavailable => {
             let (status, message) = crate::pipeline::unavailable_message(&routed);
+            if codex_stream && upstreams_rate_limited(&routed) {
+                // Every target is out of quota for now: Codex waits and retries on this,
+                // where it would give up on a 5xx after a few quick retries.
+                let mut response = codex_rate_limited(UPSTREAM_RETRY_S, &message);
+                let head = with_routing_headers(HttpResponse::Ok(), &routed, None).finish();
+                for (name, value) in head.headers() {
+                    response.headers_mut().insert(name.clone(), value.clone());
+                }
+                return response;
+            }
             let error = crate::error::openai_error(&message, "upstream_error", routed.halt.as_str(), Value::Null);
             with_routing_headers(HttpResponse::build(status), &routed, None).json(error)
         }
     }
 }
 
+/// How long Codex is told to wait when every target of the route was rate-limited upstream
+/// (the upstreams' own reset hints park the targets; this is when to look again).
+const UPSTREAM_RETRY_S: u64 = 5;
+
+/// Whether a route failed only because its targets are out of quota: every attempt was
+/// rate-limited, or none could be made because each target is parked after exhaustion.
+fn upstreams_rate_limited(routed: &crate::dispatch::Routed) -> bool {
+    use shield_core::outcome::Class;
+    use shield_core::plan::Exclusion;
+    if routed.attempts.is_empty() {
+        !routed.excluded.is_empty() && routed.excluded.iter().all(|e| matches!(e.reason, Exclusion::Exhausted))
+    } else {
+        routed.attempts.iter().all(|a| a.class == Some(Class::RateLimited))
+    }
+}
+
 /// A refusal (guardrail, deny rule, budget block): a response whose text is the reason,
 /// marked `incomplete_details.reason: "content_filter"` (as a stream of events when the
 /// caller asked for one).
-fn refusal(mut head: actix_web::HttpResponseBuilder, request: &ChatRequest, reason: &str) -> HttpResponse {
+fn refusal(mut head: actix_web::HttpResponseBuilder, request: &ChatRequest, reason: &str, echo: &Echo) -> HttpResponse {
     if request.stream() {
-        let mut wire = wire::ResponsesWire::new(&request.model, Vec::new());
+        let mut wire = wire::ResponsesWire::new(&request.model, Vec::new(), echo.id.clone(), None);
         let events =
             crate::client_wire::ClientWire::blocked(&mut wire, reason, &request.model, Value::Null, Default::default());
         return head.insert_header(("content-type", "text/event-stream")).body(events);
@@ -300,32 +473,27 @@ fn refusal(mut head: actix_web::HttpResponseBuilder, request: &ChatRequest, reas
         stop: Some(Stop::Refusal),
         ..Default::default()
     };
-    head.json(response_of(&answer, &request.model, Default::default(), &[]))
+    head.json(response_of(&answer, &request.model, Default::default(), echo))
 }
 
 /// A typed answer as a `response` object.
-fn response_of(
-    answer: &exchange::Answer,
-    model: &str,
-    usage: shield_core::usage::TokenUsage,
-    custom: &[String],
-) -> Value {
-    let id = if answer.id.is_empty() { "resp_shield".to_string() } else { format!("resp_{}", answer.id) };
+fn response_of(answer: &exchange::Answer, model: &str, usage: shield_core::usage::TokenUsage, echo: &Echo) -> Value {
+    let id = &echo.id;
     let mut output = Vec::new();
     let text = answer.visible_text();
     if !text.is_empty() {
         output.push(json!({"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}]}));
     }
-    for block in &answer.blocks {
+    for (n, block) in answer.blocks.iter().enumerate() {
         if let Block::ToolUse { id: call_id, name, input } = block {
-            if custom.contains(name) {
+            if echo.custom.contains(name) {
                 let input: Value = serde_json::from_str(input).unwrap_or(Value::Null);
                 let input = input.get("input").and_then(Value::as_str).unwrap_or_default().to_string();
-                output.push(json!({"type": "custom_tool_call", "id": format!("ctc_{call_id}"), "call_id": call_id,
+                output.push(json!({"type": "custom_tool_call", "id": format!("ctc_{id}_{n}"), "call_id": call_id,
                     "name": name, "input": input, "status": "completed"}));
             } else {
-                output.push(json!({"type": "function_call", "id": format!("fc_{call_id}"), "call_id": call_id,
+                output.push(json!({"type": "function_call", "id": format!("fc_{id}_{n}"), "call_id": call_id,
                     "name": name, "arguments": input, "status": "completed"}));
             }
         }
@@ -347,13 +515,13 @@ fn response_of(
     response.insert("parallel_tool_calls".into(), json!(true));
     response.insert("tool_choice".into(), json!("auto"));
     response.insert("tools".into(), json!([]));
+    if let Value::Object(echo) = &echo.fields {
+        for (key, value) in echo {
+            response.insert(key.clone(), value.clone());
+        }
+    }
     response.insert("error".into(), Value::Null);
     response.insert("incomplete_details".into(), incomplete);
-    response.insert(
-        "usage".into(),
-        json!({"input_tokens": usage.input, "input_tokens_details": {"cached_tokens": usage.cache_read},
-            "output_tokens": usage.output, "output_tokens_details": {"reasoning_tokens": usage.reasoning},
-            "total_tokens": usage.input + usage.output}),
-    );
+    response.insert("usage".into(), wire::usage_json(&usage));
     Value::Object(response)
 }

@@ -32,15 +32,28 @@ pub struct ResponsesWire {
     /// The caller's freeform tools: their calls go out as `custom_tool_call` items.
     custom: Vec<String>,
     stop: Option<Stop>,
+    /// Keeps the response when it ends, when the request asked for it to be stored.
+    keeper: Option<super::history::Keeper>,
+    /// The terminal response, for the keeper.
+    last: Option<Value>,
+}
+
+/// Usage in the Responses shape.
+pub fn usage_json(usage: &TokenUsage) -> Value {
+    json!({"input_tokens": usage.input, "input_tokens_details": {"cached_tokens": usage.cache_read},
+        "output_tokens": usage.output, "output_tokens_details": {"reasoning_tokens": usage.reasoning},
+        "total_tokens": usage.input + usage.output})
 }
 
 impl ResponsesWire {
-    pub fn new(model: &str, custom: Vec<String>) -> ResponsesWire {
+    /// `id`: the response id Shield answers under (its own, so that a stored response is found
+    /// by it on any proxy).
+    pub fn new(model: &str, custom: Vec<String>, id: String, keeper: Option<super::history::Keeper>) -> ResponsesWire {
         let created_at =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         ResponsesWire {
             model: model.to_string(),
-            id: "resp_shield".into(),
+            id,
             created_at,
             sequence: 0,
             started: false,
@@ -48,6 +61,8 @@ impl ResponsesWire {
             output: Vec::new(),
             custom,
             stop: None,
+            keeper,
+            last: None,
         }
     }
 
@@ -63,13 +78,7 @@ impl ResponsesWire {
             "model": self.model, "output": self.output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": [],
             "error": null, "incomplete_details": null});
         if let Some(usage) = usage {
-            crate::json::set(
-                &mut response,
-                &["usage"],
-                json!({"input_tokens": usage.input, "input_tokens_details": {"cached_tokens": usage.cache_read},
-                    "output_tokens": usage.output, "output_tokens_details": {"reasoning_tokens": usage.reasoning},
-                    "total_tokens": usage.input + usage.output}),
-            );
+            crate::json::set(&mut response, &["usage"], usage_json(usage));
         }
         response
     }
@@ -80,9 +89,6 @@ impl ResponsesWire {
         }
         if let Some(head) = head {
             self.model = head.model.to_string();
-            if !head.id.is_empty() {
-                self.id = format!("resp_{}", head.id);
-            }
         }
         let response = self.response("in_progress", None);
         self.event("response.created", json!({"response": response}), out);
@@ -151,7 +157,7 @@ impl ResponsesWire {
         self.close(out);
         let output_index = self.output.len();
         let custom = self.custom.iter().any(|c| c == name);
-        let id = format!("{}_{call_id}", if custom { "ctc" } else { "fc" });
+        let id = format!("{}_{}_{output_index}", if custom { "ctc" } else { "fc" }, self.id);
         let item = if custom {
             json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name, "input": "", "status": "in_progress"})
         } else {
@@ -160,6 +166,17 @@ impl ResponsesWire {
         self.event("response.output_item.added", json!({"output_index": output_index, "item": item}), out);
         let (call_id, name) = (call_id.to_string(), name.to_string());
         self.open = Some(Open::Call { id, call_id, name, arguments: String::new(), custom });
+    }
+
+    /// The stream fails: `response.failed` with `code` (after `response.created` if it was not
+    /// sent yet), and then the stream closes.
+    pub fn failed(&mut self, code: &str, message: &str) -> Bytes {
+        let mut out = String::new();
+        self.start(None, &mut out);
+        let mut response = self.response("failed", None);
+        crate::json::set(&mut response, &["error"], json!({"code": code, "message": message}));
+        self.event("response.failed", json!({"response": response}), &mut out);
+        Bytes::from(out)
     }
 
     fn arguments(&mut self, delta: &str, out: &mut String) {
@@ -206,17 +223,18 @@ impl ClientWire for ResponsesWire {
         if let Some(reason) = reason {
             crate::json::set(&mut response, &["incomplete_details"], json!({"reason": reason}));
         }
-        self.event(kind, json!({"response": response}), &mut out);
+        self.event(kind, json!({"response": response.clone()}), &mut out);
+        self.last = Some(response);
         Bytes::from(out)
     }
 
     fn broken(&mut self, message: &str) -> Bytes {
-        let mut out = String::new();
-        self.start(None, &mut out);
-        let mut response = self.response("failed", None);
-        crate::json::set(&mut response, &["error"], json!({"code": "server_error", "message": message}));
-        self.event("response.failed", json!({"response": response}), &mut out);
-        Bytes::from(out)
+        self.failed("server_error", message)
+    }
+
+    fn before_end(&mut self) -> Option<futures_util::future::BoxFuture<'static, ()>> {
+        let (keeper, response) = (self.keeper.take()?, self.last.take()?);
+        Some(Box::pin(async move { keeper.keep(&response).await }))
     }
 
     /// What was sent stands; the reason follows as text, and the response ends incomplete
@@ -229,7 +247,8 @@ impl ClientWire for ResponsesWire {
         self.close(&mut out);
         let mut response = self.response("incomplete", Some(&usage));
         crate::json::set(&mut response, &["incomplete_details"], json!({"reason": "content_filter"}));
-        self.event("response.incomplete", json!({"response": response}), &mut out);
+        self.event("response.incomplete", json!({"response": response.clone()}), &mut out);
+        self.last = Some(response);
         Bytes::from(out)
     }
 
@@ -252,7 +271,7 @@ mod tests {
 
     #[test]
     fn deltas_become_one_item_at_a_time_with_rising_sequence_numbers() {
-        let mut wire = ResponsesWire::new("route", vec!["apply_patch".into()]);
+        let mut wire = ResponsesWire::new("route", vec!["apply_patch".into()], "resp_abc".into(), None);
         let head = StreamHead { id: "abc", model: "gpt-x" };
         let usage = TokenUsage { input: 5, output: 3, ..TokenUsage::default() };
         let mut all = Vec::new();
