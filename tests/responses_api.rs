@@ -195,3 +195,138 @@ async fn responses_reach_every_flavor_with_tools_and_results() {
         }
     }
 }
+
+/// One exchange through `/v1/chat/completions` and through `/v1/responses`, on twin routes
+/// over the same targets (the first down, so each call fails over), with twin keys: the same
+/// tokens, cost, failovers, budget state and rate-limit headers, and the same flushed usage.
+#[tokio::test]
+async fn usage_cost_budgets_limits_and_headers_match_chat_completions() {
+    let stack = Stack::start().await;
+    // Twin targets too: a target's health is shared by every route that uses it.
+    for twin in ["chat", "resp"] {
+        let (down, up) = (format!("eq-{twin}-down"), format!("eq-{twin}-up"));
+        stack.mock_target(&down, "status:503", json!({"price": {"input_per_mtok": 1, "output_per_mtok": 1}})).await;
+        stack.mock_target(&up, "usage:10-20", json!({"price": {"input_per_mtok": 2.5, "output_per_mtok": 10}})).await;
+        let route = json!({"targets": [down, up], "budget": {"monthly": 0.0005, "at_limit": "warn"}});
+        stack.put_route(&format!("eq-{twin}"), route).await;
+    }
+    let limits = json!({"name": "twin", "limits": {"rpm": 100, "tpm": 100000}});
+    let (chat_key, _) = stack.key_with(limits.clone()).await;
+    let (resp_key, _) = stack.key_with(limits).await;
+
+    let shield_headers = |headers: &reqwest::header::HeaderMap| {
+        let mut kept: Vec<(String, String)> = headers
+            .iter()
+            .filter(|(name, _)| {
+                let name = name.as_str();
+                // The reset times are clocks read a few ms apart.
+                (name.starts_with("x-shield-") && name != "x-shield-route")
+                    || (name.starts_with("x-ratelimit-") && !name.starts_with("x-ratelimit-reset-"))
+            })
+            .map(|(name, value)| {
+                (name.to_string(), value.to_str().unwrap().replace("-chat-", "-").replace("-resp-", "-"))
+            })
+            .collect();
+        kept.sort();
+        kept
+    };
+    for n in 0..3 {
+        let (status, chat_headers, chat) = stack
+            .chat(&chat_key, json!({"model": "eq-chat", "messages": [{"role": "user", "content": "hello"}]}), &[])
+            .await;
+        assert_eq!(status, StatusCode::OK, "{chat}");
+        let (status, resp_headers, resp) = post(&stack, &resp_key, json!({"model": "eq-resp", "input": "hello"})).await;
+        assert_eq!(status, StatusCode::OK, "{resp}");
+        assert_eq!(shield_headers(&chat_headers), shield_headers(&resp_headers), "call {n}");
+        assert_eq!(chat_headers["x-shield-failovers"], "1");
+        assert_eq!(
+            (chat["usage"]["prompt_tokens"].as_u64(), chat["usage"]["completion_tokens"].as_u64()),
+            (resp["usage"]["input_tokens"].as_u64(), resp["usage"]["output_tokens"].as_u64())
+        );
+        let (chat_routing, resp_routing) = (&chat["x_shield"]["routing"], &resp["x_shield"]["routing"]);
+        assert_eq!(chat_routing["cost_micros"], 225, "10 × 2.5 + 20 × 10 micro-USD");
+        for field in ["cost_micros", "halt", "budget"] {
+            assert_eq!(chat_routing[field], resp_routing[field], "{field}, call {n}");
+        }
+    }
+    let rows = |route: &'static str| {
+        let stack = &stack;
+        async move {
+            let (status, body) = stack
+                .admin_call(reqwest::Method::GET, &format!("/v1/tenant/me/gateway/usage?route={route}"), None)
+                .await;
+            assert_eq!(status, StatusCode::OK);
+            let mut rows = body["rows"].as_array().cloned().unwrap_or_default();
+            for row in &mut rows {
+                let row = row.as_object_mut().unwrap();
+                row.remove("route");
+                row.remove("latency_ms_avg");
+                let target = row["target"].as_str().unwrap().replace("-chat-", "-").replace("-resp-", "-");
+                row.insert("target".into(), json!(target));
+            }
+            rows.sort_by_key(|r| r["target"].as_str().unwrap_or_default().to_string());
+            rows
+        }
+    };
+    let (chat_rows, resp_rows) = shield_e2e::eventually(10, "both routes' usage flushed", || async {
+        let (chat, resp) = (rows("eq-chat").await, rows("eq-resp").await);
+        let flushed = |rows: &[Value]| rows.iter().any(|r| r["target"] == "eq-up" && r["calls"] == 3);
+        (flushed(&chat) && flushed(&resp)).then_some((chat, resp))
+    })
+    .await;
+    assert_eq!(chat_rows, resp_rows);
+}
+
+/// Codex gives up on an HTTP 429 but waits on a stream that fails with
+/// `rate_limit_exceeded` and "try again in N s": Codex is told that way; everyone else gets the
+/// 429 with `Retry-After`.
+#[tokio::test]
+async fn codex_is_told_of_rate_limits_the_way_it_waits_on() {
+    let stack = Stack::start().await;
+    stack.mock_target("rl", "", json!({})).await;
+    stack.put_route("rl", json!({"targets": ["rl"]})).await;
+    let (key, _) = stack.key_with(json!({"name": "one-a-minute", "limits": {"rpm": 1}})).await;
+    let send = |originator: Option<&'static str>, stream: bool| {
+        let mut request = stack
+            .client
+            .post(format!("http://{}/v1/responses", stack.proxy))
+            .bearer_auth(&key)
+            .json(&json!({"model": "rl", "input": "hi", "stream": stream, "store": false}));
+        if let Some(originator) = originator {
+            request = request.header("originator", originator);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let (status, headers) = (response.status(), response.headers().clone());
+            (status, headers, response.text().await.unwrap())
+        }
+    };
+    assert_eq!(send(None, false).await.0, StatusCode::OK);
+
+    let (status, headers, text) = send(Some("codex_exec"), true).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(headers["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let events: Vec<Value> =
+        text.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["response.created", "response.in_progress", "response.failed"]);
+    let error = &events[2]["response"]["error"];
+    assert_eq!(error["code"], "rate_limit_exceeded");
+    let message = error["message"].as_str().unwrap();
+    let wait: u64 = message
+        .split("try again in ")
+        .nth(1)
+        .and_then(|rest| rest.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("Codex reads the wait from the message: {message}"));
+    assert!((1..=60).contains(&wait), "{message}");
+
+    // The SDKs (and Codex's non-streamed calls) get the 429 they retry on.
+    for (originator, stream) in [(None, true), (None, false), (Some("codex_exec"), false)] {
+        let (status, headers, text) = send(originator, stream).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{originator:?} {stream}: {text}");
+        assert!(headers.contains_key("retry-after"));
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(error["error"]["code"], "rate_limit_exceeded");
+    }
+}
