@@ -2,7 +2,7 @@
 //! OpenAI's Responses shape reach OpenAI- and Anthropic-flavour targets through the one
 //! pipeline; input items, function and custom (freeform) tools, tool results and dropped tool
 //! types map as the module says; the official openai SDK's `responses.create` reads the
-//! answers, streamed and not. Stored responses are refused by name until they exist.
+//! answers, streamed and not, and structured output. Stored responses: `responses_store.rs`.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -167,7 +167,7 @@ async fn responses_reach_every_flavor_with_tools_and_results() {
     let error: Value = upgrade.json().await.unwrap();
     assert_eq!(error["error"]["code"], "websocket_unsupported");
 
-    // What is not served yet is refused by name, as a 400 (never retried).
+    // A response that was never stored cannot be continued: a 400 naming the field.
     let (status, _, error) =
         post(&stack, &key, json!({"model": "r-gpt", "input": "x", "previous_response_id": "resp_1"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -193,6 +193,31 @@ async fn responses_reach_every_flavor_with_tools_and_results() {
             assert_eq!(out["call"]["name"], "search");
             assert_eq!(out["streamed"], "function_call");
         }
+    }
+
+    // Structured output: the SDK's `responses.parse(text_format=…)` over each flavor; the
+    // schema reaches an OpenAI target as `response_format`, an Anthropic one as
+    // `output_config.format`.
+    for route in ["r-gpt", "r-claude"] {
+        let out = tokio::process::Command::new("python3")
+            .args([script, &format!("http://{}", stack.proxy), &key, route, "structured"])
+            .output()
+            .await
+            .expect("python3 runs");
+        assert!(out.status.success(), "the SDK script failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let city = json!({"name": "mock", "population": 1, "capital": true});
+        assert_eq!((&out["parsed"], &out["streamed"]), (&city, &city), "{route}");
+        let upstream = sent(&stack.received(route).await);
+        let schema = if route == "r-gpt" {
+            assert_eq!(upstream["response_format"]["type"], "json_schema");
+            assert_eq!(upstream["response_format"]["json_schema"]["strict"], true);
+            &upstream["response_format"]["json_schema"]["schema"]
+        } else {
+            assert_eq!(upstream["output_config"]["format"]["type"], "json_schema");
+            &upstream["output_config"]["format"]["schema"]
+        };
+        assert_eq!(schema["required"], json!(["name", "population", "capital"]), "{upstream}");
     }
 }
 

@@ -273,6 +273,7 @@ fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
         top_p: fields.get("top_p").and_then(Value::as_f64),
         stop,
         reasoning,
+        format: fields.get("response_format").and_then(exchange::Format::of_openai),
         stream: fields.get("stream").and_then(Value::as_bool).unwrap_or(false),
         user: fields.get("user").and_then(text),
     }

@@ -26,9 +26,42 @@ pub struct Request {
     pub top_p: Option<f64>,
     pub stop: Vec<String>,
     pub reasoning: Option<Reasoning>,
+    /// The shape the answer must take (structured output).
+    pub format: Option<Format>,
     pub stream: bool,
     /// An end-user id for the provider's abuse monitoring.
     pub user: Option<String>,
+}
+
+/// Structured output: OpenAI's `response_format` / the Responses API's `text.format`,
+/// Anthropic's `output_config.format`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Format {
+    /// Any JSON object (OpenAI's JSON mode; Anthropic has no such mode).
+    JsonObject,
+    /// JSON that matches `schema`.
+    JsonSchema { name: String, schema: serde_json::Value, strict: Option<bool> },
+}
+
+impl Format {
+    /// OpenAI's `json_schema` object or `json_object`, in either of its two spellings: Chat
+    /// Completions nests the schema (`{type, json_schema: {name, schema, strict}}`), the
+    /// Responses API does not (`{type, name, schema, strict}`). `None` for `text` or
+    /// anything else.
+    pub fn of_openai(format: &serde_json::Value) -> Option<Format> {
+        match format.get("type").and_then(serde_json::Value::as_str)? {
+            "json_object" => Some(Format::JsonObject),
+            "json_schema" => {
+                let spec = format.get("json_schema").unwrap_or(format);
+                Some(Format::JsonSchema {
+                    name: spec.get("name").and_then(serde_json::Value::as_str).unwrap_or("output").to_string(),
+                    schema: spec.get("schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                    strict: spec.get("strict").and_then(serde_json::Value::as_bool),
+                })
+            }
+            _ => None,
+        }
+    }
 }
 
 impl Request {
@@ -304,6 +337,20 @@ impl Delta {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn formats_read_in_both_openai_spellings() {
+        let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        let nested =
+            serde_json::json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}});
+        let flat = serde_json::json!({"type": "json_schema", "name": "x", "schema": schema, "strict": true});
+        let expected = Format::JsonSchema { name: "x".into(), schema: schema.clone(), strict: Some(true) };
+        assert_eq!(Format::of_openai(&nested), Some(expected.clone()));
+        assert_eq!(Format::of_openai(&flat), Some(expected));
+        assert_eq!(Format::of_openai(&serde_json::json!({"type": "json_object"})), Some(Format::JsonObject));
+        assert_eq!(Format::of_openai(&serde_json::json!({"type": "text"})), None);
+        assert_eq!(Format::of_openai(&serde_json::json!("json_object")), None);
+    }
     use super::*;
 
     #[test]

@@ -25,8 +25,11 @@
 //!   `[DONE]`), `empty` (a 200 stream that ends cleanly with no event). `say:secret` or
 //!   `say:card` answers (or streams) a canned sensitive text; `tool:NAME` answers a tool
 //!   call. `agent` answers as a coding agent's model: a `Read` call for a path the last user
-//!   turn names (`exec_command` with `cat PATH` when the tools offer it, as Codex's do), then `the file says: …` once the tool result comes back (both shapes). `downfor:S` fails (503, or the `status:`) for S seconds from the scenario's first
-//!   call, then answers. A usage chunk is
+//!   turn names (`exec_command` with `cat PATH` when the tools offer it, as Codex's do),
+//!   then `the file says: …` once the tool result comes back (both shapes). A request for
+//!   structured output (a JSON schema in `response_format` or `output_config.format`) is
+//!   answered with a value of the schema. `downfor:S` fails (503, or the `status:`) for S
+//!   seconds from the scenario's first call, then answers. A usage chunk is
 //!   sent when the request asks `stream_options.include_usage`.
 //! * `POST /v1/messages`, `POST /mock/{scenario}/v1/messages` — the same in Anthropic's
 //!   Messages shape (answers, errors and stream events; see `anthropic.rs` for `cache:R-W`).
@@ -249,6 +252,41 @@ fn agent_turn(scenario: &mut Scenario, request: &Value) {
     }
 }
 
+/// Structured output: a request that asks for a JSON schema (OpenAI's
+/// `response_format.json_schema.schema`, Anthropic's `output_config.format.schema`) is
+/// answered with a JSON value of that schema; JSON mode with `{"mock": true}`.
+fn structured_turn(scenario: &mut Scenario, request: &Value) {
+    let schema = request
+        .pointer("/response_format/json_schema/schema")
+        .or_else(|| request.pointer("/output_config/format/schema"));
+    match schema {
+        Some(schema) => scenario.reply = Some(sample_of(schema).to_string()),
+        None if request.pointer("/response_format/type").and_then(Value::as_str) == Some("json_object") => {
+            scenario.reply = Some(json!({"mock": true}).to_string())
+        }
+        None => {}
+    }
+}
+
+/// A value of a JSON schema: the first of an `enum`, `"mock"` for a string, 1 for a number,
+/// every property of an object, one item of an array.
+fn sample_of(schema: &Value) -> Value {
+    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+        return first.clone();
+    }
+    match schema.get("type").and_then(Value::as_str) {
+        Some("string") => json!("mock"),
+        Some("integer" | "number") => json!(1),
+        Some("boolean") => json!(true),
+        Some("array") => json!([sample_of(schema.get("items").unwrap_or(&Value::Null))]),
+        Some("null") => Value::Null,
+        _ => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            Value::Object(properties.into_iter().flatten().map(|(k, v)| (k.clone(), sample_of(v))).collect())
+        }
+    }
+}
+
 /// `text` without its `<system-reminder>…</system-reminder>` sections.
 fn without_reminders(text: &str) -> String {
     let mut out = String::new();
@@ -402,6 +440,9 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     }
     if scenario.agent && status.is_success() {
         agent_turn(&mut scenario, &serde_json::from_slice(&body).unwrap_or(Value::Null));
+    }
+    if status.is_success() && scenario.reply.is_none() {
+        structured_turn(&mut scenario, &serde_json::from_slice(&body).unwrap_or(Value::Null));
     }
     let mut response = HttpResponse::build(status);
     if let Some(retry_after) = &scenario.retry_after {

@@ -9,8 +9,9 @@
 //! * `thinking` and `output_config.effort` become the typed reasoning effort: the target's
 //!   reasoning control when its capabilities say it has one (`reasoning_effort`), else they
 //!   are dropped and named.
-//! * `context_management`, `top_k`, `output_config.format`, server tools and MCP servers are
-//!   dropped and named (`X-Shield-Dropped-Fields`); hints (`cache_control`, `service_tier`)
+//! * `output_config.format` (a JSON schema) becomes the typed structured-output format:
+//!   `response_format` for an OpenAI-flavour target.
+//! * `context_management`, `top_k`, server tools and MCP servers are dropped and named (`X-Shield-Dropped-Fields`); hints (`cache_control`, `service_tier`)
 //!   are simply absent.
 //! * Content only Anthropic can read (documents, search results, server-tool history, images
 //!   by file id) makes the request need an Anthropic target; a route with none answers 400.
@@ -133,9 +134,14 @@ pub fn normalise(body: &[u8], headers: Headers, count_only: bool) -> Result<Chat
             found.unmapped.push(key.into());
         }
     }
-    if original.get("output_config").and_then(|c| c.get("format")).is_some_and(|f| !f.is_null()) {
-        found.unmapped.push("output_config.format".into());
-    }
+    // `output_config.format`: `{type: "json_schema", schema}`, the one kind Anthropic has.
+    let format = original.get("output_config").and_then(|c| c.get("format")).filter(|f| !f.is_null()).map(|f| {
+        exchange::Format::JsonSchema {
+            name: "output".into(),
+            schema: f.get("schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+            strict: Some(true),
+        }
+    });
     let exchange = exchange::Request {
         system,
         messages: typed,
@@ -153,6 +159,7 @@ pub fn normalise(body: &[u8], headers: Headers, count_only: bool) -> Result<Chat
             .filter_map(|s| s.as_str().map(str::to_string))
             .collect(),
         reasoning: reasoning(&original)?,
+        format,
         stream: original.get("stream").and_then(Value::as_bool) == Some(true),
         user: original.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str).map(str::to_string),
     };

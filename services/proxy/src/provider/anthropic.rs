@@ -93,7 +93,13 @@ impl Provider for Anthropic {
             return if thinking_breaks_history(&origin.original) { vec!["thinking".into()] } else { Vec::new() };
         }
         let Some(fields) = request.openai_fields() else { return Vec::new() };
-        OPENAI_ONLY.iter().filter(|key| fields.contains_key(**key)).map(|key| key.to_string()).collect()
+        // A JSON schema is rendered as `output_config.format`; JSON mode has no equivalent.
+        let schema = matches!(request.exchange.format, Some(exchange::Format::JsonSchema { .. }));
+        OPENAI_ONLY
+            .iter()
+            .filter(|key| fields.contains_key(**key) && !(schema && **key == "response_format"))
+            .map(|key| key.to_string())
+            .collect()
     }
 
     fn answer(&self, body: Vec<u8>) -> Option<Answer> {
@@ -321,6 +327,11 @@ fn messages_request(request: &exchange::Request, target: &Target) -> Map<String,
     }
     if let Some(user) = &request.user {
         body.insert("metadata".into(), json!({"user_id": user}));
+    }
+    // Structured output: Anthropic takes a JSON schema (and has no bare JSON mode, which
+    // `dropped` names).
+    if let Some(exchange::Format::JsonSchema { schema, .. }) = &request.format {
+        body.insert("output_config".into(), json!({"format": {"type": "json_schema", "schema": schema}}));
     }
     body
 }

@@ -345,6 +345,7 @@ fn parse(fields: Map<String, Value>) -> Result<(ChatRequest, Vec<String>, Vec<St
         top_p: fields.get("top_p").and_then(Value::as_f64),
         stop: Vec::new(),
         reasoning: effort.map(|effort| Reasoning { effort: Some(effort), fields: vec!["reasoning.effort"] }),
+        format: fields.get("text").and_then(|t| t.get("format")).and_then(exchange::Format::of_openai),
         stream: fields.get("stream").and_then(Value::as_bool) == Some(true),
         user: None,
     };

@@ -5,7 +5,7 @@
 //! and are left out.
 
 use serde_json::{Map, Value, json};
-use shield_core::exchange::{self, Image, Message, Part, Role, ToolChoice};
+use shield_core::exchange::{self, Format, Image, Message, Part, Role, ToolChoice};
 
 /// How one target takes the request.
 pub struct Rendering<'a> {
@@ -86,6 +86,19 @@ pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
             ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
         };
         body.insert("tool_choice".into(), choice);
+    }
+    match &request.format {
+        Some(Format::JsonObject) => {
+            body.insert("response_format".into(), json!({"type": "json_object"}));
+        }
+        Some(Format::JsonSchema { name, schema, strict }) => {
+            let mut spec = json!({"name": name, "schema": schema});
+            if let Some(strict) = strict {
+                crate::json::set(&mut spec, &["strict"], json!(strict));
+            }
+            body.insert("response_format".into(), json!({"type": "json_schema", "json_schema": spec}));
+        }
+        None => {}
     }
     if let Some(parallel) = request.parallel_tool_calls {
         body.insert("parallel_tool_calls".into(), Value::Bool(parallel));
