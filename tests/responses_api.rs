@@ -355,3 +355,87 @@ async fn codex_is_told_of_rate_limits_the_way_it_waits_on() {
         assert_eq!(error["error"]["code"], "rate_limit_exceeded");
     }
 }
+
+/// An Anthropic target's thinking goes back to it on the next turn: out as a `reasoning`
+/// item (the thinking as the summary asked for, the blocks sealed in `encrypted_content`),
+/// back in as the same blocks, signature and all, before the tool call they led to. Streamed
+/// and not; a tampered copy is dropped, not forwarded.
+#[tokio::test]
+async fn reasoning_round_trips_to_an_anthropic_target() {
+    let stack = Stack::start().await;
+    stack
+        .mock_target("think", "think;tool:search", json!({"flavor": "anthropic", "capabilities": {"reasoning": true}}))
+        .await;
+    stack.put_route("think", json!({"targets": ["think"]})).await;
+    let (key, _) = stack.key(None).await;
+    let tools = json!([{"type": "function", "name": "search", "parameters": {"type": "object"}}]);
+    let ask = json!({"model": "think", "input": "find x", "tools": tools, "store": false,
+        "reasoning": {"effort": "low", "summary": "auto"}, "include": ["reasoning.encrypted_content"]});
+
+    // Not streamed: the output, then the next turn with it.
+    let (status, _, answer) = post(&stack, &key, ask.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let upstream = sent(&stack.received("think").await);
+    assert_eq!(upstream["thinking"], json!({"type": "enabled", "budget_tokens": 4096}), "low effort");
+    let output = answer["output"].as_array().unwrap().clone();
+    let kinds: Vec<&str> = output.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["reasoning", "function_call"]);
+    assert_eq!(output[0]["summary"], json!([{"type": "summary_text", "text": "Let me think."}]));
+    let sealed = output[0]["encrypted_content"].as_str().unwrap().to_string();
+    assert!(sealed.starts_with("shield1.") && !sealed.contains("c2ln"), "sealed, not readable: {sealed}");
+
+    // Streamed: the reasoning item's events, then the call.
+    let response = stack
+        .client
+        .post(format!("http://{}/v1/responses", stack.proxy))
+        .bearer_auth(&key)
+        .json(&{
+            let mut ask = ask.clone();
+            ask["stream"] = json!(true);
+            ask
+        })
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    let events: Vec<Value> =
+        text.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let at = |kind: &str| kinds.iter().position(|k| *k == kind).unwrap_or_else(|| panic!("no {kind}: {kinds:?}"));
+    assert!(at("response.reasoning_summary_part.added") < at("response.reasoning_summary_text.delta"));
+    assert!(at("response.reasoning_summary_text.done") < at("response.function_call_arguments.delta"));
+    let completed = &events.last().unwrap()["response"];
+    assert_eq!(completed["output"][0]["type"], "reasoning", "{completed}");
+    assert_eq!(completed["output"][0]["summary"][0]["text"], "Let me think.");
+    let streamed = completed["output"].as_array().unwrap().clone();
+
+    for (output, label) in [(output, "not streamed"), (streamed, "streamed")] {
+        let call = output.iter().find(|i| i["type"] == "function_call").unwrap();
+        let mut next = ask.clone();
+        next["input"] = json!([{"type": "message", "role": "user", "content": "find x"}, output[0], call,
+            {"type": "function_call_output", "call_id": call["call_id"], "output": "x is 42"}]);
+        let (status, _, answer) = post(&stack, &key, next.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{label}: {answer}");
+        let upstream = sent(&stack.received("think").await);
+        let assistant = &upstream["messages"][1];
+        assert_eq!(assistant["role"], "assistant");
+        assert_eq!(
+            assistant["content"][0],
+            json!({"type": "thinking", "thinking": "Let me think.", "signature": "c2ln"}),
+            "{label}: the thinking block comes back as it was, first: {upstream}"
+        );
+        assert_eq!(assistant["content"][1]["type"], "tool_use");
+        assert_eq!(upstream["messages"][2]["content"][0]["type"], "tool_result");
+
+        // A tampered copy does not open: no thinking is sent.
+        let content = output[0]["encrypted_content"].as_str().unwrap();
+        let flipped = if content.ends_with('A') { 'B' } else { 'A' };
+        let tampered = format!("{}{flipped}", &content[..content.len() - 1]);
+        next["input"][1]["encrypted_content"] = json!(tampered);
+        let (status, _, _) = post(&stack, &key, next).await;
+        assert_eq!(status, StatusCode::OK);
+        let upstream = sent(&stack.received("think").await);
+        assert_eq!(upstream["messages"][1]["content"][0]["type"], "tool_use", "{label}: {upstream}");
+        assert!(upstream.get("thinking").is_none(), "Anthropic would refuse thinking over this history");
+    }
+}

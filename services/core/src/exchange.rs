@@ -202,6 +202,16 @@ impl Effort {
             _ => Effort::High,
         }
     }
+
+    /// The thinking budget an effort asks of a model that takes one (the top of its range in
+    /// [`Effort::of_budget`], so the two agree).
+    pub fn budget_tokens(self) -> u64 {
+        match self {
+            Effort::Low => 4096,
+            Effort::Medium => 16384,
+            Effort::High => 32768,
+        }
+    }
 }
 
 /// The caller asked the model to reason: with an effort, or leaving it to the model

@@ -72,7 +72,9 @@ fn message(request: &Value, scenario: &Scenario) -> Value {
     let (content, stop_reason) = match &scenario.tool {
         Some(tool) => {
             let input: Value = serde_json::from_str(&scenario.tool_arguments()).unwrap_or_else(|_| json!({}));
-            (json!([{"type": "tool_use", "id": "toolu_mock1", "name": tool, "input": input}]), "tool_use")
+            let call = json!({"type": "tool_use", "id": "toolu_mock1", "name": tool, "input": input});
+            let thinking = json!({"type": "thinking", "thinking": "Let me think.", "signature": "c2ln"});
+            (if scenario.think { json!([thinking, call]) } else { json!([call]) }, "tool_use")
         }
         None if scenario.think => (
             json!([{"type": "thinking", "thinking": "Let me think.", "signature": "c2ln"}, {"type": "text", "text": text}]),

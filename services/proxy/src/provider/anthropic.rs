@@ -76,7 +76,15 @@ impl Provider for Anthropic {
                 }
                 body
             }
-            None => messages_request(&request.exchange, target),
+            None => {
+                // Thinking Shield could not hand back (a turn another flavor answered, a
+                // tampered reasoning item) would make Anthropic refuse the history.
+                let mut body = messages_request(&request.exchange, target);
+                if thinking_breaks_history(&body) {
+                    body.remove("thinking");
+                }
+                body
+            }
         };
         if stream {
             body.insert("stream".into(), Value::Bool(true));
@@ -88,16 +96,20 @@ impl Provider for Anthropic {
     }
 
     /// An OpenAI-shaped caller's fields the Messages API has no place for.
-    fn dropped(&self, request: &ChatRequest, _target: &Target) -> Vec<String> {
+    fn dropped(&self, request: &ChatRequest, target: &Target) -> Vec<String> {
         if let Some(origin) = request.anthropic() {
             return if thinking_breaks_history(&origin.original) { vec!["thinking".into()] } else { Vec::new() };
         }
         let Some(fields) = request.openai_fields() else { return Vec::new() };
         // A JSON schema is rendered as `output_config.format`; JSON mode has no equivalent.
+        // An effort is rendered as thinking when the target reasons.
         let schema = matches!(request.exchange.format, Some(exchange::Format::JsonSchema { .. }));
+        let thinks =
+            thinking_budget(&request.exchange, target, &mut max_tokens_of(&request.exchange, target)).is_some();
         OPENAI_ONLY
             .iter()
             .filter(|key| fields.contains_key(**key) && !(schema && **key == "response_format"))
+            .filter(|key| !(thinks && **key == "reasoning_effort"))
             .map(|key| key.to_string())
             .collect()
     }
@@ -280,19 +292,21 @@ fn messages_request(request: &exchange::Request, target: &Target) -> Map<String,
     let messages: Vec<Value> =
         messages.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect();
     body.insert("messages".into(), Value::Array(messages));
-    let max_tokens = request
-        .max_tokens
-        .or_else(|| target.capabilities.as_ref().and_then(|c| c.max_output_tokens).map(u64::from))
-        .unwrap_or(DEFAULT_MAX_TOKENS);
+    let mut max_tokens = max_tokens_of(request, target);
+    let thinking = thinking_budget(request, target, &mut max_tokens);
     body.insert("max_tokens".into(), json!(max_tokens));
+    if let Some(budget) = thinking {
+        body.insert("thinking".into(), json!({"type": "enabled", "budget_tokens": budget}));
+    }
     if !request.stop.is_empty() {
         body.insert("stop_sequences".into(), json!(request.stop));
     }
-    // OpenAI's temperature runs to 2, Anthropic's to 1: the nearest value it takes.
-    if let Some(temperature) = request.temperature {
+    // OpenAI's temperature runs to 2, Anthropic's to 1: the nearest value it takes. Thinking
+    // takes neither.
+    if let Some(temperature) = request.temperature.filter(|_| thinking.is_none()) {
         body.insert("temperature".into(), json!(temperature.clamp(0.0, 1.0)));
     }
-    if let Some(top_p) = request.top_p {
+    if let Some(top_p) = request.top_p.filter(|_| thinking.is_none()) {
         body.insert("top_p".into(), json!(top_p));
     }
     if !request.tools.is_empty() {
@@ -334,6 +348,40 @@ fn messages_request(request: &exchange::Request, target: &Target) -> Map<String,
         body.insert("output_config".into(), json!({"format": {"type": "json_schema", "schema": schema}}));
     }
     body
+}
+
+/// `max_tokens`, which Anthropic requires: the caller's, else the target's output limit, else
+/// a default.
+fn max_tokens_of(request: &exchange::Request, target: &Target) -> u64 {
+    request
+        .max_tokens
+        .or_else(|| target.capabilities.as_ref().and_then(|c| c.max_output_tokens).map(u64::from))
+        .unwrap_or(DEFAULT_MAX_TOKENS)
+}
+
+/// Reasoning asked for in another shape (`reasoning_effort`, the Responses API's
+/// `reasoning.effort`) as extended thinking, when the target says it reasons
+/// (`capabilities.reasoning`): the effort's budget. Anthropic counts thinking within
+/// `max_tokens`: a caller's own cap, or the target's output limit, holds (the budget shrinks
+/// to leave at least 1,024 tokens of answer, and below Anthropic's 1,024-token minimum there
+/// is no thinking); without either, the budget is added to the default. Never with a forced tool choice, which thinking
+/// refuses.
+fn thinking_budget(request: &exchange::Request, target: &Target, max_tokens: &mut u64) -> Option<u64> {
+    const MIN_BUDGET: u64 = 1024;
+    let effort = request.reasoning.as_ref()?.effort?;
+    let reasons = target.capabilities.as_ref().and_then(|c| c.reasoning) == Some(true);
+    if !reasons || matches!(request.tool_choice, Some(ToolChoice::Any | ToolChoice::Tool(_))) {
+        return None;
+    }
+    let budget = effort.budget_tokens();
+    let capped =
+        request.max_tokens.is_some() || target.capabilities.as_ref().and_then(|c| c.max_output_tokens).is_some();
+    if capped {
+        let budget = budget.min(max_tokens.saturating_sub(MIN_BUDGET));
+        return (budget >= MIN_BUDGET).then_some(budget);
+    }
+    *max_tokens += budget;
+    Some(budget)
 }
 
 /// A typed part as a content block (empty text, and parts only their own shape carries,

@@ -17,6 +17,7 @@
 //! and ignored. Not yet: stored responses (`previous_response_id`), the reasoning round trip.
 
 pub mod history;
+pub mod reasoning;
 pub mod store;
 pub mod wire;
 
@@ -36,16 +37,22 @@ use crate::egress::Egress;
 use crate::error::ProxyError;
 use crate::pipeline::{Ingress, Outcome, admit, pipeline, routing_record, with_routing_headers};
 use history::Keeper;
+use reasoning::Sealer;
 
 const INGRESS: Ingress = Ingress { stream: true, default_path: Some("responses") };
 const DROPPED_TOOLS: HeaderName = HeaderName::from_static("x-shield-dropped-fields");
 const ORIGINATOR: HeaderName = HeaderName::from_static("originator");
 
-/// What the answer echoes of the request, besides its output.
+/// What the answer echoes of the request, and how it renders it.
 struct Echo {
     id: String,
     custom: Vec<String>,
     fields: Value,
+    /// Seals thinking into reasoning items' `encrypted_content`.
+    sealer: Sealer,
+    /// The caller asked for reasoning summaries (`reasoning.summary`): thinking text is sent
+    /// as the summary.
+    summaries: bool,
 }
 
 #[post("/v1/responses")]
@@ -74,8 +81,13 @@ pub async fn responses(
             }
             None => None,
         };
-        let echo = Echo { id, custom: Vec::new(), fields: echoed(&fields) };
-        let (request, custom, dropped) = parse(fields)?;
+        let sealer = Sealer::new(state.keyring.clone(), &caller.key.tenant);
+        let summaries = fields
+            .get("reasoning")
+            .and_then(|r| r.get("summary"))
+            .is_some_and(|s| !s.is_null() && s.as_str() != Some("none"));
+        let echo = Echo { id, custom: Vec::new(), fields: echoed(&fields), sealer, summaries };
+        let (request, custom, dropped) = parse(fields, &echo.sealer)?;
         let echo = Echo { custom, ..echo };
         let mut served = pipeline(&req, caller, raw, &request, &state, &egress, INGRESS).await?;
         // A non-streamed answer is kept before it is sent, so that the caller's next turn,
@@ -231,7 +243,7 @@ pub async fn upgrade(req: HttpRequest) -> HttpResponse {
 
 /// The typed request, the names of the caller's freeform (`custom`) tools, and the tool types
 /// dropped.
-fn parse(fields: Map<String, Value>) -> Result<(ChatRequest, Vec<String>, Vec<String>), BadRequest> {
+fn parse(fields: Map<String, Value>, sealer: &Sealer) -> Result<(ChatRequest, Vec<String>, Vec<String>), BadRequest> {
     let model = match fields.get("model") {
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
         _ => return Err(BadRequest("`model` must be a non-empty string".into())),
@@ -288,7 +300,15 @@ fn parse(fields: Map<String, Value>) -> Result<(ChatRequest, Vec<String>, Vec<St
                             Part::ToolResult { id: text(item, "call_id"), content: output, is_error: false },
                         );
                     }
-                    // Reasoning items (and kinds added later) carry nothing Shield forwards.
+                    // Reasoning Shield sealed goes back to the model as the thinking it was;
+                    // any other `encrypted_content` (and the summary) is not Shield's to send.
+                    "reasoning" => {
+                        let sealed = item.get("encrypted_content").and_then(Value::as_str).unwrap_or_default();
+                        for part in sealer.open(sealed).into_iter().flatten() {
+                            push(Role::Assistant, part);
+                        }
+                    }
+                    // Kinds added later carry nothing Shield forwards.
                     _ => {}
                 }
             }
@@ -392,7 +412,9 @@ fn render(
         Outcome::Relayed(response) => response,
         Outcome::InputBlocked { reason, .. } => refusal(HttpResponse::Ok(), request, &reason, &echo),
         Outcome::Stream(start) => {
-            start.respond(Box::new(wire::ResponsesWire::new(&request.model, echo.custom, echo.id, keeper)))
+            let mut wire = wire::ResponsesWire::new(&request.model, echo.custom, echo.id, keeper);
+            wire.reasoning(echo.sealer, echo.summaries);
+            start.respond(Box::new(wire))
         }
         Outcome::Routed { routed, guardrails } => {
             routed_response(*routed, guardrails, request, &echo, answer, codex && request.stream())
@@ -482,11 +504,36 @@ fn response_of(answer: &exchange::Answer, model: &str, usage: shield_core::usage
     let id = &echo.id;
     let mut output = Vec::new();
     let text = answer.visible_text();
-    if !text.is_empty() {
-        output.push(json!({"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}));
-    }
+    // Consecutive thinking blocks make one reasoning item, before what follows them.
+    let mut thinking: Vec<Value> = Vec::new();
+    let mut summary = String::new();
+    let reason = |thinking: &mut Vec<Value>, summary: &mut String, output: &mut Vec<Value>| {
+        if thinking.is_empty() {
+            return;
+        }
+        let n = output.len();
+        output.push(reasoning_item(&format!("rs_{id}_{n}"), summary, echo.summaries, echo.sealer.seal(thinking)));
+        thinking.clear();
+        summary.clear();
+    };
     for (n, block) in answer.blocks.iter().enumerate() {
+        match block {
+            Block::Thinking { thinking: said, signature } => {
+                thinking.push(reasoning::thinking_block(said, signature));
+                summary.push_str(said);
+                continue;
+            }
+            Block::RedactedThinking(data) => {
+                thinking.push(reasoning::redacted_block(data));
+                continue;
+            }
+            _ => reason(&mut thinking, &mut summary, &mut output),
+        }
+        if matches!(block, Block::Text(_)) && !text.is_empty() && !output.iter().any(|i| i["type"] == "message") {
+            output
+                .push(json!({"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}));
+        }
         if let Block::ToolUse { id: call_id, name, input } = block {
             if echo.custom.contains(name) {
                 let input: Value = serde_json::from_str(input).unwrap_or(Value::Null);
@@ -499,6 +546,7 @@ fn response_of(answer: &exchange::Answer, model: &str, usage: shield_core::usage
             }
         }
     }
+    reason(&mut thinking, &mut summary, &mut output);
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let incomplete = match answer.stop {
         Some(Stop::MaxTokens) => json!({"reason": "max_output_tokens"}),
@@ -525,4 +573,12 @@ fn response_of(answer: &exchange::Answer, model: &str, usage: shield_core::usage
     response.insert("incomplete_details".into(), incomplete);
     response.insert("usage".into(), wire::usage_json(&usage));
     Value::Object(response)
+}
+
+/// A `reasoning` output item: the thinking as its summary when the caller asked for one, and
+/// sealed as its `encrypted_content` for the next turn.
+fn reasoning_item(id: &str, summary: &str, summaries: bool, sealed: String) -> Value {
+    let summary =
+        if summaries && !summary.is_empty() { json!([{"type": "summary_text", "text": summary}]) } else { json!([]) };
+    json!({"type": "reasoning", "id": id, "summary": summary, "encrypted_content": sealed})
 }

@@ -2,8 +2,9 @@
 //! `response.in_progress` at the commit point, then one output item at a time — `added`, its
 //! deltas, `done` — and exactly one terminal event (`response.completed` with the whole
 //! `output` and `usage`, `response.incomplete`, or `response.failed`); every event carries a
-//! rising `sequence_number`; no `[DONE]`. Thinking has no place here yet (the reasoning round
-//! trip is to come): it is not sent.
+//! rising `sequence_number`; no `[DONE]`. Thinking becomes a `reasoning` item: its text as
+//! the summary (`response.reasoning_summary_*` events) when the caller asked for summaries,
+//! and the blocks sealed as `encrypted_content` ([`super::reasoning`]) for the next turn.
 
 use actix_web::web::Bytes;
 use serde_json::{Value, json};
@@ -15,8 +16,24 @@ use crate::provider::Chunk;
 
 /// The output item being streamed.
 enum Open {
-    Message { id: String, text: String },
-    Call { id: String, call_id: String, name: String, arguments: String, custom: bool },
+    Message {
+        id: String,
+        text: String,
+    },
+    /// Thinking blocks: those finished, and the one being streamed (text and signature).
+    Reasoning {
+        id: String,
+        blocks: Vec<Value>,
+        thinking: Option<(String, String)>,
+        summary: String,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+        custom: bool,
+    },
 }
 
 pub struct ResponsesWire {
@@ -36,6 +53,9 @@ pub struct ResponsesWire {
     keeper: Option<super::history::Keeper>,
     /// The terminal response, for the keeper.
     last: Option<Value>,
+    /// Seals thinking; `None`: thinking is not sent.
+    sealer: Option<super::reasoning::Sealer>,
+    summaries: bool,
 }
 
 /// Usage in the Responses shape.
@@ -63,7 +83,16 @@ impl ResponsesWire {
             stop: None,
             keeper,
             last: None,
+            sealer: None,
+            summaries: false,
         }
+    }
+
+    /// Thinking is sent as reasoning items sealed by `sealer`, with the text as the summary
+    /// when `summaries`.
+    pub fn reasoning(&mut self, sealer: super::reasoning::Sealer, summaries: bool) {
+        self.sealer = Some(sealer);
+        self.summaries = summaries;
     }
 
     fn event(&mut self, kind: &str, mut data: Value, out: &mut String) {
@@ -99,6 +128,25 @@ impl ResponsesWire {
         let output_index = self.output.len();
         let item = match self.open.take() {
             None => return,
+            Some(Open::Reasoning { id, mut blocks, thinking, summary }) => {
+                if let Some((said, signature)) = thinking {
+                    blocks.push(super::reasoning::thinking_block(&said, &signature));
+                }
+                let at = json!({"item_id": id, "output_index": output_index, "summary_index": 0});
+                let mut summaries = json!([]);
+                if self.summaries && !summary.is_empty() {
+                    let part = json!({"type": "summary_text", "text": summary});
+                    let mut done = at.clone();
+                    crate::json::set(&mut done, &["text"], json!(summary));
+                    self.event("response.reasoning_summary_text.done", done, out);
+                    let mut part_done = at;
+                    crate::json::set(&mut part_done, &["part"], part.clone());
+                    self.event("response.reasoning_summary_part.done", part_done, out);
+                    summaries = json!([part]);
+                }
+                let sealed = self.sealer.as_ref().map(|s| s.seal(&blocks)).unwrap_or_default();
+                json!({"type": "reasoning", "id": id, "summary": summaries, "encrypted_content": sealed})
+            }
             Some(Open::Message { id, text }) => {
                 let part = json!({"type": "output_text", "text": text, "annotations": []});
                 let at = json!({"item_id": id, "output_index": output_index, "content_index": 0});
@@ -153,6 +201,56 @@ impl ResponsesWire {
         self.event("response.output_text.delta", data, out);
     }
 
+    /// A thinking block starts (a redacted one arrives whole): into the open reasoning item,
+    /// or a new one.
+    fn think(&mut self, redacted: Option<&str>, out: &mut String) {
+        if self.sealer.is_none() {
+            return;
+        }
+        if !matches!(self.open, Some(Open::Reasoning { .. })) {
+            self.close(out);
+            let output_index = self.output.len();
+            let id = format!("rs_{}_{output_index}", self.id);
+            let item = json!({"type": "reasoning", "id": id, "summary": []});
+            self.event("response.output_item.added", json!({"output_index": output_index, "item": item}), out);
+            self.open = Some(Open::Reasoning { id, blocks: Vec::new(), thinking: None, summary: String::new() });
+        }
+        let Some(Open::Reasoning { blocks, thinking, .. }) = &mut self.open else { return };
+        if let Some((said, signature)) = thinking.take() {
+            blocks.push(super::reasoning::thinking_block(&said, &signature));
+        }
+        match redacted {
+            Some(data) => blocks.push(super::reasoning::redacted_block(data)),
+            None => *thinking = Some((String::new(), String::new())),
+        }
+    }
+
+    /// Thinking text (`signature`: false) or the block's signature.
+    fn thought(&mut self, delta: &str, signature: bool, out: &mut String) {
+        let output_index = self.output.len();
+        let summaries = self.summaries;
+        let Some(Open::Reasoning { id, thinking: Some((said, sig)), summary, .. }) = &mut self.open else { return };
+        if signature {
+            sig.push_str(delta);
+            return;
+        }
+        said.push_str(delta);
+        if !summaries || delta.is_empty() {
+            return;
+        }
+        let (id, first) = (id.clone(), summary.is_empty());
+        summary.push_str(delta);
+        let at = json!({"item_id": id, "output_index": output_index, "summary_index": 0});
+        if first {
+            let mut added = at.clone();
+            crate::json::set(&mut added, &["part"], json!({"type": "summary_text", "text": ""}));
+            self.event("response.reasoning_summary_part.added", added, out);
+        }
+        let mut data = at;
+        crate::json::set(&mut data, &["delta"], json!(delta));
+        self.event("response.reasoning_summary_text.delta", data, out);
+    }
+
     fn call(&mut self, call_id: &str, name: &str, out: &mut String) {
         self.close(out);
         let output_index = self.output.len();
@@ -204,6 +302,16 @@ impl ClientWire for ResponsesWire {
                     self.call(&id, &name, &mut out);
                 }
                 Delta::ToolArguments { json, .. } => self.arguments(&json, &mut out),
+                Delta::ThinkingStart if self.sealer.is_some() => {
+                    self.start(Some(head), &mut out);
+                    self.think(None, &mut out);
+                }
+                Delta::RedactedThinking(data) if self.sealer.is_some() => {
+                    self.start(Some(head), &mut out);
+                    self.think(Some(&data), &mut out);
+                }
+                Delta::Thinking(text) => self.thought(&text, false, &mut out),
+                Delta::Signature(signature) => self.thought(&signature, true, &mut out),
                 Delta::Stop(stop) => self.stop = Some(stop),
                 _ => {}
             }

@@ -358,3 +358,42 @@ fn thinking_is_dropped_when_another_flavor_answered_the_last_tool_call() {
     assert!(sent["thinking"].is_object());
     assert!(ANTHROPIC.dropped(&request, &target(json!({}))).is_empty());
 }
+
+#[test]
+fn an_effort_becomes_thinking_on_a_target_that_reasons_within_the_callers_cap() {
+    let body_for = |caller: Value, extra: Value| {
+        let request = ChatRequest::parse(caller.to_string().as_bytes()).unwrap();
+        let target = target(extra);
+        let body: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target, false)).unwrap();
+        (body, ANTHROPIC.dropped(&request, &target))
+    };
+    let reasons = json!({"capabilities": {"reasoning": true}});
+    let ask = |extra: Value| {
+        let mut caller = json!({"model": "m", "reasoning_effort": "high", "temperature": 0.3,
+            "messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            caller[k] = v.clone();
+        }
+        caller
+    };
+
+    // No cap: the budget is added to the default.
+    let (body, dropped) = body_for(ask(json!({})), reasons.clone());
+    assert_eq!(body["thinking"], json!({"type": "enabled", "budget_tokens": 32768}));
+    assert_eq!(body["max_tokens"], 4096 + 32768);
+    assert!(body.get("temperature").is_none(), "thinking takes no temperature");
+    assert!(dropped.is_empty(), "{dropped:?}");
+    // The caller's cap holds: the budget leaves 1,024 tokens of answer, or there is none.
+    let (body, _) = body_for(ask(json!({"max_tokens": 8000})), reasons.clone());
+    assert_eq!((body["max_tokens"].as_u64(), body["thinking"]["budget_tokens"].as_u64()), (Some(8000), Some(6976)));
+    let (body, dropped) = body_for(ask(json!({"max_tokens": 1500})), reasons.clone());
+    assert!(body.get("thinking").is_none());
+    assert_eq!(dropped, ["reasoning_effort"]);
+    // A target that does not say it reasons, or a forced tool: no thinking, the effort named.
+    let (body, dropped) = body_for(ask(json!({})), json!({}));
+    assert!(body.get("thinking").is_none() && body["temperature"] == 0.3);
+    assert_eq!(dropped, ["reasoning_effort"]);
+    let forced = ask(json!({"tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}));
+    assert!(body_for(forced, reasons).0.get("thinking").is_none());
+}
