@@ -219,6 +219,16 @@ async fn responses_reach_every_flavor_with_tools_and_results() {
         };
         assert_eq!(schema["required"], json!(["name", "population", "capital"]), "{upstream}");
     }
+
+    // What an Anthropic target has no place for is named with the tool types dropped: JSON
+    // mode, and an effort on a target that does not declare reasoning.
+    let body = json!({"model": "r-claude", "input": "x", "tools": [{"type": "web_search"}],
+        "text": {"format": {"type": "json_object"}}, "reasoning": {"effort": "high"}});
+    let (status, headers, _) = post(&stack, &key, body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-shield-dropped-fields"], "tools (web_search), reasoning.effort, text.format");
+    let upstream = sent(&stack.received("r-claude").await);
+    assert!(upstream.get("thinking").is_none() && upstream.get("output_config").is_none(), "{upstream}");
 }
 
 /// One exchange through `/v1/chat/completions` and through `/v1/responses`, on twin routes

@@ -13,11 +13,15 @@ use crate::repo::audit::Action;
 use crate::repo::tenants;
 use crate::write::{ConfigWrite, digest_of};
 
-#[utoipa::path(get, path = "/v1/tenant/me/responses", tag = "responses", security(("bearer" = ["tenant:read"])),
+#[utoipa::path(get, path = "/v1/tenant/me/responses", tag = "responses", security(("bearer" = ["tenant:read"]), ("bearer" = ["config:write"])),
     responses((status = 200, body = ResponseRetention, description = "the retention of stored responses (default 86400)")))]
 #[get("/v1/tenant/me/responses")]
 pub async fn get(state: State, principal: Principal) -> ApiResult<HttpResponse> {
-    let tenant = principal.tenant(&state, Scope::TenantRead).await?;
+    // API.md names `config:write` for this setting; a reader may see it too.
+    let tenant = match principal.tenant(&state, Scope::ConfigWrite).await {
+        Ok(tenant) => tenant,
+        Err(_) => principal.tenant(&state, Scope::TenantRead).await?,
+    };
     Ok(HttpResponse::Ok().json(tenants::response_retention(&state.db, tenant.id).await?))
 }
 

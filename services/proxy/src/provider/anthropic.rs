@@ -100,12 +100,22 @@ impl Provider for Anthropic {
         if let Some(origin) = request.anthropic() {
             return if thinking_breaks_history(&origin.original) { vec!["thinking".into()] } else { Vec::new() };
         }
-        let Some(fields) = request.openai_fields() else { return Vec::new() };
         // A JSON schema is rendered as `output_config.format`; JSON mode has no equivalent.
         // An effort is rendered as thinking when the target reasons.
         let schema = matches!(request.exchange.format, Some(exchange::Format::JsonSchema { .. }));
         let thinks =
             thinking_budget(&request.exchange, target, &mut max_tokens_of(&request.exchange, target)).is_some();
+        let Some(fields) = request.openai_fields() else {
+            // Another shape (the Responses API): the typed request names its own fields.
+            let mut dropped: Vec<String> = Vec::new();
+            if let Some(reasoning) = request.exchange.reasoning.as_ref().filter(|r| r.effort.is_some() && !thinks) {
+                dropped.extend(reasoning.fields.iter().map(|f| f.to_string()));
+            }
+            if request.exchange.format == Some(exchange::Format::JsonObject) {
+                dropped.push("text.format".into());
+            }
+            return dropped;
+        };
         OPENAI_ONLY
             .iter()
             .filter(|key| fields.contains_key(**key) && !(schema && **key == "response_format"))

@@ -1,20 +1,22 @@
-//! `POST /v1/responses`: callers in OpenAI's Responses shape (issue 29, first part). The
-//! ingress adapter for that shape: read the body into the typed request, run the shared
-//! [`crate::pipeline`] (any provider flavor), render the typed answer as a `response` object
-//! or a stream of Responses events ([`wire`]). Errors are OpenAI's error object, as the SDKs
-//! expect.
+//! `POST /v1/responses` and the stored responses (issue 29): callers in OpenAI's Responses
+//! shape. The ingress adapter for that shape: continue a stored conversation ([`history`]),
+//! read the body into the typed request, run the shared [`crate::pipeline`] (any provider
+//! flavor), render the typed answer as a `response` object or a stream of Responses events
+//! ([`wire`]), and keep it when asked ([`store`]). Errors are OpenAI's error object, as the
+//! SDKs expect; Codex is told of rate limits the way it waits on.
 //!
-//! Mapping (RESPONSES.md): `instructions` → the system prompt; `input` (a string, or items:
-//! `message` with user / assistant / system / developer roles and `input_text`,
-//! `input_image`, `output_text` parts; `function_call` / `function_call_output`;
-//! `custom_tool_call` / `custom_tool_call_output`) → messages; `reasoning` items are dropped
-//! (their `encrypted_content` is not Shield's to forward); `function` tools as they are;
-//! `custom` (freeform) tools as function tools taking one string `input`, and their calls back
-//! as `custom_tool_call` items; other tool types are dropped and named in
-//! `X-Shield-Dropped-Fields`; `reasoning.effort` → the typed effort; `max_output_tokens`,
-//! `temperature`, `top_p`, `tool_choice`, `parallel_tool_calls` as typed; other fields
-//! (`store`, `include`, `prompt_cache_key`, `metadata`, `service_tier`, `text`) are accepted
-//! and ignored. Not yet: stored responses (`previous_response_id`), the reasoning round trip.
+//! Mapping (RESPONSES.md, README "The Responses API and Codex"): `instructions` → the system
+//! prompt; `input` (a string, or items: `message` with user / assistant / system / developer
+//! roles and `input_text`, `input_image`, `output_text` parts; `function_call` /
+//! `function_call_output`; `custom_tool_call` / `custom_tool_call_output`; `reasoning`) →
+//! messages; Shield's own sealed reasoning goes back as the thinking it was ([`reasoning`]),
+//! other `encrypted_content` is dropped; `function` tools as they are; `custom` (freeform)
+//! tools as function tools taking one string `input`, and their calls back as
+//! `custom_tool_call` items; other tool types are dropped and named in
+//! `X-Shield-Dropped-Fields`; `reasoning.effort` → the typed effort; `text.format` → the typed
+//! structured-output format; `max_output_tokens`, `temperature`, `top_p`, `tool_choice`,
+//! `parallel_tool_calls` as typed; `include`, `prompt_cache_key`, `service_tier`,
+//! `text.verbosity` and unknown fields are accepted and ignored.
 
 pub mod history;
 pub mod reasoning;
@@ -104,8 +106,11 @@ pub async fn responses(
         }
         Ok::<_, ProxyError>(served.render(|outcome| {
             let mut response = render(outcome, &request, echo, answer, keeper, codex);
+            // The tool types dropped here, and what the answering target had no place for.
+            let target_dropped = response.headers().get(&DROPPED_TOOLS).and_then(|v| v.to_str().ok());
+            let all: Vec<&str> = dropped.iter().map(String::as_str).chain(target_dropped).collect();
             if !dropped.is_empty()
-                && let Ok(value) = HeaderValue::from_str(&dropped.join(", "))
+                && let Ok(value) = HeaderValue::from_str(&all.join(", "))
             {
                 response.headers_mut().insert(DROPPED_TOOLS, value);
             }
