@@ -101,6 +101,22 @@ async fn a_stored_conversation_continues_on_any_proxy_and_stays_in_its_tenant() 
         .await;
         assert!(status == StatusCode::BAD_REQUEST || status == StatusCode::NOT_FOUND, "{status}");
         assert_eq!(call(&stack, Method::GET, &path, &key).await.0, StatusCode::OK, "still there for its tenant");
+
+        // A conversation is a chain: with its first response deleted, it cannot be continued.
+        if route == "keep-claude" {
+            let first = format!("/v1/responses/{}", ids[0]);
+            assert_eq!(call(&stack, Method::DELETE, &first, &key).await.0, StatusCode::OK);
+            let (status, error) = post(
+                &stack,
+                &second_proxy,
+                &key,
+                json!({"model": route, "input": "and now?", "previous_response_id": ids[2]}),
+            )
+            .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+            let message = error["error"]["message"].as_str().unwrap();
+            assert!(message.starts_with("`previous_response_id`") && message.contains(ids[0]), "{message}");
+        }
     }
 
     // An item reference: a stored function call named by id, its output sent with it.

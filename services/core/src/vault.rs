@@ -78,6 +78,28 @@ impl Keyring {
         Sealed { ciphertext, nonce, key_version: self.current }
     }
 
+    /// The same keyring with each key replaced by a subkey for `purpose` (HMAC-SHA256 of the
+    /// purpose under the key): what Shield seals for other purposes than provider secrets
+    /// (reasoning handed to callers, at volume) never spends the secrets' keys' nonce budget,
+    /// and neither use can open the other's.
+    pub fn derive(&self, purpose: &str) -> Keyring {
+        use hmac::{Hmac, Mac};
+        let keys = self
+            .keys
+            .iter()
+            .map(|(version, key)| {
+                let subkey = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key)
+                    .map(|mut mac| {
+                        mac.update(purpose.as_bytes());
+                        <[u8; 32]>::from(mac.finalize().into_bytes())
+                    })
+                    .unwrap_or(*key);
+                (*version, subkey)
+            })
+            .collect();
+        Keyring { current: self.current, keys }
+    }
+
     pub fn open(&self, aad: &str, sealed: &Sealed) -> Result<Vec<u8>, VaultError> {
         let cipher = self.cipher(sealed.key_version)?;
         cipher
@@ -110,6 +132,18 @@ mod tests {
 
     fn keyring() -> Keyring {
         Keyring::from_base64(&B64.encode([7u8; 32]), 1).unwrap()
+    }
+
+    #[test]
+    fn a_derived_keyring_neither_opens_nor_is_opened_by_its_parent() {
+        let k = keyring();
+        let derived = k.derive("shield-reasoning");
+        let sealed = derived.seal("aad", b"thinking", [2; 12]);
+        assert_eq!(derived.open("aad", &sealed).unwrap(), b"thinking");
+        assert!(k.open("aad", &sealed).is_err());
+        assert!(derived.open("aad", &k.seal("aad", b"secret", [3; 12])).is_err());
+        assert!(k.derive("other").open("aad", &sealed).is_err());
+        assert_eq!(k.derive("shield-reasoning").open("aad", &sealed).unwrap(), b"thinking", "deterministic");
     }
 
     #[test]

@@ -68,8 +68,8 @@ pub struct ProxyState {
     pub usage: Arc<usage::UsageBuffer>,
     /// Rate-limit buckets, filled by the leaser ([`limits::lease`]).
     pub limiter: Arc<limits::Limiter>,
-    /// The vault's keyring, shared: it also seals reasoning handed to Responses callers.
-    pub keyring: Arc<shield_core::vault::Keyring>,
+    /// A subkey of the vault's keyring that seals reasoning handed to Responses callers.
+    pub reasoning_keyring: Arc<shield_core::vault::Keyring>,
     /// Stored Responses-API responses (issue 29).
     pub responses: Arc<responses::store::ResponseStore>,
     /// Unix second of the last "taking the default path because the config is unavailable"
@@ -91,7 +91,7 @@ impl ProxyState {
         ProxyState {
             limiter,
             responses,
-            keyring: Arc::new(config.keyring.clone()),
+            reasoning_keyring: Arc::new(config.keyring.derive("shield-reasoning")),
             config,
             caches,
             health: Arc::new(health::Health::new(events)),

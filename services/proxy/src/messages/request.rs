@@ -139,7 +139,9 @@ pub fn normalise(body: &[u8], headers: Headers, count_only: bool) -> Result<Chat
         exchange::Format::JsonSchema {
             name: "output".into(),
             schema: f.get("schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
-            strict: Some(true),
+            // Not `strict`: OpenAI's strict mode wants every property required, which a schema
+            // valid for Anthropic need not say.
+            strict: None,
         }
     });
     let exchange = exchange::Request {

@@ -76,15 +76,7 @@ impl Provider for Anthropic {
                 }
                 body
             }
-            None => {
-                // Thinking Shield could not hand back (a turn another flavor answered, a
-                // tampered reasoning item) would make Anthropic refuse the history.
-                let mut body = messages_request(&request.exchange, target);
-                if thinking_breaks_history(&body) {
-                    body.remove("thinking");
-                }
-                body
-            }
+            None => messages_request(&request.exchange, target),
         };
         if stream {
             body.insert("stream".into(), Value::Bool(true));
@@ -374,7 +366,8 @@ fn max_tokens_of(request: &exchange::Request, target: &Target) -> u64 {
 /// (`capabilities.reasoning`): the effort's budget. Anthropic counts thinking within
 /// `max_tokens`: a caller's own cap, or the target's output limit, holds (the budget shrinks
 /// to leave at least 1,024 tokens of answer, and below Anthropic's 1,024-token minimum there
-/// is no thinking); without either, the budget is added to the default. Never with a forced tool choice, which thinking
+/// is no thinking); without either, the budget is added to the default, up to
+/// [`UNCAPPED_CEILING`]. Not when the history's last tool-calling turn lacks its thinking. Never with a forced tool choice, which thinking
 /// refuses.
 fn thinking_budget(request: &exchange::Request, target: &Target, max_tokens: &mut u64) -> Option<u64> {
     const MIN_BUDGET: u64 = 1024;
@@ -383,16 +376,29 @@ fn thinking_budget(request: &exchange::Request, target: &Target, max_tokens: &mu
     if !reasons || matches!(request.tool_choice, Some(ToolChoice::Any | ToolChoice::Tool(_))) {
         return None;
     }
-    let budget = effort.budget_tokens();
+    // Thinking Shield could not hand back (a turn another flavor answered, a reasoning item
+    // that did not open) would make Anthropic refuse the history: a tool-calling turn must
+    // start with its thinking.
+    let last_call = request.messages.iter().rev().find(|m| m.role == Role::Assistant);
+    if let Some(turn) = last_call.filter(|m| m.content.iter().any(|p| matches!(p, Part::ToolUse { .. })))
+        && !matches!(turn.content.first(), Some(Part::Thinking { .. } | Part::RedactedThinking(_)))
+    {
+        return None;
+    }
     let capped =
         request.max_tokens.is_some() || target.capabilities.as_ref().and_then(|c| c.max_output_tokens).is_some();
-    if capped {
-        let budget = budget.min(max_tokens.saturating_sub(MIN_BUDGET));
-        return (budget >= MIN_BUDGET).then_some(budget);
+    if !capped {
+        // Room for the budget over the default answer, within every current model's limit.
+        *max_tokens = (*max_tokens + effort.budget_tokens()).min(UNCAPPED_CEILING);
     }
-    *max_tokens += budget;
-    Some(budget)
+    let budget = effort.budget_tokens().min(max_tokens.saturating_sub(MIN_BUDGET));
+    (budget >= MIN_BUDGET).then_some(budget)
 }
+
+/// `max_tokens` with thinking when neither the caller nor the target set one: Claude Opus 4's
+/// output limit, the lowest of the current models that think. A target's
+/// `capabilities.max_output_tokens` lifts it.
+const UNCAPPED_CEILING: u64 = 32_000;
 
 /// A typed part as a content block (empty text, and parts only their own shape carries,
 /// dropped: Anthropic refuses empty blocks).

@@ -11,16 +11,17 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use super::store::{Kept, ResponseStore};
+use super::store::{Gap, Kept, MAX_CHAIN, ResponseStore, StoreDown};
 use crate::error::ProxyError;
 
-/// Keeps one answered response and the input it answered.
+/// Keeps one answered response, the input it was sent with and the response it continued.
 pub struct Keeper {
     store: Arc<ResponseStore>,
     tenant: String,
     id: String,
     retention_s: u32,
     input: Vec<Value>,
+    previous: Option<String>,
 }
 
 impl Keeper {
@@ -32,7 +33,7 @@ impl Keeper {
         if let Some(fields) = response.as_object_mut() {
             fields.remove("x_shield");
         }
-        let kept = Kept { response, input: self.input };
+        let kept = Kept { response, input: self.input, previous: self.previous };
         if let Err(err) = self.store.keep(&self.tenant, &self.id, &kept, self.retention_s).await {
             tracing::warn!(tenant = %self.tenant, response = %self.id, error = %err.0, "could not store the response");
         }
@@ -66,6 +67,7 @@ pub async fn expand(
         _ => return Ok(None),
     };
     let mut history = Vec::new();
+    let mut previous_id = None;
     if let Some(previous) = fields.get("previous_response_id").filter(|v| !v.is_null()) {
         let Some(previous) = previous.as_str() else {
             return Err(ProxyError::BadRequest("`previous_response_id` must be a string".into()));
@@ -77,14 +79,29 @@ pub async fn expand(
                     .into(),
             ));
         }
-        let kept =
-            store.load(tenant, previous).await.map_err(|_| ProxyError::StoreUnavailable("previous_response_id"))?;
-        let Some(kept) = kept else {
-            return Err(ProxyError::BadRequest(format!(
-                "`previous_response_id`: no stored response `{previous}` (never stored, expired or deleted)"
-            )));
+        let found =
+            store.history(tenant, previous, retention_s).await.map_err(|err| down("previous_response_id", err))?;
+        history = match found {
+            Ok(history) => history,
+            Err(Gap::Missing) => {
+                return Err(ProxyError::BadRequest(format!(
+                    "`previous_response_id`: no stored response `{previous}` (never stored, expired or deleted)"
+                )));
+            }
+            Err(Gap::Broken(at)) => {
+                return Err(ProxyError::BadRequest(format!(
+                    "`previous_response_id`: an earlier response of this conversation, `{at}`, is no longer stored \
+                     (expired or deleted); send the whole conversation in `input`"
+                )));
+            }
+            Err(Gap::TooLong) => {
+                return Err(ProxyError::BadRequest(format!(
+                    "`previous_response_id`: the conversation is longer than {MAX_CHAIN} stored responses; send the \
+                     whole conversation in `input`"
+                )));
+            }
         };
-        history = kept.history();
+        previous_id = Some(previous.to_string());
     }
     let references: Vec<(usize, String)> = input
         .iter()
@@ -100,7 +117,7 @@ pub async fn expand(
         )));
     }
     let ids: Vec<String> = references.iter().map(|(_, id)| id.clone()).collect();
-    let found = store.items(tenant, &ids).await.map_err(|_| ProxyError::StoreUnavailable("item_reference"))?;
+    let found = store.items(tenant, &ids).await.map_err(|err| down("item_reference", err))?;
     for ((at, id), item) in references.iter().zip(found) {
         let Some(item) = item else {
             return Err(ProxyError::BadRequest(format!("`input.{at}.id`: no stored item `{id}`")));
@@ -109,14 +126,21 @@ pub async fn expand(
             *slot = item;
         }
     }
-    history.extend(input);
     let keeper = store_it.then(|| Keeper {
         store: store.clone(),
         tenant: tenant.to_string(),
         id: id.to_string(),
         retention_s,
-        input: history.clone(),
+        input: input.clone(),
+        previous: previous_id,
     });
+    history.extend(input);
     fields.insert("input".into(), Value::Array(history));
     Ok(keeper)
+}
+
+/// The store is needed and down: logged (the reason names no key or prompt), 503 to the caller.
+fn down(field: &'static str, err: StoreDown) -> ProxyError {
+    tracing::warn!(error = %err.0, "{field}: the response store is unreachable");
+    ProxyError::StoreUnavailable(field)
 }

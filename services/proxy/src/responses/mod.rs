@@ -83,7 +83,7 @@ pub async fn responses(
             }
             None => None,
         };
-        let sealer = Sealer::new(state.keyring.clone(), &caller.key.tenant);
+        let sealer = Sealer::new(state.reasoning_keyring.clone(), &caller.key.tenant);
         let summaries = fields
             .get("reasoning")
             .and_then(|r| r.get("summary"))
@@ -171,47 +171,58 @@ fn object_of(raw: &[u8]) -> Result<Map<String, Value>, BadRequest> {
 pub async fn retrieve(req: HttpRequest, id: web::Path<String>, state: web::Data<ProxyState>) -> HttpResponse {
     let result = async {
         let caller = admit(&req, &state).await?;
-        let kept =
-            state.responses.load(&caller.key.tenant, &id).await.map_err(|_| ProxyError::StoreUnavailable("GET"))?;
+        let kept = state.responses.load(&caller.key.tenant, &id).await.map_err(|err| store_down("GET", err))?;
         kept.map(|kept| HttpResponse::Ok().json(kept.response)).ok_or_else(|| not_found(&id))
     };
     result.await.unwrap_or_else(|err| err.error_response())
 }
 
-/// `GET /v1/responses/{id}/input_items`: the input a stored response answered, as a list.
+/// `GET /v1/responses/{id}/input_items`: the whole input a stored response answered (the
+/// conversation it continued, then its own input), as a list, oldest first.
 #[get("/v1/responses/{id}/input_items")]
 pub async fn input_items(req: HttpRequest, id: web::Path<String>, state: web::Data<ProxyState>) -> HttpResponse {
-    let result =
-        async {
-            let caller = admit(&req, &state).await?;
-            let kept =
-                state.responses.load(&caller.key.tenant, &id).await.map_err(|_| ProxyError::StoreUnavailable("GET"))?;
-            let kept = kept.ok_or_else(|| not_found(&id))?;
-            let id_of = |item: Option<&Value>| item.and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null);
-            let (first, last) = (id_of(kept.input.first()), id_of(kept.input.last()));
-            Ok::<_, ProxyError>(HttpResponse::Ok().json(
-                json!({"object": "list", "data": kept.input, "first_id": first, "last_id": last, "has_more": false}),
-            ))
+    let result = async {
+        let caller = admit(&req, &state).await?;
+        let tenant = &caller.key.tenant;
+        let kept = state.responses.load(tenant, &id).await.map_err(|err| store_down("GET", err))?;
+        let kept = kept.ok_or_else(|| not_found(&id))?;
+        let mut data = match &kept.previous {
+            Some(previous) => {
+                let retention = state.tenant_config(tenant).await.map_or(0, |t| t.snapshot.responses.retention_s);
+                let history = state.responses.history(tenant, previous, retention).await;
+                history.map_err(|err| store_down("GET", err))?.unwrap_or_default()
+            }
+            None => Vec::new(),
         };
+        data.extend(kept.input);
+        let id_of = |item: Option<&Value>| item.and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null);
+        let (first, last) = (id_of(data.first()), id_of(data.last()));
+        Ok::<_, ProxyError>(
+            HttpResponse::Ok()
+                .json(json!({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": false})),
+        )
+    };
     result.await.unwrap_or_else(|err| err.error_response())
 }
 
-/// `DELETE /v1/responses/{id}`.
+/// `DELETE /v1/responses/{id}`: the response and its output items (a conversation that
+/// continued it can no longer be continued past it).
 #[delete("/v1/responses/{id}")]
 pub async fn remove(req: HttpRequest, id: web::Path<String>, state: web::Data<ProxyState>) -> HttpResponse {
     let result = async {
         let caller = admit(&req, &state).await?;
-        let deleted = state
-            .responses
-            .delete(&caller.key.tenant, &id)
-            .await
-            .map_err(|_| ProxyError::StoreUnavailable("DELETE"))?;
+        let deleted = state.responses.delete(&caller.key.tenant, &id).await.map_err(|err| store_down("DELETE", err))?;
         if !deleted {
             return Err(not_found(&id));
         }
         Ok(HttpResponse::Ok().json(json!({"id": id.as_str(), "object": "response", "deleted": true})))
     };
     result.await.unwrap_or_else(|err| err.error_response())
+}
+
+fn store_down(what: &'static str, err: store::StoreDown) -> ProxyError {
+    tracing::warn!(error = %err.0, "{what} /v1/responses: the response store is unreachable");
+    ProxyError::StoreUnavailable(what)
 }
 
 /// The same answer for an id never stored, expired, deleted or another tenant's.
@@ -419,6 +430,7 @@ fn render(
         Outcome::Stream(start) => {
             let mut wire = wire::ResponsesWire::new(&request.model, echo.custom, echo.id, keeper);
             wire.reasoning(echo.sealer, echo.summaries);
+            wire.echo(echo.fields);
             start.respond(Box::new(wire))
         }
         Outcome::Routed { routed, guardrails } => {
@@ -517,11 +529,12 @@ fn response_of(answer: &exchange::Answer, model: &str, usage: shield_core::usage
             return;
         }
         let n = output.len();
-        output.push(reasoning_item(&format!("rs_{id}_{n}"), summary, echo.summaries, echo.sealer.seal(thinking)));
+        let shown = if echo.summaries { summary.as_str() } else { "" };
+        output.push(wire::reasoning_item(&format!("rs_{id}_{n}"), shown, echo.sealer.seal(thinking)));
         thinking.clear();
         summary.clear();
     };
-    for (n, block) in answer.blocks.iter().enumerate() {
+    for block in &answer.blocks {
         match block {
             Block::Thinking { thinking: said, signature } => {
                 thinking.push(reasoning::thinking_block(said, signature));
@@ -534,21 +547,13 @@ fn response_of(answer: &exchange::Answer, model: &str, usage: shield_core::usage
             }
             _ => reason(&mut thinking, &mut summary, &mut output),
         }
+        let n = output.len();
+        // The answer's text, whole, where its first part stands.
         if matches!(block, Block::Text(_)) && !text.is_empty() && !output.iter().any(|i| i["type"] == "message") {
-            output
-                .push(json!({"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": []}]}));
+            output.push(wire::message_item(&format!("msg_{id}_{n}"), &text));
         }
         if let Block::ToolUse { id: call_id, name, input } = block {
-            if echo.custom.contains(name) {
-                let input: Value = serde_json::from_str(input).unwrap_or(Value::Null);
-                let input = input.get("input").and_then(Value::as_str).unwrap_or_default().to_string();
-                output.push(json!({"type": "custom_tool_call", "id": format!("ctc_{id}_{n}"), "call_id": call_id,
-                    "name": name, "input": input, "status": "completed"}));
-            } else {
-                output.push(json!({"type": "function_call", "id": format!("fc_{id}_{n}"), "call_id": call_id,
-                    "name": name, "arguments": input, "status": "completed"}));
-            }
+            output.push(wire::call_item(id, n, call_id, name, input, echo.custom.contains(name)));
         }
     }
     reason(&mut thinking, &mut summary, &mut output);
@@ -578,12 +583,4 @@ fn response_of(answer: &exchange::Answer, model: &str, usage: shield_core::usage
     response.insert("incomplete_details".into(), incomplete);
     response.insert("usage".into(), wire::usage_json(&usage));
     Value::Object(response)
-}
-
-/// A `reasoning` output item: the thinking as its summary when the caller asked for one, and
-/// sealed as its `encrypted_content` for the next turn.
-fn reasoning_item(id: &str, summary: &str, summaries: bool, sealed: String) -> Value {
-    let summary =
-        if summaries && !summary.is_empty() { json!([{"type": "summary_text", "text": summary}]) } else { json!([]) };
-    json!({"type": "reasoning", "id": id, "summary": summary, "encrypted_content": sealed})
 }

@@ -1,8 +1,9 @@
 //! The reasoning round trip (issue 29): an Anthropic target's thinking blocks must come back
 //! unchanged, signatures and all, on the next turn of a tool-using conversation, and a
 //! Responses caller (Codex) carries reasoning between turns only as `reasoning` items with an
-//! opaque `encrypted_content`. Shield seals the blocks into that field with the vault's
-//! keyring (AES-256-GCM, the tenant in the associated data, a fresh nonce each time) and opens
+//! opaque `encrypted_content`. Shield seals the blocks into that field with a subkey of the
+//! vault's keyring (`Keyring::derive`; AES-256-GCM, the tenant in the associated data, a fresh
+//! nonce each time) and opens
 //! it when it comes back: so any proxy of the fleet can read it, another tenant's cannot, and
 //! content Shield did not produce (OpenAI's own, a forgery, a tampered copy) does not open
 //! and is dropped rather than forwarded.
@@ -31,8 +32,8 @@ impl Sealer {
     }
 
     fn aad(&self) -> String {
-        // Not a secret's associated data (`vault::secret_aad`): a sealed secret never opens
-        // as reasoning, nor reasoning as a secret.
+        // A subkey of its own, and not a secret's associated data (`vault::secret_aad`)
+        // either: a sealed secret never opens as reasoning, nor reasoning as a secret.
         format!("shield-reasoning:{}", self.tenant)
     }
 

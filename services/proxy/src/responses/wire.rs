@@ -53,6 +53,8 @@ pub struct ResponsesWire {
     keeper: Option<super::history::Keeper>,
     /// The terminal response, for the keeper.
     last: Option<Value>,
+    /// The request's fields the response object echoes (`store`, `metadata`, …).
+    echo: Value,
     /// Seals thinking; `None`: thinking is not sent.
     sealer: Option<super::reasoning::Sealer>,
     summaries: bool,
@@ -63,6 +65,44 @@ pub fn usage_json(usage: &TokenUsage) -> Value {
     json!({"input_tokens": usage.input, "input_tokens_details": {"cached_tokens": usage.cache_read},
         "output_tokens": usage.output, "output_tokens_details": {"reasoning_tokens": usage.reasoning},
         "total_tokens": usage.input + usage.output})
+}
+
+/// A finished `message` item.
+pub fn message_item(id: &str, text: &str) -> Value {
+    json!({"type": "message", "id": id, "status": "completed", "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}]})
+}
+
+/// A finished call: `function_call`, or `custom_tool_call` for a freeform tool (whose text is
+/// the `input` of the function it was offered as). Its id is the response's and its place.
+pub fn call_item(
+    response: &str,
+    output_index: usize,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    custom: bool,
+) -> Value {
+    if custom {
+        json!({"type": "custom_tool_call", "id": format!("ctc_{response}_{output_index}"), "call_id": call_id,
+            "name": name, "input": custom_input(arguments), "status": "completed"})
+    } else {
+        json!({"type": "function_call", "id": format!("fc_{response}_{output_index}"), "call_id": call_id,
+            "name": name, "arguments": arguments, "status": "completed"})
+    }
+}
+
+/// A freeform tool's text from the arguments of the function it was offered as.
+fn custom_input(arguments: &str) -> String {
+    let arguments: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
+    arguments.get("input").and_then(Value::as_str).unwrap_or_default().to_string()
+}
+
+/// A `reasoning` item: `summary` (empty when the caller asked for none) and the thinking
+/// blocks sealed for the next turn.
+pub fn reasoning_item(id: &str, summary: &str, sealed: String) -> Value {
+    let summary = if summary.is_empty() { json!([]) } else { json!([{"type": "summary_text", "text": summary}]) };
+    json!({"type": "reasoning", "id": id, "summary": summary, "encrypted_content": sealed})
 }
 
 impl ResponsesWire {
@@ -85,7 +125,13 @@ impl ResponsesWire {
             last: None,
             sealer: None,
             summaries: false,
+            echo: Value::Null,
         }
+    }
+
+    /// The request's fields every response object of the stream echoes.
+    pub fn echo(&mut self, fields: Value) {
+        self.echo = fields;
     }
 
     /// Thinking is sent as reasoning items sealed by `sealer`, with the text as the summary
@@ -106,6 +152,11 @@ impl ResponsesWire {
         let mut response = json!({"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
             "model": self.model, "output": self.output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": [],
             "error": null, "incomplete_details": null});
+        if let (Value::Object(response), Value::Object(echo)) = (&mut response, &self.echo) {
+            for (key, value) in echo {
+                response.insert(key.clone(), value.clone());
+            }
+        }
         if let Some(usage) = usage {
             crate::json::set(&mut response, &["usage"], usage_json(usage));
         }
@@ -132,20 +183,18 @@ impl ResponsesWire {
                 if let Some((said, signature)) = thinking {
                     blocks.push(super::reasoning::thinking_block(&said, &signature));
                 }
-                let at = json!({"item_id": id, "output_index": output_index, "summary_index": 0});
-                let mut summaries = json!([]);
-                if self.summaries && !summary.is_empty() {
-                    let part = json!({"type": "summary_text", "text": summary});
+                let summary = if self.summaries { summary } else { String::new() };
+                if !summary.is_empty() {
+                    let at = json!({"item_id": id, "output_index": output_index, "summary_index": 0});
                     let mut done = at.clone();
                     crate::json::set(&mut done, &["text"], json!(summary));
                     self.event("response.reasoning_summary_text.done", done, out);
                     let mut part_done = at;
-                    crate::json::set(&mut part_done, &["part"], part.clone());
+                    crate::json::set(&mut part_done, &["part"], json!({"type": "summary_text", "text": summary}));
                     self.event("response.reasoning_summary_part.done", part_done, out);
-                    summaries = json!([part]);
                 }
                 let sealed = self.sealer.as_ref().map(|s| s.seal(&blocks)).unwrap_or_default();
-                json!({"type": "reasoning", "id": id, "summary": summaries, "encrypted_content": sealed})
+                reasoning_item(&id, &summary, sealed)
             }
             Some(Open::Message { id, text }) => {
                 let part = json!({"type": "output_text", "text": text, "annotations": []});
@@ -155,26 +204,22 @@ impl ResponsesWire {
                 crate::json::set(&mut done, &["logprobs"], json!([]));
                 self.event("response.output_text.done", done, out);
                 let mut part_done = at;
-                crate::json::set(&mut part_done, &["part"], part.clone());
+                crate::json::set(&mut part_done, &["part"], part);
                 self.event("response.content_part.done", part_done, out);
-                json!({"type": "message", "id": id, "status": "completed", "role": "assistant", "content": [part]})
+                message_item(&id, &text)
             }
             Some(Open::Call { id, call_id, name, arguments, custom: false }) => {
                 let done = json!({"item_id": id, "output_index": output_index, "arguments": arguments});
                 self.event("response.function_call_arguments.done", done, out);
-                json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments,
-                    "status": "completed"})
+                call_item(&self.id, output_index, &call_id, &name, &arguments, false)
             }
             Some(Open::Call { id, call_id, name, arguments, custom: true }) => {
-                // A freeform tool's text is the `input` of the function it was offered as.
-                let input: Value = serde_json::from_str(&arguments).unwrap_or(Value::Null);
-                let input = input.get("input").and_then(Value::as_str).unwrap_or_default().to_string();
+                let input = custom_input(&arguments);
                 let delta = json!({"item_id": id, "output_index": output_index, "call_id": call_id, "delta": input});
                 self.event("response.custom_tool_call_input.delta", delta, out);
                 let done = json!({"item_id": id, "output_index": output_index, "call_id": call_id, "input": input});
                 self.event("response.custom_tool_call_input.done", done, out);
-                json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name, "input": input,
-                    "status": "completed"})
+                call_item(&self.id, output_index, &call_id, &name, &arguments, true)
             }
         };
         self.event("response.output_item.done", json!({"output_index": output_index, "item": item}), out);
@@ -182,9 +227,10 @@ impl ResponsesWire {
     }
 
     fn text(&mut self, delta: &str, out: &mut String) {
-        let output_index = self.output.len();
         if !matches!(self.open, Some(Open::Message { .. })) {
+            // Closing what was open adds it to the output: the message's index is after it.
             self.close(out);
+            let output_index = self.output.len();
             let id = format!("msg_{}_{output_index}", self.id);
             let item =
                 json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []});
@@ -194,6 +240,7 @@ impl ResponsesWire {
             self.event("response.content_part.added", added, out);
             self.open = Some(Open::Message { id, text: String::new() });
         }
+        let output_index = self.output.len();
         let Some(Open::Message { id, text }) = &mut self.open else { return };
         text.push_str(delta);
         let data =
@@ -325,6 +372,7 @@ impl ClientWire for ResponsesWire {
         self.close(&mut out);
         let (kind, status, reason) = match self.stop {
             Some(Stop::MaxTokens) => ("response.incomplete", "incomplete", Some("max_output_tokens")),
+            Some(Stop::Refusal) => ("response.incomplete", "incomplete", Some("content_filter")),
             _ => ("response.completed", "completed", None),
         };
         let mut response = self.response(status, Some(&usage));
@@ -429,5 +477,49 @@ mod tests {
         assert_eq!(completed["output"][1]["arguments"], "{\"q\":1}");
         assert_eq!(completed["output"][2]["input"], "*** Begin Patch");
         assert_eq!(completed["usage"]["output_tokens"], 3);
+    }
+
+    #[test]
+    fn reasoning_then_text_numbers_each_item_where_it_stands() {
+        use base64::Engine;
+        let key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+        let keyring = std::sync::Arc::new(shield_core::vault::Keyring::from_base64(&key, 1).unwrap());
+        let sealer = super::super::reasoning::Sealer::new(keyring, "acme");
+        let mut wire = ResponsesWire::new("route", Vec::new(), "resp_r".into(), None);
+        wire.reasoning(sealer.clone(), true);
+        let head = StreamHead { id: "abc", model: "claude" };
+        let usage = TokenUsage::default();
+        let mut all = Vec::new();
+        for deltas in [
+            vec![Delta::ThinkingStart, Delta::Thinking("Let me ".into())],
+            vec![Delta::Thinking("think.".into()), Delta::Signature("c2ln".into())],
+            vec![Delta::Text("Hi".into())],
+            vec![Delta::Text(" there".into())],
+        ] {
+            if let Some(bytes) = wire.chunk(Chunk::of(deltas), &head, usage) {
+                all.extend(events(&bytes));
+            }
+        }
+        all.extend(events(&wire.done(usage)));
+        let of = |kind: &str| all.iter().filter(|e| e["type"] == kind).collect::<Vec<_>>();
+        assert_eq!(of("response.output_item.added")[0]["output_index"], 0);
+        assert_eq!(of("response.reasoning_summary_text.delta").len(), 2);
+        assert_eq!(of("response.reasoning_summary_text.done")[0]["text"], "Let me think.");
+        // The message after the reasoning item is item 1 in every event that names it.
+        assert_eq!(of("response.output_item.added")[1]["output_index"], 1);
+        assert_eq!(of("response.content_part.added")[0]["output_index"], 1);
+        assert!(of("response.output_text.delta").iter().all(|e| e["output_index"] == 1));
+        let completed = &all.last().unwrap()["response"];
+        assert_eq!(completed["output"][0]["summary"][0]["text"], "Let me think.");
+        let sealed = completed["output"][0]["encrypted_content"].as_str().unwrap();
+        assert_eq!(
+            sealer.open(sealed),
+            Some(vec![shield_core::exchange::Part::Thinking {
+                thinking: "Let me think.".into(),
+                signature: "c2ln".into()
+            }])
+        );
+        assert_eq!(completed["output"][1]["id"], "msg_resp_r_1");
+        assert_eq!(completed["output"][1]["content"][0]["text"], "Hi there");
     }
 }

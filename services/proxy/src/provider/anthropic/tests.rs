@@ -379,8 +379,8 @@ fn an_effort_becomes_thinking_on_a_target_that_reasons_within_the_callers_cap() 
 
     // No cap: the budget is added to the default.
     let (body, dropped) = body_for(ask(json!({})), reasons.clone());
-    assert_eq!(body["thinking"], json!({"type": "enabled", "budget_tokens": 32768}));
-    assert_eq!(body["max_tokens"], 4096 + 32768);
+    assert_eq!(body["thinking"], json!({"type": "enabled", "budget_tokens": 32000 - 1024}));
+    assert_eq!(body["max_tokens"], 32000, "within every current model's output limit");
     assert!(body.get("temperature").is_none(), "thinking takes no temperature");
     assert!(dropped.is_empty(), "{dropped:?}");
     // The caller's cap holds: the budget leaves 1,024 tokens of answer, or there is none.
@@ -392,6 +392,16 @@ fn an_effort_becomes_thinking_on_a_target_that_reasons_within_the_callers_cap() 
     // A target that does not say it reasons, or a forced tool: no thinking, the effort named.
     let (body, dropped) = body_for(ask(json!({})), json!({}));
     assert!(body.get("thinking").is_none() && body["temperature"] == 0.3);
+    assert_eq!(dropped, ["reasoning_effort"]);
+    let (body, _) = body_for(ask(json!({"reasoning_effort": "low"})), reasons.clone());
+    assert_eq!((body["max_tokens"].as_u64(), body["thinking"]["budget_tokens"].as_u64()), (Some(8192), Some(4096)));
+    // A tool-calling turn without its thinking (another flavor answered it): no thinking asked.
+    let history = ask(json!({"messages": [{"role": "user", "content": "hi"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}));
+    let (body, dropped) = body_for(history, reasons.clone());
+    assert!(body.get("thinking").is_none() && body["temperature"] == 0.3, "{body}");
     assert_eq!(dropped, ["reasoning_effort"]);
     let forced = ask(json!({"tool_choice": "required",
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}));
