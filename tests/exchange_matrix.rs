@@ -1,5 +1,5 @@
-//! The cross-shape matrix (issue 28): each caller shape (`/v1/chat/completions`,
-//! `/v1/messages`) × each provider flavor (`openai`, `anthropic`) × streamed and not × each
+//! The cross-shape matrix (issues 28, 30): each caller shape (`/v1/chat/completions`,
+//! `/v1/messages`) × each provider flavor (`openai`, `anthropic`, `gemini`) × streamed and not × each
 //! kind of content (text, a tool call, a tool result, an image, thinking). Every cell sends one
 //! request through the real proxy to the mock and checks both ends: what the caller got, read
 //! back into one summary whatever its shape, and what the mock received, in the target's
@@ -20,7 +20,10 @@ enum Caller {
 enum Flavor {
     OpenAi,
     Anthropic,
+    Gemini,
 }
+
+const FLAVORS: [Flavor; 3] = [Flavor::OpenAi, Flavor::Anthropic, Flavor::Gemini];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Case {
@@ -48,6 +51,7 @@ fn target_id(flavor: Flavor, case: Case) -> String {
     let flavor = match flavor {
         Flavor::OpenAi => "o",
         Flavor::Anthropic => "a",
+        Flavor::Gemini => "g",
     };
     format!("mx-{flavor}-{case:?}").to_lowercase()
 }
@@ -196,6 +200,9 @@ async fn send(stack: &Stack, key: &str, caller: Caller, body: &Value) -> (Status
 
 /// What the mock received for the cell, in the target's shape.
 fn check_received(flavor: Flavor, caller: Caller, case: Case, sent: &Value, headers: &HeaderMap) {
+    if flavor == Flavor::Gemini {
+        return check_gemini_received(caller, case, sent, headers);
+    }
     let messages = sent["messages"].as_array().unwrap();
     match (flavor, case) {
         (Flavor::OpenAi, Case::ToolResult) => {
@@ -241,6 +248,30 @@ fn check_received(flavor: Flavor, caller: Caller, case: Case, sent: &Value, head
     }
 }
 
+/// What a Gemini target received for the cell, in its shape.
+fn check_gemini_received(caller: Caller, case: Case, sent: &Value, headers: &HeaderMap) {
+    let contents = sent["contents"].as_array().unwrap();
+    match case {
+        Case::ToolResult => {
+            let call = &contents[1]["parts"][0]["functionCall"];
+            assert_eq!((contents[1]["role"].as_str(), call["name"].as_str()), (Some("model"), Some("search")));
+            let result = &contents.last().unwrap()["parts"][0]["functionResponse"];
+            assert_eq!(result, &json!({"id": "call_9", "name": "search", "response": {"content": "result 42"}}));
+        }
+        Case::Image => {
+            assert_eq!(contents[0]["parts"][1], json!({"inlineData": {"mimeType": "image/png", "data": IMAGE}}))
+        }
+        Case::Thinking => assert_eq!(
+            sent["generationConfig"]["thinkingConfig"],
+            json!({"thinkingBudget": 4096, "includeThoughts": true}),
+            "{caller:?}: a low effort (or a 2,048-token budget) as Gemini's thinking budget"
+        ),
+        Case::ToolCall => assert!(!sent["tools"][0]["functionDeclarations"].as_array().unwrap().is_empty()),
+        Case::Text => {}
+    }
+    assert!(headers.get("x-shield-dropped-fields").is_none(), "nothing dropped: {headers:?}");
+}
+
 /// What the caller got for the cell.
 fn check_answer(flavor: Flavor, caller: Caller, case: Case, stream: bool, summary: &Summary) {
     let cell = format!("{caller:?} caller, {flavor:?} target, stream {stream}, {case:?}");
@@ -252,11 +283,13 @@ fn check_answer(flavor: Flavor, caller: Caller, case: Case, stream: bool, summar
     let expected = if stream { "mock part1 part2 " } else { "mock answer to: " };
     assert!(summary.text.starts_with(expected), "{cell}: {summary:?}");
     assert_eq!(summary.stop, "end_turn", "{cell}");
-    let thinks = flavor == Flavor::Anthropic && case == Case::Thinking;
+    let thinks = flavor != Flavor::OpenAi && case == Case::Thinking;
     match (thinks, caller) {
-        // Thinking and its signature reach a caller of the shape that has them, as blocks.
+        // Thinking and its signature reach a caller of the shape that has them, as blocks
+        // (Gemini signs calls, not thoughts: its thought comes unsigned).
         (true, Caller::Anthropic) => {
-            assert_eq!((summary.thinking.as_str(), summary.signature.as_str()), ("Let me think.", "c2ln"), "{cell}")
+            let signature = if flavor == Flavor::Gemini { "" } else { "c2ln" };
+            assert_eq!((summary.thinking.as_str(), summary.signature.as_str()), ("Let me think.", signature), "{cell}")
         }
         // And never leak into the text of a shape that has no place for them.
         _ => assert!(summary.thinking.is_empty() && !summary.text.contains("Let me think"), "{cell}: {summary:?}"),
@@ -267,18 +300,20 @@ fn check_answer(flavor: Flavor, caller: Caller, case: Case, stream: bool, summar
 async fn every_caller_shape_reaches_every_flavor_with_every_kind_of_content() {
     let stack = Stack::start().await;
     let cases = [Case::Text, Case::ToolCall, Case::ToolResult, Case::Image, Case::Thinking];
-    for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
+    for flavor in FLAVORS {
         for case in cases {
             let scenario = match case {
                 Case::ToolCall => "tool:search",
-                Case::Thinking if flavor == Flavor::Anthropic => "think",
+                Case::Thinking if flavor != Flavor::OpenAi => "think",
                 _ => "",
             };
+            let id = target_id(flavor, case);
             let extra = match flavor {
                 Flavor::OpenAi => json!({"capabilities": {"reasoning": true}}),
                 Flavor::Anthropic => json!({"flavor": "anthropic"}),
+                Flavor::Gemini => json!({"flavor": "gemini", "capabilities": {"reasoning": true},
+                    "base_url": format!("http://{}/mock/id:{id};{scenario}/v1beta", stack.mock)}),
             };
-            let id = target_id(flavor, case);
             stack.mock_target(&id, scenario, extra).await;
             stack.put_route(&id, json!({"targets": [id]})).await;
         }
@@ -286,7 +321,7 @@ async fn every_caller_shape_reaches_every_flavor_with_every_kind_of_content() {
     let (key, _) = stack.key(None).await;
     let mut cells = 0;
     for caller in [Caller::OpenAi, Caller::Anthropic] {
-        for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
+        for flavor in FLAVORS {
             for stream in [false, true] {
                 for case in cases {
                     let route = target_id(flavor, case);
@@ -307,5 +342,5 @@ async fn every_caller_shape_reaches_every_flavor_with_every_kind_of_content() {
             }
         }
     }
-    assert_eq!(cells, 40);
+    assert_eq!(cells, 60);
 }

@@ -254,3 +254,64 @@ async fn the_tenant_sets_the_retention_and_zero_keeps_nothing() {
     assert_eq!(status, StatusCode::OK);
     assert!(audit.to_string().contains("response_retention_set"), "{audit}");
 }
+
+/// The same on a Redis Cluster: a conversation's keys share the tenant's slot, so the
+/// pipelines that keep, renew and read them stay in one slot.
+#[tokio::test]
+async fn a_stored_conversation_works_on_a_redis_cluster() {
+    let stack = Stack::start_with(shield_e2e::stack::StackOptions::on_cluster()).await;
+    stack.mock_target("cl", "", json!({})).await;
+    stack.mock_target("cl-tool", "tool:search", json!({})).await;
+    stack.put_route("cl", json!({"targets": ["cl"]})).await;
+    stack.put_route("cl-tool", json!({"targets": ["cl-tool"]})).await;
+    let (key, _) = stack.key(None).await;
+
+    let mut previous = Value::Null;
+    for (n, said) in ["one", "two", "three"].iter().enumerate() {
+        let mut body = json!({"model": "cl", "input": said, "previous_response_id": previous});
+        if n == 1 {
+            body["stream"] = json!(true);
+            let response = stack
+                .client
+                .post(format!("http://{}/v1/responses", stack.proxy))
+                .bearer_auth(&key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let text = response.text().await.unwrap();
+            let completed: Value = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .map(|d| serde_json::from_str::<Value>(d).unwrap())
+                .find(|e| e["type"] == "response.completed")
+                .unwrap();
+            previous = completed["response"]["id"].clone();
+            continue;
+        }
+        let (status, answer) = post(&stack, &stack.proxy, &key, body).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        previous = answer["id"].clone();
+    }
+    let third = body_of(stack.received("cl").await.last().unwrap());
+    assert_eq!(said(&third).len(), 5, "{:?}", said(&third));
+    let path = format!("/v1/responses/{}/input_items", previous.as_str().unwrap());
+    let (status, items) = call(&stack, Method::GET, &path, &key).await;
+    assert_eq!((status, items["data"].as_array().map(Vec::len)), (StatusCode::OK, Some(5)), "{items}");
+
+    let (_, answer) = post(&stack, &stack.proxy, &key, json!({"model": "cl-tool", "input": "find x"})).await;
+    let call_item = answer["output"][0].clone();
+    let (status, _) = post(
+        &stack,
+        &stack.proxy,
+        &key,
+        json!({"model": "cl", "input": [
+        {"type": "item_reference", "id": call_item["id"]},
+        {"type": "function_call_output", "call_id": call_item["call_id"], "output": "42"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let path = format!("/v1/responses/{}", previous.as_str().unwrap());
+    assert_eq!(call(&stack, Method::DELETE, &path, &key).await.0, StatusCode::OK);
+    assert_eq!(call(&stack, Method::GET, &path, &key).await.0, StatusCode::NOT_FOUND);
+}

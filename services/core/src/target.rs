@@ -87,6 +87,9 @@ pub enum Flavor {
     Azure,
     /// Anthropic's Messages API (`POST {base_url}/messages`).
     Anthropic,
+    /// Google's Gemini API (`POST {base_url}/models/{model}:generateContent`, base URL
+    /// `https://generativelanguage.googleapis.com/v1beta`).
+    Gemini,
 }
 
 impl Flavor {
@@ -96,6 +99,7 @@ impl Flavor {
     pub fn default_auth(self) -> (&'static str, &'static str) {
         match self {
             Flavor::Anthropic => ("x-api-key", ""),
+            Flavor::Gemini => ("x-goog-api-key", ""),
             Flavor::Openai | Flavor::Azure => ("Authorization", "Bearer"),
         }
     }

@@ -68,7 +68,7 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
             }
         }
         (Flavor::Azure, None) => p.push("azure", "is required for flavor azure ({deployment, api_version})"),
-        (Flavor::Openai | Flavor::Anthropic, Some(azure))
+        (Flavor::Openai | Flavor::Anthropic | Flavor::Gemini, Some(azure))
             if !azure.deployment.is_empty() || !azure.api_version.is_empty() =>
         {
             p.push("azure", "is only for flavor azure");

@@ -33,6 +33,8 @@
 //!   sent when the request asks `stream_options.include_usage`.
 //! * `POST /v1/messages`, `POST /mock/{scenario}/v1/messages` — the same in Anthropic's
 //!   Messages shape (answers, errors and stream events; see `anthropic.rs` for `cache:R-W`).
+//! * `POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent?alt=sse` (also
+//!   under `/mock/{scenario}/`) — the same in the Gemini API's shape (`gemini.rs`).
 //! * `GET /v1/models`, `GET /mock/{scenario}/v1/models`.
 //! * `GET /_mock/requests[?id=TAG]` — the requests received (method, path, headers, body),
 //!   oldest first; `DELETE /_mock/requests` clears the log. The log keeps the last 10,000.
@@ -44,6 +46,7 @@
 //!   tests can prove a gateway reuses its upstream connections.
 
 mod anthropic;
+mod gemini;
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -258,7 +261,8 @@ fn agent_turn(scenario: &mut Scenario, request: &Value) {
 fn structured_turn(scenario: &mut Scenario, request: &Value) {
     let schema = request
         .pointer("/response_format/json_schema/schema")
-        .or_else(|| request.pointer("/output_config/format/schema"));
+        .or_else(|| request.pointer("/output_config/format/schema"))
+        .or_else(|| request.pointer("/generationConfig/responseJsonSchema"));
     match schema {
         Some(schema) => scenario.reply = Some(sample_of(schema).to_string()),
         None if request.pointer("/response_format/type").and_then(Value::as_str) == Some("json_object") => {
@@ -394,8 +398,9 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     if req.path() == "/" {
         return HttpResponse::Ok().json(json!({
             "service": "shield mock LLM",
-            "endpoints": ["/v1/chat/completions", "/v1/messages", "/mock/{directives}/v1/chat/completions",
-                "/mock/{directives}/v1/messages"],
+            "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1beta/models/{model}:generateContent",
+                "/mock/{directives}/v1/chat/completions", "/mock/{directives}/v1/messages",
+                "/mock/{directives}/v1beta/models/{model}:streamGenerateContent?alt=sse"],
             "inspect": ["/_mock/requests?id=TAG", "/_mock/calls?id=TAG", "/_mock/streams?id=TAG"],
         }));
     }
@@ -412,7 +417,14 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
         scenario.break_after = None;
         scenario.stall_after = None;
     }
-    if let (Some(id), true) = (&scenario.id, rest == "/v1/chat/completions" || rest == "/v1/messages") {
+    let gemini = rest
+        .starts_with("/v1beta/models/")
+        .then(|| rest.rsplit_once(':').map(|(_, method)| method))
+        .flatten()
+        .filter(|method| *method == "generateContent" || *method == "streamGenerateContent");
+    if let (Some(id), true) =
+        (&scenario.id, rest == "/v1/chat/completions" || rest == "/v1/messages" || gemini.is_some())
+    {
         *state.calls_by_id.lock().entry(id.clone()).or_insert(0) += 1;
     }
     if let Some(delay) = scenario.delay {
@@ -450,6 +462,9 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     }
     match (req.method().as_str(), rest) {
         ("POST", "/v1/messages") => anthropic::answer(response, status, scenario, &body, state),
+        ("POST", _) if gemini.is_some() => {
+            gemini::answer(response, status, scenario, &body, state, gemini == Some("streamGenerateContent"))
+        }
         ("GET", "/v1/models") => response
             .json(json!({"object": "list", "data": [{"id": "mock-1", "object": "model", "owned_by": "shield-mock"}]})),
         ("POST", "/v1/chat/completions") if !status.is_success() => {

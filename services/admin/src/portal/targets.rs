@@ -121,7 +121,7 @@ pub struct TargetValues {
     pub id: String,
     pub name: String,
     pub base_url: String,
-    /// `openai`, `azure` or `anthropic`.
+    /// `openai`, `azure`, `anthropic` or `gemini`.
     pub flavor: String,
     pub model: String,
     pub location: String,

@@ -19,6 +19,7 @@
 //! tests. Adapters never log a header value or a body.
 
 mod anthropic;
+mod gemini;
 mod openai;
 
 pub use openai::OpenAiAnswer;
@@ -220,6 +221,7 @@ pub const fn for_flavor(flavor: Flavor) -> &'static dyn Provider {
         Flavor::Openai => &openai::OPENAI,
         Flavor::Azure => &openai::AZURE,
         Flavor::Anthropic => &anthropic::ANTHROPIC,
+        Flavor::Gemini => &gemini::GEMINI,
     }
 }
 
