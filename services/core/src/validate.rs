@@ -75,6 +75,10 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
         }
         _ => {}
     }
+    // Gemini's model is one segment of the URL path (`…/models/{model}:generateContent`).
+    if target.flavor == Flavor::Gemini && target.model.contains(['/', '?', '#', ':']) {
+        p.push("model", "must be a Gemini model id such as gemini-2.5-flash (no `/`, `?`, `#` or `:`)");
+    }
     match (target.flavor, &target.anthropic) {
         (Flavor::Anthropic, Some(options)) => {
             if options.version.is_empty() || !names::is_header_token(&options.version) {

@@ -110,6 +110,12 @@ fn target_rules() {
         ),
         ("azure block missing", json!({"flavor": "azure"}), "azure"),
         ("azure settings on openai", json!({"azure": {"deployment": "d"}}), "azure"),
+        ("gemini model with a path", json!({"flavor": "gemini", "model": "models/../x"}), "model"),
+        (
+            "gemini model with a method",
+            json!({"flavor": "gemini", "model": "gemini-2.5-flash:generateContent"}),
+            "model",
+        ),
         ("unknown auth mode", json!({"auth": {"mode": "key"}}), "auth.mode"),
         ("vault without ref", json!({"auth": {"mode": "vault"}}), "auth.secret_ref"),
         (
