@@ -158,7 +158,7 @@ async fn every_caller_shape_reaches_gemini_streamed_and_not() {
     assert_eq!(status, StatusCode::OK, "{text}");
     let message: Value = serde_json::from_str(&text).unwrap();
     let content = message["content"].as_array().unwrap().clone();
-    let signed = content.iter().find(|b| b["type"] == "thinking" && b["signature"] == "Z2VtaW5pLXNpZw==");
+    let signed = content.iter().find(|b| b["type"] == "thinking" && b["signature"] == "gemini:Z2VtaW5pLXNpZw==");
     assert!(signed.is_some(), "{content:?}");
     let tool_use = content.iter().find(|b| b["type"] == "tool_use").unwrap().clone();
     let (status, _, text) = post(

@@ -457,7 +457,8 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
         structured_turn(&mut scenario, &serde_json::from_slice(&body).unwrap_or(Value::Null));
     }
     let mut response = HttpResponse::build(status);
-    if let Some(retry_after) = &scenario.retry_after {
+    // Gemini names its delay in the body (`RetryInfo`), never in a header.
+    if let Some(retry_after) = scenario.retry_after.as_ref().filter(|_| gemini.is_none()) {
         response.insert_header(("retry-after", retry_after.as_str()));
     }
     match (req.method().as_str(), rest) {

@@ -380,8 +380,12 @@ fn thinking_budget(request: &exchange::Request, target: &Target, max_tokens: &mu
     // that did not open) would make Anthropic refuse the history: a tool-calling turn must
     // start with its thinking.
     let last_call = request.messages.iter().rev().find(|m| m.role == Role::Assistant);
+    let starts_thinking = |turn: &exchange::Message| {
+        let first = turn.content.iter().find(|p| !matches!(p, Part::Thinking { .. }) || anthropics_thinking(p));
+        matches!(first, Some(Part::Thinking { .. } | Part::RedactedThinking(_)))
+    };
     if let Some(turn) = last_call.filter(|m| m.content.iter().any(|p| matches!(p, Part::ToolUse { .. })))
-        && !matches!(turn.content.first(), Some(Part::Thinking { .. } | Part::RedactedThinking(_)))
+        && !starts_thinking(turn)
     {
         return None;
     }
@@ -400,10 +404,18 @@ fn thinking_budget(request: &exchange::Request, target: &Target, max_tokens: &mu
 /// `capabilities.max_output_tokens` lifts it.
 const UNCAPPED_CEILING: u64 = 32_000;
 
+/// Whether a thinking part is one Anthropic signed (and so will take back).
+fn anthropics_thinking(part: &Part) -> bool {
+    matches!(part, Part::Thinking { signature, .. } if !signature.is_empty() && !signature.starts_with(super::GEMINI_SIGNATURE))
+}
+
 /// A typed part as a content block (empty text, and parts only their own shape carries,
 /// dropped: Anthropic refuses empty blocks).
 fn block_of(part: &Part, text_block: impl Fn(&str) -> Option<Value>) -> Option<Value> {
     match part {
+        // Thinking Anthropic did not sign (Gemini's, or a thought without a signature) is
+        // refused by its API: not sent.
+        Part::Thinking { .. } if !anthropics_thinking(part) => None,
         Part::Text(text) => text_block(text),
         Part::Image(Image::Base64 { media_type, data }) => {
             Some(json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}))

@@ -27,7 +27,7 @@ use shield_core::target::Target;
 use shield_core::usage::TokenUsage;
 use url::Url;
 
-use super::{Answer, Chunk, Completion, Decoded, Provider, StreamDecoder, join, reset_hint};
+use super::{Answer, Chunk, Completion, Decoded, GEMINI_SIGNATURE, Provider, StreamDecoder, join, reset_hint};
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
@@ -38,6 +38,9 @@ pub static GEMINI: Gemini = Gemini;
 /// What Google's documentation says to send as the signature of a function call that has
 /// none (history another model wrote): Gemini 3 refuses a current-turn call without one.
 const NO_SIGNATURE: &str = "skip_thought_signature_validator";
+
+/// The largest thinking budget every current Gemini model that thinks accepts (2.5 Flash's).
+const MAX_THINKING_BUDGET: u64 = 24_576;
 
 impl Provider for Gemini {
     /// `{base_url}/models/{model}`; the method is added per call.
@@ -99,7 +102,10 @@ impl Provider for Gemini {
         let mut calls = 0;
         for part in parts(candidate) {
             if let Some(signature) = part.get("thoughtSignature").and_then(Value::as_str) {
-                blocks.push(Block::Thinking { thinking: String::new(), signature: signature.to_string() });
+                blocks.push(Block::Thinking {
+                    thinking: String::new(),
+                    signature: format!("{GEMINI_SIGNATURE}{signature}"),
+                });
             }
             if part.get("thought").and_then(Value::as_bool) == Some(true) {
                 let thought = text(part.get("text"));
@@ -118,7 +124,12 @@ impl Provider for Gemini {
                 blocks.push(Block::Text(said.to_string()));
             }
         }
-        let stop = candidate.get("finishReason").and_then(Value::as_str).map(|reason| stop_of(reason, calls > 0));
+        let reason = candidate.get("finishReason").and_then(Value::as_str);
+        if reason.is_some_and(failed_generation) {
+            // Not an answer: the request goes to the next target.
+            return None;
+        }
+        let stop = reason.map(|reason| stop_of(reason, calls > 0));
         let answer = exchange::Answer { id: text(response.get("responseId")), blocks, stop };
         let usage = response.get("usageMetadata").map(usage_of);
         Some(Answer { body: Completion { answer, native: None }, usage })
@@ -129,10 +140,13 @@ impl Provider for Gemini {
     }
 
     fn failure(&self, status: u16, headers: &HeaderMap, body: Vec<u8>) -> Failure {
+        let body = unwrapped(body);
         let class = classify(status, &body);
-        let reset_hint_ms = matches!(class, Class::RateLimited | Class::QuotaExhausted)
-            .then(|| retry_delay_ms(&body).or_else(|| reset_hint(headers)))
-            .flatten();
+        // A daily quota parks the target for the longest cooldown, whatever delay it names.
+        let reset_hint_ms =
+            (class == Class::RateLimited).then(|| retry_delay_ms(&body).or_else(|| reset_hint(headers))).flatten();
+        // A bad key comes as a 400: it is the target's credential, as a 401 says.
+        let status = if bad_key(&body) { 401 } else { status };
         Failure { class, status: Some(status), body: Some(body), reset_hint_ms }
     }
 }
@@ -182,12 +196,14 @@ fn generate_request(request: &exchange::Request, target: &Target) -> Map<String,
             Role::Assistant => "model",
         };
         let mut parts = Vec::new();
-        // A signature goes back on the part after it (the call or text it came with).
+        // A signature goes back on the part after it (the call or text it came with); only
+        // Gemini's own, and the stand-in only on a turn's first call, as Gemini signs them.
         let mut signature: Option<&str> = None;
+        let mut first_call = true;
         for part in &message.content {
             let mut out = match part {
                 Part::Thinking { signature: s, .. } => {
-                    signature = Some(s.as_str()).filter(|s| !s.is_empty());
+                    signature = s.strip_prefix(GEMINI_SIGNATURE).filter(|s| !s.is_empty());
                     continue;
                 }
                 Part::Text(said) if said.is_empty() => continue,
@@ -197,13 +213,14 @@ fn generate_request(request: &exchange::Request, target: &Target) -> Map<String,
                 }
                 Part::Image(Image::Url(url)) => json!({"fileData": {"mimeType": mime_of(url), "fileUri": url}}),
                 Part::ToolUse { id, name, input } => {
-                    let args: Value = serde_json::from_str(input).unwrap_or_else(|_| json!({}));
-                    let mut part = json!({"functionCall": {"id": id, "name": name, "args": args}});
-                    if signature.is_none() {
+                    // Gemini takes an object; arguments that are not one become `{}`.
+                    let args =
+                        serde_json::from_str::<Value>(input).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
+                    if signature.is_none() && first_call {
                         signature = Some(NO_SIGNATURE);
                     }
-                    part.as_object_mut().map(|p| p.insert("thoughtSignature".into(), json!(signature.take())));
-                    part
+                    first_call = false;
+                    json!({"functionCall": {"id": id, "name": name, "args": args}})
                 }
                 Part::ToolResult { id, content, is_error } => {
                     let name = names.get(id.as_str()).copied().unwrap_or_default();
@@ -276,10 +293,13 @@ fn generate_request(request: &exchange::Request, target: &Target) -> Map<String,
         None => {}
     }
     if let Some(effort) = request.reasoning.as_ref().and_then(|r| r.effort).filter(|_| reasons(target)) {
-        generation.insert(
-            "thinkingConfig".into(),
-            json!({"thinkingBudget": effort.budget_tokens(), "includeThoughts": true}),
-        );
+        // Gemini 2.5 Flash takes at most 24,576; thinking counts within `maxOutputTokens`,
+        // so a cap leaves room for the answer.
+        let mut budget = effort.budget_tokens().min(MAX_THINKING_BUDGET);
+        if let Some(max_tokens) = request.max_tokens {
+            budget = budget.min(max_tokens / 2);
+        }
+        generation.insert("thinkingConfig".into(), json!({"thinkingBudget": budget, "includeThoughts": true}));
     }
     if !generation.is_empty() {
         body.insert("generationConfig".into(), Value::Object(generation));
@@ -301,6 +321,12 @@ fn mime_of(url: &str) -> &'static str {
     }
 }
 
+/// Finish reasons that say the model produced nothing usable: a failed generation, not an
+/// answer (it fails over as a bad response).
+fn failed_generation(reason: &str) -> bool {
+    matches!(reason, "MALFORMED_FUNCTION_CALL" | "UNEXPECTED_TOOL_CALL" | "TOO_MANY_TOOL_CALLS")
+}
+
 /// `finishReason` as the typed stop; a function call is a tool-use stop whatever it says.
 fn stop_of(reason: &str, called: bool) -> Stop {
     match reason {
@@ -318,11 +344,27 @@ fn usage_of(usage: &Value) -> TokenUsage {
     let thoughts = n("thoughtsTokenCount");
     TokenUsage {
         input: n("promptTokenCount"),
-        output: n("candidatesTokenCount") + thoughts,
+        output: n("candidatesTokenCount").saturating_add(thoughts),
         cache_read: n("cachedContentTokenCount"),
         cache_write: 0,
         reasoning: thoughts,
     }
+}
+
+/// Google sometimes sends its error object inside a one-element array.
+fn unwrapped(body: Vec<u8>) -> Vec<u8> {
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Array(mut items)) if items.len() == 1 && items.first().is_some_and(|e| e.get("error").is_some()) => {
+            items.pop().map_or(body, |error| error.to_string().into_bytes())
+        }
+        _ => body,
+    }
+}
+
+/// Whether an error says the API key is not valid (`API_KEY_INVALID`).
+fn bad_key(body: &[u8]) -> bool {
+    let error: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    error.pointer("/error/details").is_some_and(|d| d.to_string().contains("API_KEY_INVALID"))
 }
 
 /// PROVIDERS.md §8: Google's error statuses as failure classes.
@@ -365,7 +407,12 @@ struct Decoder {
 
 impl StreamDecoder for Decoder {
     fn decode(&mut self, _event: &str, data: &str, out: &mut Vec<Chunk>) -> Decoded {
-        let Ok(value) = serde_json::from_str::<Value>(data) else { return Decoded::Malformed };
+        let Ok(mut value) = serde_json::from_str::<Value>(data) else { return Decoded::Malformed };
+        if let Value::Array(items) = &mut value
+            && items.len() == 1
+        {
+            value = items.pop().unwrap_or(Value::Null);
+        }
         if value.get("error").is_some() {
             let status = value.pointer("/error/code").and_then(Value::as_u64).unwrap_or(500);
             let status = u16::try_from(status).unwrap_or(500);
@@ -384,7 +431,7 @@ impl StreamDecoder for Decoder {
                 if !std::mem::replace(&mut self.thinking, true) {
                     deltas.push(Delta::ThinkingStart);
                 }
-                deltas.push(Delta::Signature(signature.to_string()));
+                deltas.push(Delta::Signature(format!("{GEMINI_SIGNATURE}{signature}")));
             }
             if part.get("thought").and_then(Value::as_bool) == Some(true) {
                 if !std::mem::replace(&mut self.thinking, true) {
@@ -405,6 +452,9 @@ impl StreamDecoder for Decoder {
             }
         }
         let stop = candidate.and_then(|c| c.get("finishReason")).and_then(Value::as_str);
+        if stop.is_some_and(failed_generation) {
+            return Decoded::Error(Class::BadResponse, data.as_bytes().to_vec());
+        }
         if let Some(reason) = stop {
             deltas.push(Delta::Stop(stop_of(reason, self.calls > 0)));
         } else if candidate.is_none() && value.pointer("/promptFeedback/blockReason").is_some() {

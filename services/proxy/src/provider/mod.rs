@@ -215,6 +215,11 @@ pub trait Provider: Sync {
     fn failure(&self, status: u16, headers: &HeaderMap, body: Vec<u8>) -> Failure;
 }
 
+/// What a Gemini thought signature carries in the typed answer, so that a signature goes back
+/// only to the provider that made it: Gemini refuses another provider's ("corrupted thought
+/// signature"), and Anthropic refuses Gemini's.
+pub(crate) const GEMINI_SIGNATURE: &str = "gemini:";
+
 /// The adapter of a flavor.
 pub const fn for_flavor(flavor: Flavor) -> &'static dyn Provider {
     match flavor {

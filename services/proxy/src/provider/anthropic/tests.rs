@@ -407,3 +407,32 @@ fn an_effort_becomes_thinking_on_a_target_that_reasons_within_the_callers_cap() 
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}));
     assert!(body_for(forced, reasons).0.get("thinking").is_none());
 }
+
+#[test]
+fn thinking_anthropic_did_not_sign_is_not_sent() {
+    let request = exchange::Request {
+        messages: vec![
+            exchange::Message { role: Role::User, content: vec![Part::Text("go".into())] },
+            exchange::Message {
+                role: Role::Assistant,
+                content: vec![
+                    Part::Thinking {
+                        thinking: String::new(),
+                        signature: format!("{}c2ln", super::super::GEMINI_SIGNATURE),
+                    },
+                    Part::Thinking { thinking: "unsigned".into(), signature: String::new() },
+                    Part::ToolUse { id: "t1".into(), name: "f".into(), input: "{}".into() },
+                ],
+            },
+            exchange::Message {
+                role: Role::User,
+                content: vec![Part::ToolResult { id: "t1".into(), content: "ok".into(), is_error: false }],
+            },
+        ],
+        reasoning: Some(exchange::Reasoning { effort: Some(exchange::Effort::Low), fields: vec!["reasoning_effort"] }),
+        ..Default::default()
+    };
+    let body = messages_request(&request, &target(json!({"capabilities": {"reasoning": true}})));
+    assert_eq!(body["messages"][1]["content"], json!([{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]));
+    assert!(body.get("thinking").is_none(), "the tool-calling turn has no thinking Anthropic signed");
+}

@@ -106,7 +106,11 @@ fn a_signature_goes_back_on_the_call_it_came_with() {
         .unwrap();
     let blocks = &answer.body.answer.blocks;
     assert_eq!(blocks[0], Block::Thinking { thinking: "Planning.".into(), signature: String::new() });
-    assert_eq!(blocks[1], Block::Thinking { thinking: String::new(), signature: "c2lnMQ==".into() });
+    assert_eq!(
+        blocks[1],
+        Block::Thinking { thinking: String::new(), signature: "gemini:c2lnMQ==".into() },
+        "tagged as Gemini's, so no other provider is handed it"
+    );
     let Block::ToolUse { id, name, input } = &blocks[2] else { panic!("{blocks:?}") };
     assert!(id.starts_with("call_") && name == "search" && input == "{\"q\":\"x\"}", "minted id: {id}");
     assert_eq!(answer.body.answer.stop, Some(Stop::ToolUse), "a call is a tool-use stop");
@@ -124,7 +128,7 @@ fn a_signature_goes_back_on_the_call_it_came_with() {
                 role: Role::Assistant,
                 content: vec![
                     Part::Thinking { thinking: "Planning.".into(), signature: String::new() },
-                    Part::Thinking { thinking: String::new(), signature: "c2lnMQ==".into() },
+                    Part::Thinking { thinking: String::new(), signature: "gemini:c2lnMQ==".into() },
                     Part::ToolUse { id: id.clone(), name: "search".into(), input: input.clone() },
                 ],
             },
@@ -176,7 +180,7 @@ fn streams_decode_text_thoughts_calls_stops_and_running_usage() {
             Delta::Thinking("Hmm".into()),
             Delta::Text("Hello".into()),
             Delta::ThinkingStart,
-            Delta::Signature("c2ln".into()),
+            Delta::Signature("gemini:c2ln".into()),
             Delta::ToolCall { index: 0, id: "f1".into(), name: "search".into() },
             Delta::ToolArguments { index: 0, json: "{}".into() },
             Delta::Stop(Stop::ToolUse),
@@ -220,4 +224,74 @@ fn googles_errors_classify_and_carry_their_retry_delay() {
         "details": [{"reason": "API_KEY_INVALID"}]}}),
     );
     assert_eq!(bad_key.class, Class::ClientError, "never failed over: the key is wrong");
+}
+
+#[test]
+fn another_providers_signature_is_never_sent_and_the_stand_in_only_on_a_turns_first_call() {
+    let call = |id: &str| Part::ToolUse { id: id.into(), name: "f".into(), input: "[1]".into() };
+    let history = exchange::Request {
+        messages: vec![
+            exchange::Message { role: Role::User, content: vec![Part::Text("go".into())] },
+            exchange::Message {
+                role: Role::Assistant,
+                content: vec![
+                    Part::Thinking { thinking: "t".into(), signature: "anthropic-signature".into() },
+                    call("a"),
+                    call("b"),
+                ],
+            },
+        ],
+        ..Default::default()
+    };
+    let body = generate_request(&history, &target(json!({})));
+    let parts = &body["contents"][1]["parts"];
+    assert_eq!(parts[0]["thoughtSignature"], NO_SIGNATURE, "Anthropic's signature is not Gemini's");
+    assert!(parts[1].get("thoughtSignature").is_none(), "only the first call of a turn is signed");
+    assert_eq!(parts[0]["functionCall"]["args"], json!({}), "arguments that are not an object become {{}}");
+}
+
+#[test]
+fn thinking_budgets_stay_within_what_gemini_takes() {
+    let budget = |extra: Value| {
+        let mut caller =
+            json!({"model": "m", "reasoning_effort": "high", "messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            caller[k] = v.clone();
+        }
+        body_of(caller, json!({"capabilities": {"reasoning": true}}))["generationConfig"]["thinkingConfig"]["thinkingBudget"]
+            .as_u64()
+    };
+    assert_eq!(budget(json!({})), Some(24_576), "2.5 Flash's ceiling");
+    assert_eq!(budget(json!({"max_tokens": 1000})), Some(500), "room for the answer within the cap");
+}
+
+#[test]
+fn failed_generations_wrapped_errors_bad_keys_and_daily_quotas() {
+    let malformed = json!({"candidates": [{"content": {"parts": []}, "finishReason": "MALFORMED_FUNCTION_CALL"}]});
+    assert!(GEMINI.answer(serde_json::to_vec(&malformed).unwrap()).is_none(), "a failed generation fails over");
+    let mut decoder = GEMINI.decoder();
+    assert!(matches!(
+        decoder.decode("", &malformed.to_string(), &mut Vec::new()),
+        Decoded::Error(Class::BadResponse, _)
+    ));
+
+    let wrapped = json!([{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
+        "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "2s"}]}}]);
+    let failure = GEMINI.failure(429, &HeaderMap::new(), wrapped.to_string().into_bytes());
+    assert_eq!((failure.class, failure.reset_hint_ms), (Class::RateLimited, Some(2_000)), "unwrapped from its array");
+
+    let bad_key = json!({"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": "API key not valid.",
+        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID"}]}});
+    let failure = GEMINI.failure(400, &HeaderMap::new(), bad_key.to_string().into_bytes());
+    assert_eq!((failure.class, failure.status), (Class::ClientError, Some(401)), "a bad key is the credential's fault");
+
+    let daily = json!({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "details": [
+        {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{"quotaId": "RequestsPerDay"}]},
+        {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "30s"}]}});
+    let failure = GEMINI.failure(429, &HeaderMap::new(), daily.to_string().into_bytes());
+    assert_eq!(
+        (failure.class, failure.reset_hint_ms),
+        (Class::QuotaExhausted, None),
+        "parked for the longest cooldown"
+    );
 }
