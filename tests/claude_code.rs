@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use shield_e2e::agents::{Agent, Scratch};
 use shield_e2e::stack::Stack;
 use tokio::process::Command;
 
@@ -23,32 +24,15 @@ const PINNED: &str = "2.1.332";
 
 /// The `claude` executable, installed if needed; `None` when npm's registry is unreachable.
 async fn claude_code() -> Option<PathBuf> {
-    let version = std::env::var("SHIELD_CLAUDE_CODE_VERSION").unwrap_or_else(|_| PINNED.into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/claude-code").join(&version);
-    let bin = root.join("node_modules/.bin/claude");
-    if version != "latest" && bin.exists() {
-        return Some(bin);
+    Agent {
+        package: "@anthropic-ai/claude-code",
+        bin: "claude",
+        dir: "claude-code",
+        pinned: PINNED,
+        version_env: "SHIELD_CLAUDE_CODE_VERSION",
     }
-    let reachable = Command::new("npm")
-        .args(["view", "@anthropic-ai/claude-code", "version"])
-        .output()
-        .await
-        .is_ok_and(|out| out.status.success());
-    if !reachable {
-        eprintln!("SKIPPED: the npm registry is unreachable, so Claude Code cannot be installed");
-        return None;
-    }
-    std::fs::create_dir_all(&root).unwrap();
-    let out = Command::new("npm")
-        .args(["install", "--no-audit", "--no-fund", "--prefix"])
-        .arg(&root)
-        .arg(format!("@anthropic-ai/claude-code@{version}"))
-        .output()
-        .await
-        .expect("npm runs");
-    assert!(out.status.success(), "npm install failed: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(bin.exists(), "npm installed no `claude` at {}", bin.display());
-    Some(bin)
+    .install()
+    .await
 }
 
 /// What one headless run printed: its events, its final `result` event, its stderr.
@@ -104,23 +88,6 @@ async fn run_claude(bin: &Path, proxy: &str, key: &str, model: &str, secret: &st
     let events =
         String::from_utf8_lossy(&out.stdout).lines().filter_map(|line| serde_json::from_str(line).ok()).collect();
     Run { events, stderr: String::from_utf8_lossy(&out.stderr).into_owned(), ok: out.status.success() }
-}
-
-/// A directory of its own under the system's temporary one, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(what: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(shield_e2e::unique(&format!("shield-claude-code-{what}-")));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn body_of(received: &Value) -> Value {

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use shield_e2e::agents::{Agent, Scratch};
 use shield_e2e::stack::Stack;
 use tokio::process::Command;
 
@@ -22,46 +23,9 @@ const PINNED: &str = "0.171.0";
 
 /// The `codex` executable, installed if needed; `None` when npm's registry is unreachable.
 async fn codex() -> Option<PathBuf> {
-    let version = std::env::var("SHIELD_CODEX_VERSION").unwrap_or_else(|_| PINNED.into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/codex").join(&version);
-    let bin = root.join("node_modules/.bin/codex");
-    if version != "latest" && bin.exists() {
-        return Some(bin);
-    }
-    let reachable =
-        Command::new("npm").args(["view", "@openai/codex", "version"]).output().await.is_ok_and(|o| o.status.success());
-    if !reachable {
-        eprintln!("SKIPPED: the npm registry is unreachable, so Codex cannot be installed");
-        return None;
-    }
-    std::fs::create_dir_all(&root).unwrap();
-    let out = Command::new("npm")
-        .args(["install", "--no-audit", "--no-fund", "--prefix"])
-        .arg(&root)
-        .arg(format!("@openai/codex@{version}"))
-        .output()
+    Agent { package: "@openai/codex", bin: "codex", dir: "codex", pinned: PINNED, version_env: "SHIELD_CODEX_VERSION" }
+        .install()
         .await
-        .expect("npm runs");
-    assert!(out.status.success(), "npm install failed: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(bin.exists(), "npm installed no `codex` at {}", bin.display());
-    Some(bin)
-}
-
-/// A directory of its own under the system's temporary one, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(what: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(shield_e2e::unique(&format!("shield-codex-{what}-")));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// What one headless run printed.

@@ -3,6 +3,7 @@
 //! server over real HTTP. Everything is safe to run in parallel and twice in a row.
 
 pub mod admin;
+pub mod agents;
 pub mod cluster;
 pub mod evidence;
 pub mod logs;
