@@ -23,6 +23,13 @@ pub struct Target {
     /// Flavor `anthropic` only; omitted: the defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anthropic: Option<Anthropic>,
+    /// Flavor `bedrock` only: the AWS region requests are signed for, when the base URL's
+    /// host does not name it (`bedrock-runtime.{region}.amazonaws.com` does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bedrock: Option<Bedrock>,
+    /// Flavor `vertex` only: which publisher's models the target serves; omitted: Google's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vertex: Option<Vertex>,
     #[serde(default)]
     pub auth: Auth,
     #[serde(default)]
@@ -62,6 +69,26 @@ pub struct Target {
 }
 
 impl Target {
+    /// The publisher of a Vertex target's model (Google's when unset).
+    pub fn vertex_publisher(&self) -> Publisher {
+        self.vertex.as_ref().map(|v| v.publisher).unwrap_or_default()
+    }
+
+    /// The region of a Bedrock target: as configured, else the one its host names
+    /// (`bedrock-runtime.{region}.amazonaws.com`, also `bedrock-runtime-fips.…`).
+    pub fn bedrock_region(&self) -> Option<String> {
+        if let Some(region) = self.bedrock.as_ref().and_then(|b| b.region.clone()) {
+            return Some(region);
+        }
+        let host = url::Url::parse(&self.base_url).ok()?.host_str()?.to_ascii_lowercase();
+        let mut labels = host.split('.');
+        let service = labels.next()?;
+        let region = labels.next()?;
+        let rest: Vec<&str> = labels.collect();
+        let aws = rest.first() == Some(&"amazonaws") || rest.get(1) == Some(&"amazonaws");
+        (service.starts_with("bedrock-runtime") && aws && !region.is_empty()).then(|| region.to_string())
+    }
+
     /// The breaker settings in force for this target.
     pub fn breaker(&self) -> crate::breaker::BreakerSettings {
         self.breaker.unwrap_or_default()
@@ -90,6 +117,13 @@ pub enum Flavor {
     /// Google's Gemini API (`POST {base_url}/models/{model}:generateContent`, base URL
     /// `https://generativelanguage.googleapis.com/v1beta`).
     Gemini,
+    /// Amazon Bedrock's Converse API (`POST {base_url}/model/{model}/converse`, base URL
+    /// `https://bedrock-runtime.{region}.amazonaws.com`), signed with SigV4 or a Bedrock API key.
+    Bedrock,
+    /// Google Cloud's Vertex AI (`{base_url}/publishers/{publisher}/models/{model}:…`, base URL
+    /// `https://{region}-aiplatform.googleapis.com/v1/projects/{project}/locations/{region}`),
+    /// with OAuth tokens the gateway gets for a service account.
+    Vertex,
 }
 
 impl Flavor {
@@ -100,7 +134,7 @@ impl Flavor {
         match self {
             Flavor::Anthropic => ("x-api-key", ""),
             Flavor::Gemini => ("x-goog-api-key", ""),
-            Flavor::Openai | Flavor::Azure => ("Authorization", "Bearer"),
+            Flavor::Openai | Flavor::Azure | Flavor::Bedrock | Flavor::Vertex => ("Authorization", "Bearer"),
         }
     }
 }
@@ -123,6 +157,33 @@ impl Default for Anthropic {
     fn default() -> Self {
         Anthropic { version: defaults::anthropic_version(), strip_beta: Vec::new() }
     }
+}
+
+/// Options of a Bedrock target.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Bedrock {
+    /// The AWS region (e.g. `us-east-1`); required when the base URL's host does not name it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+}
+
+/// Options of a Vertex AI target.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Vertex {
+    #[serde(default)]
+    pub publisher: Publisher,
+}
+
+/// Whose models a Vertex AI target calls: Google's (Gemini, `:generateContent`) or
+/// Anthropic's (Claude, `:rawPredict` with the Messages body).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Publisher {
+    #[default]
+    Google,
+    Anthropic,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

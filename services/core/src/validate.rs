@@ -68,9 +68,7 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
             }
         }
         (Flavor::Azure, None) => p.push("azure", "is required for flavor azure ({deployment, api_version})"),
-        (Flavor::Openai | Flavor::Anthropic | Flavor::Gemini, Some(azure))
-            if !azure.deployment.is_empty() || !azure.api_version.is_empty() =>
-        {
+        (_, Some(azure)) if !azure.deployment.is_empty() || !azure.api_version.is_empty() => {
             p.push("azure", "is only for flavor azure");
         }
         _ => {}
@@ -78,6 +76,28 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
     // Gemini's model is one segment of the URL path (`…/models/{model}:generateContent`).
     if target.flavor == Flavor::Gemini && target.model.contains(['/', '?', '#', ':']) {
         p.push("model", "must be a Gemini model id such as gemini-2.5-flash (no `/`, `?`, `#` or `:`)");
+    }
+    if target.flavor == Flavor::Vertex && (target.model.is_empty() || target.model.contains(['/', '?', '#', ':'])) {
+        p.push("model", "must be the publisher's model id such as gemini-2.5-flash or claude-sonnet-4@20250514 (no `/`, `?`, `#` or `:`)");
+    }
+    if target.flavor == Flavor::Bedrock {
+        if target.model.trim().is_empty() || target.model.len() > 2048 {
+            p.push("model", "must be a Bedrock model id, inference profile or ARN (1 to 2048 characters)");
+        }
+        match target.bedrock.as_ref().and_then(|b| b.region.as_deref()) {
+            Some(region) if !is_region(region) => p.push("bedrock.region", "must be an AWS region such as us-east-1"),
+            Some(_) => {}
+            None if target.bedrock_region().is_none() => p.push(
+                "bedrock.region",
+                "is required when the base_url's host does not name the region (bedrock-runtime.{region}.amazonaws.com)",
+            ),
+            None => {}
+        }
+    } else if target.bedrock.is_some() {
+        p.push("bedrock", "is only for flavor bedrock");
+    }
+    if target.flavor != Flavor::Vertex && target.vertex.is_some() {
+        p.push("vertex", "is only for flavor vertex");
     }
     match (target.flavor, &target.anthropic) {
         (Flavor::Anthropic, Some(options)) => {
@@ -178,6 +198,12 @@ pub fn validate_target(id: &str, target: &mut Target, secrets: &SecretBindings) 
         }
     }
     p.into_result()
+}
+
+/// An AWS region name: lowercase letters, digits and dashes (`us-east-1`, `eu-central-2`).
+fn is_region(region: &str) -> bool {
+    (2..=32).contains(&region.len())
+        && region.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 fn check_auth(p: &mut Problems, target: &Target, host: Option<&str>, secrets: &SecretBindings) {

@@ -46,7 +46,10 @@
 //!   tests can prove a gateway reuses its upstream connections.
 
 mod anthropic;
+mod bedrock;
 mod gemini;
+mod google;
+mod sigv4;
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -77,6 +80,18 @@ pub(crate) struct MockState {
     calls_by_id: Mutex<HashMap<String, u64>>,
     /// When each scenario was first called (`downfor:`).
     first_call: Mutex<HashMap<String, std::time::Instant>>,
+    /// The credentials tests trusted (`POST /_mock/trust`) and the tokens this mock issued.
+    trust: Mutex<Trust>,
+}
+
+/// What the cloud wires accept: AWS key pairs (SigV4), Bedrock API keys, service accounts'
+/// public keys (JWT assertions), and the access tokens issued for them (until they expire).
+#[derive(Default)]
+pub(crate) struct Trust {
+    aws: HashMap<String, sigv4::KeyPair>,
+    bedrock_api_keys: std::collections::HashSet<String>,
+    google_keys: Vec<String>,
+    tokens: HashMap<String, std::time::Instant>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -131,6 +146,10 @@ pub(crate) struct Scenario {
     reply: Option<String>,
     /// `cache:R-W`: cache-read and cache-write input tokens (Anthropic answers).
     cache: Option<(u64, u64)>,
+    /// `ttl:S`: the token endpoint's tokens expire after S seconds.
+    token_ttl: Option<u64>,
+    /// `errat:N`: a stream sends an error event after N content events, and ends.
+    error_at: Option<usize>,
     /// `downfor:S`: 503 (or `status:`) for S seconds from this scenario's first call, then 200
     /// (a provider that goes down and comes back).
     down_for: Option<Duration>,
@@ -181,6 +200,8 @@ impl Scenario {
                 "say" => s.say = Some(value.to_string()),
                 "tool" => s.tool = Some(value.to_string()),
                 "agent" => s.agent = true,
+                "ttl" => s.token_ttl = value.parse().ok(),
+                "errat" => s.error_at = value.parse().ok(),
                 "downfor" => s.down_for = value.parse().ok().map(Duration::from_secs),
                 "cache" => s.cache = value.split_once('-').and_then(|(r, w)| Some((r.parse().ok()?, w.parse().ok()?))),
                 _ => {}
@@ -392,6 +413,9 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     if req.path() == "/_mock/connections" {
         return HttpResponse::Ok().json(json!({"accepted": CONNECTIONS.load(std::sync::atomic::Ordering::Relaxed)}));
     }
+    if req.path() == "/_mock/trust" && req.method() == "POST" {
+        return trust(&body, &state);
+    }
     if req.path() == "/healthz" {
         return HttpResponse::Ok().json(json!({"status": "ok"}));
     }
@@ -417,13 +441,26 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
         scenario.break_after = None;
         scenario.stall_after = None;
     }
+    let vertex = google::vertex_call(rest);
     let gemini = rest
         .starts_with("/v1beta/models/")
         .then(|| rest.rsplit_once(':').map(|(_, method)| method))
         .flatten()
+        .or(vertex.filter(|(publisher, _)| *publisher == "google").map(|(_, method)| method))
         .filter(|method| *method == "generateContent" || *method == "streamGenerateContent");
+    let claude_on_vertex = vertex
+        .filter(|(publisher, _)| *publisher == "anthropic")
+        .map(|(_, method)| method)
+        .filter(|method| *method == "rawPredict" || *method == "streamRawPredict");
+    let converse = rest
+        .starts_with("/model/")
+        .then(|| rest.rsplit_once('/').map(|(_, method)| method))
+        .flatten()
+        .filter(|method| *method == "converse" || *method == "converse-stream");
+    let token = rest == "/token";
+    let chat = rest == "/v1/chat/completions" || rest == "/v1/messages";
     if let (Some(id), true) =
-        (&scenario.id, rest == "/v1/chat/completions" || rest == "/v1/messages" || gemini.is_some())
+        (&scenario.id, chat || gemini.is_some() || claude_on_vertex.is_some() || converse.is_some() || token)
     {
         *state.calls_by_id.lock().entry(id.clone()).or_insert(0) += 1;
     }
@@ -461,7 +498,34 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
     if let Some(retry_after) = scenario.retry_after.as_ref().filter(|_| gemini.is_none()) {
         response.insert_header(("retry-after", retry_after.as_str()));
     }
+    // The clouds' credentials are checked before any directive answers: a test passes only
+    // when every attempt, failures and retries included, carries a valid one.
+    if let Some(refused) = vertex.and_then(|_| google::refuse_bearer(&req, &state)) {
+        return refused;
+    }
+    if let Some(refused) = converse.and_then(|_| refuse_bedrock(&req, &body, &state)) {
+        return refused;
+    }
     match (req.method().as_str(), rest) {
+        ("POST", _) if token => google::token(&req, status, &scenario, &body, &state),
+        ("POST", _) if converse.is_some() => {
+            bedrock::answer(response, status, scenario, &body, state, converse == Some("converse-stream"))
+        }
+        ("POST", _) if claude_on_vertex.is_some() => {
+            let sent: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if sent.get("anthropic_version").and_then(Value::as_str) != Some("vertex-2023-10-16")
+                || sent.get("model").is_some()
+            {
+                let error = anthropic::error_body(StatusCode::BAD_REQUEST, Some("vertex_takes_anthropic_version_in_the_body_and_no_model"));
+                return HttpResponse::BadRequest().json(error);
+            }
+            let streams = sent.get("stream").and_then(Value::as_bool) == Some(true);
+            if streams != (claude_on_vertex == Some("streamRawPredict")) {
+                let error = anthropic::error_body(StatusCode::BAD_REQUEST, Some("stream_must_match_the_method"));
+                return HttpResponse::BadRequest().json(error);
+            }
+            anthropic::answer(response, status, scenario, &body, state)
+        }
         ("POST", "/v1/messages") => anthropic::answer(response, status, scenario, &body, state),
         ("POST", _) if gemini.is_some() => {
             gemini::answer(response, status, scenario, &body, state, gemini == Some("streamGenerateContent"))
@@ -687,7 +751,7 @@ pub(crate) fn stream(
                 tokio::time::sleep(delay).await;
             }
             loop {
-                let piece = if n == skip && scenario.error_first {
+                let piece = if (n == skip && scenario.error_first) || (n > skip && scenario.error_at == Some(n)) {
                     guard.finished = true;
                     return Some((Ok(wire.render(&Piece::Error).unwrap_or_default()), (usize::MAX, guard)));
                 } else if scenario.empty {
@@ -765,6 +829,64 @@ impl Drop for StreamGuard {
             counts.completed += 1;
         } else {
             counts.dropped += 1;
+        }
+    }
+}
+
+/// `POST /_mock/trust`: `{"aws": {access_key_id, secret_access_key, session_token?},
+/// "bedrock_api_key": …, "google_public_key": PEM}`, any of them; added to what is trusted.
+fn trust(body: &Bytes, state: &MockState) -> HttpResponse {
+    let Ok(sent) = serde_json::from_slice::<Value>(body) else {
+        return HttpResponse::BadRequest().json(json!({"error": "not JSON"}));
+    };
+    let mut trust = state.trust.lock();
+    if let Some(aws) = sent.get("aws") {
+        let text = |k: &str| aws.get(k).and_then(Value::as_str).map(str::to_string);
+        let (Some(id), Some(secret)) = (text("access_key_id"), text("secret_access_key")) else {
+            return HttpResponse::BadRequest().json(json!({"error": "aws needs access_key_id and secret_access_key"}));
+        };
+        trust.aws.insert(id, sigv4::KeyPair { secret_access_key: secret, session_token: text("session_token") });
+    }
+    if let Some(key) = sent.get("bedrock_api_key").and_then(Value::as_str) {
+        trust.bedrock_api_keys.insert(key.to_string());
+    }
+    if let Some(pem) = sent.get("google_public_key").and_then(Value::as_str) {
+        trust.google_keys.push(pem.to_string());
+    }
+    HttpResponse::NoContent().finish()
+}
+
+/// AWS's 403 unless a Bedrock request carries a trusted API key as a bearer token or a SigV4
+/// signature by a trusted key pair.
+fn refuse_bedrock(req: &HttpRequest, body: &Bytes, state: &MockState) -> Option<HttpResponse> {
+    let authorization = req.headers().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if let Some(key) = authorization.strip_prefix("Bearer ") {
+        let trusted = state.trust.lock().bedrock_api_keys.contains(key);
+        return (!trusted)
+            .then(|| bedrock::error(StatusCode::FORBIDDEN, "UnrecognizedClientException", "Invalid API Key format."));
+    }
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).to_string()))
+        .collect();
+    let trusted = state.trust.lock().aws.clone();
+    let request = sigv4::Request {
+        method: req.method().as_str(),
+        raw_path: req.uri().path(),
+        query: req.query_string(),
+        headers: &headers,
+        body,
+    };
+    match sigv4::verify(&trusted, &request) {
+        Ok(()) => None,
+        Err(sigv4::Refusal::UnknownKey) => Some(bedrock::error(
+            StatusCode::FORBIDDEN,
+            "UnrecognizedClientException",
+            "The security token included in the request is invalid.",
+        )),
+        Err(sigv4::Refusal::Mismatch(why)) => {
+            Some(bedrock::error(StatusCode::FORBIDDEN, "InvalidSignatureException", why))
         }
     }
 }

@@ -195,11 +195,11 @@ where
 /// A non-streaming routed call.
 pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Routed {
     let mut rng = rand::rng();
+    let shared = &call;
     let outcome = attempts(&call, health, &mut rng, |target, remaining| {
-        let request = prepare(&call, target, false);
         let timeout = remaining.min(Duration::from_secs(u64::from(target.timeout_s)));
         async move {
-            let (provider, url, headers, body) = request?;
+            let (provider, url, headers, body) = prepare(shared, egress, target, false).await?;
             egress.call(provider, &url, target.allow_private, headers, body, timeout).await
         }
     })
@@ -235,7 +235,7 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
 fn dropped_by(call: &Call<'_>, target: &str) -> Vec<String> {
     call.tenant
         .target(target)
-        .map(|target| provider::for_flavor(target.flavor).dropped(call.request, target))
+        .map(|target| provider::for_target(target).dropped(call.request, target))
         .unwrap_or_default()
 }
 
@@ -314,14 +314,14 @@ pub struct Committed {
 /// arrived, `Err` (answered like a non-streaming failure) when none did.
 pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -> Result<Committed, Routed> {
     let mut rng = rand::rng();
+    let shared = &call;
     let outcome = attempts(&call, health, &mut rng, |target, remaining| {
-        let request = prepare(&call, target, true);
         // A model that thinks (or reads documents) first may be silent longer than a first
         // byte normally takes: such requests wait up to the whole call's timeout.
         let first_byte_s = if call.request.reasons() { target.timeout_s } else { target.first_byte_timeout_s() };
         let first_byte = remaining.min(Duration::from_secs(u64::from(first_byte_s)));
         async move {
-            let (provider, url, headers, body) = request?;
+            let (provider, url, headers, body) = prepare(shared, egress, target, true).await?;
             egress
                 .open_stream(provider, &url, target.allow_private, headers, body, first_byte)
                 .await
@@ -401,23 +401,24 @@ pub fn hop_value(hop: u32) -> HeaderValue {
 /// The target's provider adapter and the URL, headers and body of one attempt at it. Headers
 /// are built from scratch: the hop count, the adapter's own, and this target's credential,
 /// applied last by the adapter (it sees the final body).
-fn prepare(call: &Call<'_>, target: &Target, stream: bool) -> Result<Prepared, Failure> {
-    prepare_for(call.tenant, call.request, call.upstream_key, call.next_hop, target, stream)
+async fn prepare(call: &Call<'_>, egress: &Egress, target: &Target, stream: bool) -> Result<Prepared, Failure> {
+    prepare_for(call.tenant, egress, call.request, call.upstream_key, call.next_hop, target, stream).await
 }
 
 /// A target's adapter, and the URL, headers and body of one attempt at it.
 pub type Prepared = (&'static dyn Provider, url::Url, HeaderMap, Vec<u8>);
 
 /// [`prepare`] from its parts (a resumed stream re-issues the request after the call's end).
-pub fn prepare_for(
+pub async fn prepare_for(
     tenant: &TenantConfig,
+    egress: &Egress,
     request: &ChatRequest,
     upstream_key: Option<&str>,
     next_hop: u32,
     target: &Target,
     stream: bool,
 ) -> Result<Prepared, Failure> {
-    let provider = provider::for_flavor(target.flavor);
+    let provider = provider::for_target(target);
     let endpoint = tenant.endpoint(&target.id).map_err(|_| Failure::of(Class::UnsafeUrl))?;
     let url = provider.call_url(endpoint, stream).into_owned();
     let body = provider.body(request, target, stream);
@@ -437,7 +438,11 @@ pub fn prepare_for(
     };
     match (target.auth.mode, credential) {
         (AuthMode::None, _) => {}
-        (_, Some(credential)) => provider.authenticate(credential, &url, &body, &mut headers),
+        (_, Some(credential)) => {
+            // A service account's token is fetched or refreshed here (once for all callers).
+            let credential = credential.current(egress, target.allow_private).await?;
+            provider.authenticate(&credential, &url, &body, &mut headers);
+        }
         (_, None) => return Err(Failure::of(Class::CredentialUnavailable)),
     }
     Ok((provider, url, headers, body))

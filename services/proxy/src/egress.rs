@@ -261,6 +261,26 @@ impl Egress {
         tokio::time::timeout(first_byte, opening).await.unwrap_or(Err(Failure::of(Class::Timeout)))
     }
 
+    /// A POST whose answer a provider's own step reads (a credential exchange, say): the status
+    /// and the body (at most 1 MiB), within `timeout`, under the same SSRF checks as calls.
+    pub async fn exchange(
+        &self,
+        url: &Url,
+        allow_private: bool,
+        headers: HeaderMap,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(u16, Vec<u8>), Failure> {
+        let sent = self.post(url, allow_private, headers, body)?;
+        let exchange = async {
+            let response = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
+            let status = response.status().as_u16();
+            let bytes = read_body(response.into_body(), 1 << 20).await.map_err(|_| Failure::of(Class::Connect))?;
+            Ok((status, bytes.ok_or(Failure::of(Class::BadResponse))?))
+        };
+        tokio::time::timeout(timeout, exchange).await.unwrap_or(Err(Failure::of(Class::Timeout)))
+    }
+
     /// The default path: the body as sent, the answer's head now and its body as it arrives.
     pub async fn relay(
         &self,
@@ -291,15 +311,15 @@ impl Egress {
     }
 }
 
-/// An upstream request built from scratch: `headers` and a JSON content type, nothing of the
-/// caller's. `None` when the URL cannot be an HTTP URI (validation refuses those earlier).
+/// An upstream request built from scratch: `headers` and a JSON content type unless they name
+/// another, nothing of the caller's. `None` when the URL cannot be an HTTP URI (validation refuses those earlier).
 fn build(method: Method, url: &Url, headers: HeaderMap, body: Full<Bytes>) -> Option<Request<Full<Bytes>>> {
     let uri: Uri = url.as_str().parse().ok()?;
     let mut request = Request::new(body);
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
-    request.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    request.headers_mut().entry(CONTENT_TYPE).or_insert(HeaderValue::from_static("application/json"));
     Some(request)
 }
 
@@ -341,7 +361,7 @@ fn describe(err: &CallError) -> String {
 mod tests {
     use super::*;
     use std::str::FromStr;
-    const OPENAI: &dyn Provider = crate::provider::for_flavor(shield_core::target::Flavor::Openai);
+    const OPENAI: &dyn Provider = crate::provider::OPENAI;
 
     #[tokio::test]
     async fn the_guarded_resolver_refuses_private_answers() {

@@ -150,7 +150,16 @@ impl Resumer {
             Some(Tried::Failed { class, status, read_chars })
         };
         let request = if prefill { with_prefill(&self.request, sent) } else { self.request.clone() };
-        let prepared = prepare_for(&self.tenant, &request, self.upstream_key.as_deref(), self.next_hop, target, true);
+        let prepared = prepare_for(
+            &self.tenant,
+            &self.egress,
+            &request,
+            self.upstream_key.as_deref(),
+            self.next_hop,
+            target,
+            true,
+        )
+        .await;
         let (provider, url, headers, body) = match prepared {
             Ok(prepared) => prepared,
             Err(failure) => return fail(failure.class, failure.status, 0),

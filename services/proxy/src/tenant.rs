@@ -40,7 +40,7 @@ impl TenantConfig {
         let mut credentials = BTreeMap::new();
         let mut endpoints = BTreeMap::new();
         for (id, target) in &snapshot.targets {
-            let endpoint = provider::for_flavor(target.flavor).endpoint(target);
+            let endpoint = provider::for_target(target).endpoint(target);
             if let (Ok(url), AuthMode::Vault) = (&endpoint, target.auth.mode) {
                 match vault_credential(&snapshot, target, url, keyring) {
                     Ok(credential) => {
@@ -98,7 +98,7 @@ fn vault_credential(
     let plaintext =
         keyring.open(&secret_aad(&snapshot.tenant, name), &sealed).map_err(|_| "secret does not decrypt")?;
     let value = String::from_utf8(plaintext).map_err(|_| "secret is not text")?;
-    Credential::for_target(target, &value).ok_or("secret is not a valid header value")
+    provider::for_target(target).credential(target, &value)
 }
 
 #[cfg(test)]
@@ -138,7 +138,7 @@ mod tests {
         let config = TenantConfig::build(snapshot(&["api.openai.com"], "acme"), &keyring());
         let credential = config.vault_credential("t").expect("bound and decryptable");
         let mut headers = http::HeaderMap::new();
-        provider::for_flavor(shield_core::target::Flavor::Openai).authenticate(
+        provider::OPENAI.authenticate(
             credential,
             &url::Url::parse("https://api.openai.com/v1/chat/completions").unwrap(),
             b"{}",

@@ -36,32 +36,11 @@ const DEFAULT_MAX_TOKENS: u64 = 4096;
 const VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
 const BETA_HEADER: HeaderName = HeaderName::from_static("anthropic-beta");
 
-impl Provider for Anthropic {
-    fn endpoint(&self, target: &Target) -> Result<Url, &'static str> {
-        join(target, "/messages")
-    }
-
-    /// A caller in Anthropic's shape has its `anthropic-version` and `anthropic-beta` forwarded
-    /// as sent (less the flags the target strips); others get the target's version.
-    fn headers(&self, target: &Target, request: &ChatRequest, headers: &mut HeaderMap) {
-        let options = target.anthropic.as_ref();
-        let origin = request.anthropic();
-        let version = origin
-            .and_then(|o| o.version.as_deref())
-            .unwrap_or_else(|| options.map_or("2023-06-01", |a| a.version.as_str()));
-        if let Ok(value) = HeaderValue::from_str(version) {
-            headers.insert(VERSION_HEADER, value);
-        }
-        let strip = options.map_or(&[][..], |a| a.strip_beta.as_slice());
-        if let Some(beta) = origin.and_then(|o| o.beta.as_deref()).and_then(|beta| forwarded_beta(beta, strip)) {
-            headers.insert(BETA_HEADER, beta);
-        }
-    }
-
+impl Anthropic {
     /// A caller who spoke Anthropic's shape gets its own fields back as they were (model set to
     /// the target's, system messages folded for a model that does not take them); others'
     /// requests are converted.
-    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
+    pub(super) fn request_body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Map<String, Value> {
         let mut body = match request.anthropic() {
             Some(origin) => {
                 let mut body = origin.original.clone();
@@ -84,7 +63,34 @@ impl Provider for Anthropic {
         for (key, value) in target.extra_body.iter().flatten() {
             body.insert(key.clone(), value.clone());
         }
-        serde_json::to_vec(&body).unwrap_or_default()
+        body
+    }
+}
+
+impl Provider for Anthropic {
+    fn endpoint(&self, target: &Target) -> Result<Url, &'static str> {
+        join(target, "/messages")
+    }
+
+    /// A caller in Anthropic's shape has its `anthropic-version` and `anthropic-beta` forwarded
+    /// as sent (less the flags the target strips); others get the target's version.
+    fn headers(&self, target: &Target, request: &ChatRequest, headers: &mut HeaderMap) {
+        let options = target.anthropic.as_ref();
+        let origin = request.anthropic();
+        let version = origin
+            .and_then(|o| o.version.as_deref())
+            .unwrap_or_else(|| options.map_or("2023-06-01", |a| a.version.as_str()));
+        if let Ok(value) = HeaderValue::from_str(version) {
+            headers.insert(VERSION_HEADER, value);
+        }
+        let strip = options.map_or(&[][..], |a| a.strip_beta.as_slice());
+        if let Some(beta) = origin.and_then(|o| o.beta.as_deref()).and_then(|beta| forwarded_beta(beta, strip)) {
+            headers.insert(BETA_HEADER, beta);
+        }
+    }
+
+    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
+        serde_json::to_vec(&self.request_body(request, target, stream)).unwrap_or_default()
     }
 
     /// An OpenAI-shaped caller's fields the Messages API has no place for.
@@ -354,7 +360,7 @@ fn messages_request(request: &exchange::Request, target: &Target) -> Map<String,
 
 /// `max_tokens`, which Anthropic requires: the caller's, else the target's output limit, else
 /// a default.
-fn max_tokens_of(request: &exchange::Request, target: &Target) -> u64 {
+pub(super) fn max_tokens_of(request: &exchange::Request, target: &Target) -> u64 {
     request
         .max_tokens
         .or_else(|| target.capabilities.as_ref().and_then(|c| c.max_output_tokens).map(u64::from))
@@ -369,7 +375,7 @@ fn max_tokens_of(request: &exchange::Request, target: &Target) -> u64 {
 /// is no thinking); without either, the budget is added to the default, up to
 /// [`UNCAPPED_CEILING`]. Not when the history's last tool-calling turn lacks its thinking. Never with a forced tool choice, which thinking
 /// refuses.
-fn thinking_budget(request: &exchange::Request, target: &Target, max_tokens: &mut u64) -> Option<u64> {
+pub(super) fn thinking_budget(request: &exchange::Request, target: &Target, max_tokens: &mut u64) -> Option<u64> {
     const MIN_BUDGET: u64 = 1024;
     let effort = request.reasoning.as_ref()?.effort?;
     let reasons = target.capabilities.as_ref().and_then(|c| c.reasoning) == Some(true);
@@ -405,7 +411,7 @@ fn thinking_budget(request: &exchange::Request, target: &Target, max_tokens: &mu
 const UNCAPPED_CEILING: u64 = 32_000;
 
 /// Whether a thinking part is one Anthropic signed (and so will take back).
-fn anthropics_thinking(part: &Part) -> bool {
+pub(super) fn anthropics_thinking(part: &Part) -> bool {
     matches!(part, Part::Thinking { signature, .. } if !signature.is_empty() && !signature.starts_with(super::GEMINI_SIGNATURE))
 }
 

@@ -15,12 +15,14 @@
 //! choices, `logprobs`, `system_fingerprint`; Anthropic's server-tool blocks and citations)
 //! are not lost there and no answer is rebuilt.
 //!
-//! Adding a provider: one module implementing [`Provider`], one arm in [`for_flavor`], its
+//! Adding a provider: one module implementing [`Provider`], one arm in [`for_target`], its
 //! tests. Adapters never log a header value or a body.
 
 mod anthropic;
+mod bedrock;
 mod gemini;
 mod openai;
+mod vertex;
 
 pub use openai::OpenAiAnswer;
 
@@ -28,12 +30,12 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use shield_core::exchange::{self, Delta};
 use shield_core::outcome::Class;
-use shield_core::target::{Flavor, Target};
+use shield_core::target::{Flavor, Publisher, Target};
 use shield_core::usage::TokenUsage;
 use url::Url;
 
 use crate::body::ChatRequest;
-use crate::egress::Failure;
+use crate::egress::{Egress, Failure};
 
 /// A 2xx answer, parsed.
 #[derive(Debug)]
@@ -77,17 +79,29 @@ impl Chunk {
     }
 }
 
-/// A target's credential, prepared once per snapshot version and applied per request by its
-/// adapter's [`Provider::authenticate`]. Never formatted: `Debug` hides the value.
+/// A target's credential, prepared once per snapshot version by its adapter's
+/// [`Provider::credential`] and applied per request by its [`Provider::authenticate`]. Never
+/// formatted: `Debug` hides the value.
 #[derive(Clone)]
-pub struct Credential {
-    header: HeaderName,
-    value: HeaderValue,
+pub struct Credential(Secret);
+
+/// What a credential is: a header (an API key, a bearer token), an AWS key pair that signs
+/// each request, or a Google service account exchanged for short-lived tokens.
+#[derive(Clone)]
+enum Secret {
+    Header { header: HeaderName, value: HeaderValue },
+    Aws(std::sync::Arc<bedrock::AwsKeys>),
+    Google(std::sync::Arc<vertex::TokenSource>),
 }
 
 impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credential").field("header", &self.header).finish_non_exhaustive()
+        let kind = match &self.0 {
+            Secret::Header { header, .. } => header.as_str(),
+            Secret::Aws(_) => "aws-sigv4",
+            Secret::Google(_) => "google-service-account",
+        };
+        f.debug_struct("Credential").field("kind", &kind).finish_non_exhaustive()
     }
 }
 
@@ -99,7 +113,7 @@ impl Credential {
         let text = if scheme.is_empty() { key.to_string() } else { format!("{scheme} {key}") };
         let mut value = HeaderValue::from_str(&text).ok()?;
         value.set_sensitive(true);
-        Some(Credential { header, value })
+        Some(Credential(Secret::Header { header, value }))
     }
 
     /// The credential of a target of this flavor, in the header its `auth` names (or the
@@ -107,6 +121,30 @@ impl Credential {
     pub fn for_target(target: &Target, key: &str) -> Option<Credential> {
         let (header, scheme) = target.auth.header_and_scheme(target.flavor);
         Credential::new(header, scheme, key)
+    }
+
+    /// The credential as it goes on a request now: itself, or (a service account) the access
+    /// token it is exchanged for, fetched or refreshed first when the cached one is near its
+    /// end. The exchange goes through `egress`, under the target's `allow_private`.
+    pub async fn current(
+        &self,
+        egress: &Egress,
+        allow_private: bool,
+    ) -> Result<std::borrow::Cow<'_, Credential>, Failure> {
+        match &self.0 {
+            Secret::Google(source) => {
+                let value = source.token(egress, allow_private).await?;
+                Ok(std::borrow::Cow::Owned(Credential(Secret::Header { header: http::header::AUTHORIZATION, value })))
+            }
+            _ => Ok(std::borrow::Cow::Borrowed(self)),
+        }
+    }
+
+    /// Puts a header credential on a request; other kinds are their adapter's to apply.
+    fn insert_header(&self, headers: &mut HeaderMap) {
+        if let Secret::Header { header, value } = &self.0 {
+            headers.insert(header.clone(), value.clone());
+        }
     }
 }
 
@@ -199,10 +237,18 @@ pub trait Provider: Sync {
         Vec::new()
     }
 
+    /// The credential a target's vault secret makes (decrypted, bound to the target's host):
+    /// by default the secret is a key sent in the target's `auth` header. A provider whose
+    /// secret is structured (an AWS key pair, a service account) reads it here, once per
+    /// snapshot version; `Err` says why it cannot be used (logged; the target is excluded).
+    fn credential(&self, target: &Target, secret: &str) -> Result<Credential, &'static str> {
+        Credential::for_target(target, secret).ok_or("secret is not a valid header value")
+    }
+
     /// Puts the credential on the request. Sees the final URL, headers and body, so a provider
     /// that signs requests (Bedrock SigV4) signs them here, on every attempt.
     fn authenticate(&self, credential: &Credential, _url: &Url, _body: &[u8], headers: &mut HeaderMap) {
-        headers.insert(credential.header.clone(), credential.value.clone());
+        credential.insert_header(headers);
     }
 
     /// A 2xx body as a typed answer; `None` when it is not an answer (bad response).
@@ -220,15 +266,24 @@ pub trait Provider: Sync {
 /// signature"), and Anthropic refuses Gemini's.
 pub(crate) const GEMINI_SIGNATURE: &str = "gemini:";
 
-/// The adapter of a flavor.
-pub const fn for_flavor(flavor: Flavor) -> &'static dyn Provider {
-    match flavor {
+/// The adapter of a target: its flavor's, and for Vertex AI its model publisher's (Google's
+/// models speak Gemini's body, Anthropic's the Messages body).
+pub fn for_target(target: &Target) -> &'static dyn Provider {
+    match target.flavor {
         Flavor::Openai => &openai::OPENAI,
         Flavor::Azure => &openai::AZURE,
         Flavor::Anthropic => &anthropic::ANTHROPIC,
         Flavor::Gemini => &gemini::GEMINI,
+        Flavor::Bedrock => &bedrock::BEDROCK,
+        Flavor::Vertex => match target.vertex_publisher() {
+            Publisher::Google => &vertex::VERTEX_GEMINI,
+            Publisher::Anthropic => &vertex::VERTEX_CLAUDE,
+        },
     }
 }
+
+/// The adapter of an OpenAI-flavour target (the default path's, and tests').
+pub const OPENAI: &dyn Provider = &openai::OPENAI;
 
 /// `{base_url}{path}`: the target's base URL (already validated) with the provider's path.
 fn join(target: &Target, path: &str) -> Result<Url, &'static str> {
