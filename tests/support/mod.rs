@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod agents;
+pub mod clouds;
 pub mod cluster;
 pub mod evidence;
 pub mod logs;

@@ -97,6 +97,8 @@ impl Stack {
             ("SHIELD_LLM_ROUTING_FLUSH_S", options.flush_s.to_string()),
             ("SHIELD_LLM_ROUTING", if options.routing { "1" } else { "0" }.into()),
             ("RUST_LOG", "info".into()),
+            // Vertex AI targets get their tokens from the mock's endpoint (tests/support/clouds.rs).
+            ("SHIELD_GCP_TOKEN_URL", format!("http://{mock}/mock/id:gcp-token/token")),
         ];
         if options.default_upstream {
             env.push(("SHIELD_DEFAULT_UPSTREAM_URL", format!("http://{mock}/mock/id:default/v1")));

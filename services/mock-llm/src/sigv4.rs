@@ -177,6 +177,10 @@ pub(crate) fn verify(
     let header = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str());
     let auth = header("authorization").and_then(parse).ok_or(Refusal::Mismatch("no AWS4-HMAC-SHA256 authorization"))?;
     let pair = trusted.get(auth.access_key_id).ok_or(Refusal::UnknownKey)?;
+    // Bedrock's runtime signs as `bedrock`, not `bedrock-runtime`.
+    if auth.service != "bedrock" {
+        return Err(Refusal::Mismatch("the credential scope's service must be bedrock"));
+    }
     let amz_date = header("x-amz-date").ok_or(Refusal::Mismatch("no x-amz-date"))?;
     if !amz_date.starts_with(auth.date) {
         return Err(Refusal::Mismatch("x-amz-date is not the credential scope's date"));

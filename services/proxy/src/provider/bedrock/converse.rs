@@ -273,12 +273,14 @@ pub fn answer(body: &[u8]) -> Option<Answer> {
 }
 
 /// Per-stream state: the minted id, which content block is a tool call (its index among the
-/// answer's calls), whether a reasoning block is open, and usage.
+/// answer's calls), whether a reasoning block is open, the stop reason, and usage.
 #[derive(Default)]
 pub struct Decoder {
     id: String,
     calls: HashMap<u64, u32>,
     thinking: Option<u64>,
+    /// `messageStop`'s reason, until `metadata` brings the usage.
+    stop: Option<Stop>,
     usage: Option<TokenUsage>,
 }
 
@@ -341,11 +343,14 @@ impl StreamDecoder for Decoder {
                 if failed_generation(reason) {
                     return Decoded::Error(Class::BadResponse, data.as_bytes().to_vec());
                 }
-                deltas.push(Delta::Stop(stop_of(reason)));
+                // Held for `metadata`, which follows with the usage: callers' wires report both
+                // together (a stop with its usage, as the other providers send them).
+                self.stop = Some(stop_of(reason));
             }
             "metadata" => {
                 let usage = payload.get("usage").map(usage_of);
                 self.usage = usage.or(self.usage);
+                deltas.extend(self.stop.take().map(Delta::Stop));
                 out.push(Chunk { deltas, usage: usage.is_some(), openai: None });
                 return Decoded::Done;
             }

@@ -286,11 +286,12 @@ fn stream_events_decode_to_deltas_and_exceptions_to_errors() {
         ),
         ("contentBlockDelta", json!({"contentBlockIndex": 2, "delta": {"toolUse": {"input": "{\"q\":"}}})),
         ("contentBlockDelta", json!({"contentBlockIndex": 2, "delta": {"toolUse": {"input": "1}"}}})),
-        ("messageStop", json!({"stopReason": "tool_use"})),
     ];
     for (event, data) in events {
         assert_eq!(decoder.decode(event, &data.to_string(), &mut out), Decoded::Continue, "{event}");
     }
+    let stop = json!({"stopReason": "tool_use"}).to_string();
+    assert_eq!(decoder.decode("messageStop", &stop, &mut out), Decoded::Continue);
     let metadata = json!({"usage": {"inputTokens": 3, "outputTokens": 4, "totalTokens": 7}});
     assert_eq!(decoder.decode("metadata", &metadata.to_string(), &mut out), Decoded::Done);
     let deltas: Vec<Delta> = out.iter().flat_map(|c| c.deltas.clone()).collect();
