@@ -1,5 +1,6 @@
 //! The cross-shape matrix (issues 28, 30): each caller shape (`/v1/chat/completions`,
-//! `/v1/messages`) × each provider flavor (`openai`, `anthropic`, `gemini`) × streamed and not × each
+//! `/v1/messages`) × each provider flavor (`openai`, `anthropic`, `gemini`, `bedrock`, and
+//! `vertex` with Google's and Anthropic's models) × streamed and not × each
 //! kind of content (text, a tool call, a tool result, an image, thinking). Every cell sends one
 //! request through the real proxy to the mock and checks both ends: what the caller got, read
 //! back into one summary whatever its shape, and what the mock received, in the target's
@@ -8,6 +9,7 @@
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
+use shield_e2e::clouds;
 use shield_e2e::stack::Stack;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -21,9 +23,13 @@ enum Flavor {
     OpenAi,
     Anthropic,
     Gemini,
+    Bedrock,
+    VertexGemini,
+    VertexClaude,
 }
 
-const FLAVORS: [Flavor; 3] = [Flavor::OpenAi, Flavor::Anthropic, Flavor::Gemini];
+const FLAVORS: [Flavor; 6] =
+    [Flavor::OpenAi, Flavor::Anthropic, Flavor::Gemini, Flavor::Bedrock, Flavor::VertexGemini, Flavor::VertexClaude];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Case {
@@ -52,6 +58,9 @@ fn target_id(flavor: Flavor, case: Case) -> String {
         Flavor::OpenAi => "o",
         Flavor::Anthropic => "a",
         Flavor::Gemini => "g",
+        Flavor::Bedrock => "b",
+        Flavor::VertexGemini => "vg",
+        Flavor::VertexClaude => "vc",
     };
     format!("mx-{flavor}-{case:?}").to_lowercase()
 }
@@ -200,9 +209,17 @@ async fn send(stack: &Stack, key: &str, caller: Caller, body: &Value) -> (Status
 
 /// What the mock received for the cell, in the target's shape.
 fn check_received(flavor: Flavor, caller: Caller, case: Case, sent: &Value, headers: &HeaderMap) {
-    if flavor == Flavor::Gemini {
-        return check_gemini_received(caller, case, sent, headers);
-    }
+    let flavor = match flavor {
+        Flavor::Gemini | Flavor::VertexGemini => return check_gemini_received(caller, case, sent, headers),
+        Flavor::Bedrock => return check_bedrock_received(case, sent, headers),
+        // Claude on Vertex takes the Messages body, with Vertex's version and no model.
+        Flavor::VertexClaude => {
+            assert_eq!(sent["anthropic_version"], "vertex-2023-10-16");
+            assert!(sent.get("model").is_none());
+            Flavor::Anthropic
+        }
+        other => other,
+    };
     let messages = sent["messages"].as_array().unwrap();
     match (flavor, case) {
         (Flavor::OpenAi, Case::ToolResult) => {
@@ -272,6 +289,32 @@ fn check_gemini_received(caller: Caller, case: Case, sent: &Value, headers: &Hea
     assert!(headers.get("x-shield-dropped-fields").is_none(), "nothing dropped: {headers:?}");
 }
 
+/// What a Bedrock target received for the cell, in Converse's shape.
+fn check_bedrock_received(case: Case, sent: &Value, headers: &HeaderMap) {
+    let messages = sent["messages"].as_array().unwrap();
+    match case {
+        Case::ToolResult => {
+            let call = &messages[1]["content"][0]["toolUse"];
+            assert_eq!((messages[1]["role"].as_str(), call["name"].as_str()), (Some("assistant"), Some("search")));
+            assert_eq!(
+                messages.last().unwrap()["content"][0]["toolResult"],
+                json!({"toolUseId": "call_9", "content": [{"text": "result 42"}], "status": "success"})
+            );
+        }
+        Case::Image => {
+            assert_eq!(messages[0]["content"][1], json!({"image": {"format": "png", "source": {"bytes": IMAGE}}}))
+        }
+        Case::Thinking => {
+            let thinking = &sent["additionalModelRequestFields"]["thinking"];
+            let budget = thinking["budget_tokens"].as_u64().unwrap();
+            assert!(thinking["type"] == "enabled" && (1024..4096).contains(&budget), "{sent}");
+        }
+        Case::ToolCall => assert_eq!(sent["toolConfig"]["tools"][0]["toolSpec"]["name"], "search"),
+        Case::Text => assert_eq!(messages[0]["content"], json!([{"text": "hello"}])),
+    }
+    assert!(headers.get("x-shield-dropped-fields").is_none(), "nothing dropped: {headers:?}");
+}
+
 /// What the caller got for the cell.
 fn check_answer(flavor: Flavor, caller: Caller, case: Case, stream: bool, summary: &Summary) {
     let cell = format!("{caller:?} caller, {flavor:?} target, stream {stream}, {case:?}");
@@ -288,7 +331,11 @@ fn check_answer(flavor: Flavor, caller: Caller, case: Case, stream: bool, summar
         // Thinking and its signature reach a caller of the shape that has them, as blocks
         // (Gemini signs calls, not thoughts: its thought comes unsigned).
         (true, Caller::Anthropic) => {
-            let signature = if flavor == Flavor::Gemini { "" } else { "c2ln" };
+            let signature = match flavor {
+                Flavor::Gemini | Flavor::VertexGemini => "",
+                Flavor::Bedrock => "YmVkcm9jay1zaWc=",
+                _ => "c2ln",
+            };
             assert_eq!((summary.thinking.as_str(), summary.signature.as_str()), ("Let me think.", signature), "{cell}")
         }
         // And never leak into the text of a shape that has no place for them.
@@ -299,6 +346,8 @@ fn check_answer(flavor: Flavor, caller: Caller, case: Case, stream: bool, summar
 #[tokio::test]
 async fn every_caller_shape_reaches_every_flavor_with_every_kind_of_content() {
     let stack = Stack::start().await;
+    clouds::aws_keys(&stack, "aws").await;
+    clouds::service_account(&stack, "gcp", None).await;
     let cases = [Case::Text, Case::ToolCall, Case::ToolResult, Case::Image, Case::Thinking];
     for flavor in FLAVORS {
         for case in cases {
@@ -313,6 +362,20 @@ async fn every_caller_shape_reaches_every_flavor_with_every_kind_of_content() {
                 Flavor::Anthropic => json!({"flavor": "anthropic"}),
                 Flavor::Gemini => json!({"flavor": "gemini", "capabilities": {"reasoning": true},
                     "base_url": format!("http://{}/mock/id:{id};{scenario}/v1beta", stack.mock)}),
+                Flavor::Bedrock => json!({"flavor": "bedrock", "capabilities": {"reasoning": true},
+                    "model": "anthropic.claude-sonnet-4-20250514-v1:0", "bedrock": {"region": "us-east-1"},
+                    "base_url": format!("http://{}/mock/id:{id};{scenario}", stack.mock),
+                    "auth": {"mode": "vault", "secret_ref": "shield://aws"}}),
+                Flavor::VertexGemini | Flavor::VertexClaude => {
+                    let (publisher, model, reasoning) = match flavor {
+                        Flavor::VertexGemini => ("google", "gemini-2.5-flash", true),
+                        _ => ("anthropic", "claude-sonnet-4@20250514", false),
+                    };
+                    json!({"flavor": "vertex", "vertex": {"publisher": publisher}, "model": model,
+                        "capabilities": {"reasoning": reasoning},
+                        "base_url": format!("http://{}/mock/id:{id};{scenario}/v1/projects/p/locations/us-east5", stack.mock),
+                        "auth": {"mode": "vault", "secret_ref": "shield://gcp"}})
+                }
             };
             stack.mock_target(&id, scenario, extra).await;
             stack.put_route(&id, json!({"targets": [id]})).await;
@@ -342,5 +405,5 @@ async fn every_caller_shape_reaches_every_flavor_with_every_kind_of_content() {
             }
         }
     }
-    assert_eq!(cells, 60);
+    assert_eq!(cells, 120);
 }
