@@ -27,6 +27,8 @@ struct Finding {
 
 struct Scan {
     secrets: usize,
+    /// The secrets searched for.
+    listed: Vec<String>,
     files: Vec<PathBuf>,
     findings: Vec<Finding>,
 }
@@ -51,7 +53,7 @@ fn scan(root: &Path) -> Scan {
             });
         }
     }
-    Scan { secrets: secrets.len(), files, findings }
+    Scan { secrets: secrets.len(), listed: secrets, files, findings }
 }
 
 #[test]
@@ -103,5 +105,17 @@ fn the_whole_suite_leaked_no_secret() {
         assert!(count >= 20, "only {count} {what}");
     }
     assert!(metrics >= 20 && responses >= 20, "metrics {metrics}, response logs {responses}");
+    // Every kind of credential the cloud targets use was among them (issue 30): AWS key pairs
+    // (the vault value and each secret key), session tokens, Bedrock API keys, service-account
+    // key files (and each line of their private keys), and the OAuth tokens issued for them.
+    for (kind, listed) in [
+        ("AWS key pairs", scan.listed.iter().any(|s| s.contains("\"secret_access_key\""))),
+        ("AWS session tokens", scan.listed.iter().any(|s| s.starts_with("FwoGZXIvYXdzE"))),
+        ("Bedrock API keys", scan.listed.iter().any(|s| s.starts_with("ABSK"))),
+        ("service-account key files", scan.listed.iter().any(|s| s.contains("\"type\":\"service_account\""))),
+        ("OAuth access tokens", scan.listed.iter().any(|s| s.starts_with("ya29."))),
+    ] {
+        assert!(listed, "no {kind} among the secrets scanned for");
+    }
     assert!(scan.findings.is_empty(), "secrets leaked:\n{:#?}", scan.findings);
 }
