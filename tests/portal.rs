@@ -572,6 +572,45 @@ async fn the_target_form_knows_the_flavor() {
     let (_, target) = admin.get("/v1/tenant/me/gateway/targets/claude", &token).await;
     assert_eq!((target["flavor"].clone(), target["auth"]["header"].clone()), (json!("openai"), json!("Authorization")));
     assert!(target.get("anthropic").is_none(), "Anthropic's options went with the flavor: {target}");
+
+    // Issue 30: the cloud flavors, their base URLs made from region and project when left empty.
+    for option in [r#"<option value="vertex""#, r#"<option value="bedrock""#, r#"id="credential-kinds""#] {
+        assert!(form.body.contains(option), "{option}");
+    }
+    let mut fields = target_fields("claude-vertex", "", "claude-sonnet-4@20250514");
+    fields.extend([
+        ("flavor", "vertex"),
+        ("region", "europe-west1"),
+        ("project", "acme-prod"),
+        ("vertex.publisher", "anthropic"),
+    ]);
+    let page = browser.post("/portal/targets", &fields).await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    let (_, target) = admin.get("/v1/tenant/me/gateway/targets/claude-vertex", &token).await;
+    assert_eq!(
+        (target["base_url"].as_str(), target["vertex"]["publisher"].as_str()),
+        (
+            Some("https://europe-west1-aiplatform.googleapis.com/v1/projects/acme-prod/locations/europe-west1"),
+            Some("anthropic")
+        )
+    );
+    let edit = browser.get("/portal/targets/claude-vertex/edit").await;
+    assert!(edit.body.contains(r#"value="acme-prod""#) && edit.body.contains(r#"<option value="anthropic" selected>"#));
+    let mut fields = target_fields("bedrock", "", "anthropic.claude-sonnet-4-20250514-v1:0");
+    fields.extend([("flavor", "bedrock"), ("region", "us-west-2")]);
+    assert_eq!(browser.post("/portal/targets", &fields).await.status, StatusCode::SEE_OTHER);
+    let (_, target) = admin.get("/v1/tenant/me/gateway/targets/bedrock", &token).await;
+    assert_eq!(
+        (target["base_url"].as_str(), target["bedrock"]["region"].as_str(), target["auth"]["header"].as_str()),
+        (Some("https://bedrock-runtime.us-west-2.amazonaws.com"), Some("us-west-2"), Some("Authorization"))
+    );
+    // A Bedrock target on a host that names no region, without one: the API's message beside
+    // the region field.
+    let mut fields = target_fields("bedrock-local", "https://llm.internal.example.com", "m");
+    fields.push(("flavor", "bedrock"));
+    let page = browser.post("/portal/targets", &fields).await;
+    assert_eq!(page.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", page.body);
+    assert!(page.body.contains(r#"id="error-bedrock.region""#), "{}", page.body);
 }
 
 /// The `<p class="field-error">` the API's message for `body` at `path` renders as.

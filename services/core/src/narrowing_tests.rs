@@ -220,6 +220,15 @@ fn admission_excludes_with_a_reason_before_anything_is_sent() {
     assert_eq!(p.order, vec!["onprem-qwen"]);
     let excluded: Vec<_> = p.excluded.iter().map(|e| (e.target.as_str(), e.reason)).collect();
     assert_eq!(excluded, vec![("openai-4o", Exclusion::UnsupportedField), ("azure-4o", Exclusion::UnsupportedField)]);
+    // Claude on Vertex AI takes the Messages body, so it honours them too; Gemini on Vertex does not.
+    let mut on_vertex = with_claude.clone();
+    let azure = on_vertex.get_mut("azure-4o").unwrap();
+    azure.flavor = crate::target::Flavor::Vertex;
+    azure.vertex = Some(crate::target::Vertex { publisher: crate::target::Publisher::Anthropic });
+    let p = plan(&route, &on_vertex, &thinking, &mut rng());
+    assert_eq!(p.order.len(), 2, "{:?}", p.order);
+    on_vertex.get_mut("azure-4o").unwrap().vertex = None;
+    assert_eq!(plan(&route, &on_vertex, &thinking, &mut rng()).order, vec!["onprem-qwen"]);
     // A route envelope the stored targets no longer meet (defence in depth at run time).
     let mut envelope: Route = from_json_field(
         br#"{"name": "eu", "targets": ["openai-4o", "onprem-qwen"], "required_profile": {"region": "eu"}}"#,

@@ -210,7 +210,7 @@ fn admit(route: &Route, target: Option<&Target>, facts: &Facts) -> Result<(), Ex
     if facts.exhausted.contains(&target.id) {
         return Err(Exclusion::Exhausted);
     }
-    if facts.requires_flavor.is_some_and(|flavor| flavor != target.flavor) {
+    if facts.requires_flavor.is_some_and(|flavor| !target.speaks(flavor)) {
         return Err(Exclusion::UnsupportedField);
     }
     // Capability admission (seed 001): undeclared capabilities admit.

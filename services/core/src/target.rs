@@ -89,6 +89,15 @@ impl Target {
         (service.starts_with("bedrock-runtime") && aws && !region.is_empty()).then(|| region.to_string())
     }
 
+    /// Whether the target takes `flavor`'s request body as its own: its flavor's, and Claude on
+    /// Vertex AI takes Anthropic's Messages body (so Anthropic-only fields reach it too).
+    pub fn speaks(&self, flavor: Flavor) -> bool {
+        self.flavor == flavor
+            || (flavor == Flavor::Anthropic
+                && self.flavor == Flavor::Vertex
+                && self.vertex_publisher() == Publisher::Anthropic)
+    }
+
     /// The breaker settings in force for this target.
     pub fn breaker(&self) -> crate::breaker::BreakerSettings {
         self.breaker.unwrap_or_default()

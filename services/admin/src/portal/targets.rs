@@ -121,9 +121,15 @@ pub struct TargetValues {
     pub id: String,
     pub name: String,
     pub base_url: String,
-    /// `openai`, `azure`, `anthropic` or `gemini`.
+    /// `openai`, `azure`, `anthropic`, `gemini`, `bedrock` or `vertex`.
     pub flavor: String,
     pub model: String,
+    /// Bedrock's AWS region, or Vertex's location (`us-east5`, `global`).
+    pub region: String,
+    /// Vertex's Google Cloud project.
+    pub project: String,
+    /// Vertex's model publisher (`google` or `anthropic`).
+    pub publisher: String,
     pub location: String,
     pub auth_mode: String,
     pub secret_ref: String,
@@ -140,6 +146,12 @@ const FORM_FIELDS: &[&str] = &[
     "base_url",
     "flavor",
     "model",
+    "bedrock",
+    "bedrock.region",
+    "vertex",
+    "vertex.publisher",
+    "region",
+    "project",
     "location",
     "auth.mode",
     "auth.secret_ref",
@@ -188,6 +200,14 @@ pub async fn edit(
         base_url: target.base_url.clone(),
         flavor: enum_text(&target.flavor),
         model: target.model.clone(),
+        region: target
+            .bedrock
+            .as_ref()
+            .and_then(|b| b.region.clone())
+            .or_else(|| path_segment_after(&target.base_url, "locations"))
+            .unwrap_or_default(),
+        project: path_segment_after(&target.base_url, "projects").unwrap_or_default(),
+        publisher: target.vertex.as_ref().map(|v| enum_text(&v.publisher)).unwrap_or_else(|| "google".into()),
         location: enum_text(&target.location),
         auth_mode: enum_text(&target.auth.mode),
         secret_ref: target.auth.secret_ref.clone().unwrap_or_default(),
@@ -198,6 +218,23 @@ pub async fn edit(
         allow_private: target.allow_private,
     };
     form_page(&req, &state, &session, true, v, Problems::default()).await
+}
+
+/// The path segment after `name` in a URL (`…/projects/{p}/locations/{l}`).
+fn path_segment_after(url: &str, name: &str) -> Option<String> {
+    let url = url::Url::parse(url).ok()?;
+    let mut segments = url.path_segments()?;
+    segments.find(|s| *s == name)?;
+    segments.next().filter(|s| !s.is_empty()).map(str::to_string)
+}
+
+/// Vertex AI's base URL for a project and location: the regional host, or the global one.
+fn vertex_base_url(project: &str, location: &str) -> String {
+    let host = match location {
+        "global" => "aiplatform.googleapis.com".to_string(),
+        region => format!("{region}-aiplatform.googleapis.com"),
+    };
+    format!("https://{host}/v1/projects/{project}/locations/{location}")
 }
 
 fn enum_text(value: &impl serde::Serialize) -> String {
@@ -235,6 +272,9 @@ pub async fn save(
         base_url: form.get("base_url").trim().into(),
         flavor: form.get("flavor").into(),
         model: form.get("model").trim().into(),
+        region: form.get("region").trim().into(),
+        project: form.get("project").trim().into(),
+        publisher: form.get("vertex.publisher").into(),
         location: form.get("location").into(),
         auth_mode: form.get("auth.mode").into(),
         secret_ref: form.get("auth.secret_ref").trim().into(),
@@ -303,6 +343,7 @@ fn target_json(v: &TargetValues, stored: Option<&Target>) -> (Value, Problems) {
         body.insert("flavor".into(), json!(v.flavor));
     }
     body.insert("model".into(), json!(v.model));
+    cloud_options(v, &mut body, &mut problems);
     body.insert("location".into(), json!(v.location));
     body.insert("enabled".into(), json!(v.enabled));
     body.insert("allow_private".into(), json!(v.allow_private));
@@ -348,9 +389,81 @@ fn target_json(v: &TargetValues, stored: Option<&Target>) -> (Value, Problems) {
     (Value::Object(body), problems)
 }
 
+/// The cloud flavors' options from the form: Bedrock's region (and its regional URL when the
+/// base URL is left empty), Vertex's publisher (and the URL from project and location). Other
+/// flavors carry neither, so a change of flavor takes them away.
+fn cloud_options(v: &TargetValues, body: &mut Map<String, Value>, problems: &mut Problems) {
+    body.remove("bedrock");
+    body.remove("vertex");
+    match v.flavor.as_str() {
+        "bedrock" => {
+            if !v.region.is_empty() {
+                body.insert("bedrock".into(), json!({"region": v.region}));
+            }
+            if v.base_url.is_empty() && !v.region.is_empty() {
+                body.insert("base_url".into(), json!(format!("https://bedrock-runtime.{}.amazonaws.com", v.region)));
+            }
+        }
+        "vertex" => {
+            let publisher = if v.publisher.is_empty() { "google" } else { v.publisher.as_str() };
+            body.insert("vertex".into(), json!({"publisher": publisher}));
+            if v.base_url.is_empty() {
+                match (v.project.is_empty(), v.region.is_empty()) {
+                    (false, false) => {
+                        body.insert("base_url".into(), json!(vertex_base_url(&v.project, &v.region)));
+                    }
+                    (project_missing, region_missing) => {
+                        let why = "needed to make the Vertex AI base URL (or give the base URL)";
+                        if project_missing {
+                            problems.field("project", why);
+                        }
+                        if region_missing {
+                            problems.field("region", why);
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cloud_flavors_options_and_urls_come_from_region_project_and_publisher() {
+        let mut v = values();
+        v.flavor = "vertex".into();
+        v.base_url = String::new();
+        v.project = "acme".into();
+        v.region = "us-east5".into();
+        v.publisher = "anthropic".into();
+        let (body, problems) = target_json(&v, None);
+        assert!(problems.is_empty());
+        assert_eq!(body["base_url"], "https://us-east5-aiplatform.googleapis.com/v1/projects/acme/locations/us-east5");
+        assert_eq!(body["vertex"], json!({"publisher": "anthropic"}));
+        v.region = "global".into();
+        assert_eq!(
+            target_json(&v, None).0["base_url"],
+            "https://aiplatform.googleapis.com/v1/projects/acme/locations/global"
+        );
+        v.project = String::new();
+        assert!(target_json(&v, None).1.on("project").is_some());
+        let mut v = values();
+        v.flavor = "bedrock".into();
+        v.base_url = String::new();
+        v.region = "eu-central-1".into();
+        let (body, _) = target_json(&v, None);
+        assert_eq!(body["base_url"], "https://bedrock-runtime.eu-central-1.amazonaws.com");
+        assert_eq!(body["bedrock"], json!({"region": "eu-central-1"}));
+        v.flavor = "openai".into();
+        let stored: Target = serde_json::from_value(body).unwrap();
+        let (body, _) = target_json(&v, Some(&stored));
+        assert!(body.get("bedrock").is_none(), "the options go with the flavor");
+        assert_eq!(path_segment_after("https://x/v1/projects/p1/locations/l1", "projects").as_deref(), Some("p1"));
+    }
 
     fn values() -> TargetValues {
         TargetValues {
