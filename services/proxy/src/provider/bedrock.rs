@@ -79,9 +79,11 @@ impl Provider for Bedrock {
         frames::event_stream(body)
     }
 
-    /// The content type is set here so that it is signed with the rest.
+    /// The content type is set here so that it is signed with the rest; no `Accept` (AWS's
+    /// clients send none: the method says whether the answer streams).
     fn headers(&self, _target: &Target, _request: &ChatRequest, headers: &mut HeaderMap) {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.remove(http::header::ACCEPT);
     }
 
     fn body(&self, request: &ChatRequest, target: &Target, _stream: bool) -> Vec<u8> {
