@@ -137,3 +137,54 @@ async fn every_ending_is_recorded_once_and_usage_agrees_with_metrics() {
     let slow = rows.iter().find(|r| r["target"] == "slow").unwrap();
     assert!(slow["output_tokens"].as_u64().unwrap() >= 1, "an abandoned stream is billed for what was relayed: {slow}");
 }
+
+/// Issue 31 (first part): the request's id — the caller's `X-Request-Id`, else one Shield
+/// makes — goes to every upstream attempt, failovers included, and to the default path; with
+/// `SHIELD_LOG_FORMAT=json` the proxy writes one JSON object per line, and a line written
+/// while serving a request carries the request's id.
+#[tokio::test]
+async fn the_request_id_reaches_every_attempt_and_every_log_line_of_the_request() {
+    let mut stack =
+        Stack::start_with(shield_e2e::stack::StackOptions { default_upstream: true, ..Default::default() }).await;
+    stack.restart_proxy(&[("SHIELD_LOG_FORMAT", "json".to_string())]).await;
+    stack.mock_target("rid-busy", "status:429;retry-after:30", json!({})).await;
+    stack.mock_target("rid-ok", "", json!({})).await;
+    stack.put_route("rid", json!({"targets": ["rid-busy", "rid-ok"]})).await;
+    let (key, _) = stack.key(None).await;
+    let id = shield_e2e::unique("rid-");
+    let (status, headers, body) = stack.chat(&key, chat_body("rid"), &[("x-request-id", &id)]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(headers["x-request-id"], id.as_str());
+    for target in ["rid-busy", "rid-ok"] {
+        let received = stack.received(target).await;
+        assert_eq!(received.len(), 1, "{target}");
+        assert_eq!(received[0]["headers"]["x-request-id"], id.as_str(), "{target}: the caller's id goes upstream");
+    }
+    // Without one, Shield's own id goes upstream and comes back.
+    let (_, headers, _) = stack.chat(&key, chat_body("rid"), &[]).await;
+    let made = headers["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(stack.received("rid-ok").await.last().unwrap()["headers"]["x-request-id"], made.as_str());
+    // The default path forwards it too.
+    let (status, _, _) = stack.chat(&key, chat_body("not-a-route"), &[("x-request-id", "rid-default-path-1")]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(stack.received("default").await.last().unwrap()["headers"]["x-request-id"], "rid-default-path-1");
+
+    // The JSON log: every line an object; the line the busy target's parking wrote names the
+    // request it was serving.
+    let log = std::fs::read_to_string(stack.evidence.path("proxy.log")).unwrap();
+    let restarted = log.lines().skip_while(|l| !l.starts_with('{'));
+    let lines: Vec<Value> =
+        restarted.map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}"))).collect();
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["timestamp"].is_string() && l["level"].is_string() && l["fields"]["message"].is_string())
+    );
+    let parked =
+        lines.iter().find(|l| l["fields"]["message"] == "target parked as exhausted").expect("the parking was logged");
+    assert_eq!(parked["span"]["request_id"], id.as_str(), "{parked}");
+    assert_eq!(
+        (parked["target"].as_str(), parked["fields"]["target"].as_str()),
+        (Some("shield_proxy::health"), Some("rid-busy"))
+    );
+}

@@ -134,6 +134,19 @@ fn init_logging() {
     {
         filter = filter.add_directive(quiet);
     }
+    // `SHIELD_LOG_FORMAT=json`: one JSON object per line — `timestamp`, `level`, `target` (the
+    // module), `fields` (the message and the event's fields; not flattened, since events have
+    // fields named `target` too), and the request's fields (its id) under `span`.
+    if std::env::var("SHIELD_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json")) {
+        tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+        return;
+    }
     let colour = log_colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
     tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour).with_writer(std::io::stderr).init();
 }

@@ -24,6 +24,7 @@ pub async fn forward(
     path: &str,
     body: Bytes,
     next_hop: u32,
+    request_id: Option<http::HeaderValue>,
 ) -> Result<HttpResponse, ProxyError> {
     let Some(base) = &state.config.default_upstream else {
         return Err(ProxyError::ModelNotFound(model.to_string()));
@@ -32,6 +33,9 @@ pub async fn forward(
     let mut headers = HeaderMap::with_capacity(2);
     headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
     headers.insert(crate::dispatch::HOP, crate::dispatch::hop_value(next_hop));
+    if let Some(id) = request_id {
+        headers.insert(crate::dispatch::REQUEST_ID, id);
+    }
     let (head, body) = egress.relay(url, headers, body, DEFAULT_TIMEOUT).await.map_err(ProxyError::DefaultUpstream)?;
     let status = StatusCode::from_u16(head.status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut out = HttpResponse::build(status);

@@ -73,6 +73,8 @@ pub struct Call<'a> {
     pub upstream_key: Option<&'a str>,
     /// The hop count to send upstream.
     pub next_hop: u32,
+    /// The request's id (`X-Request-Id`), forwarded to every upstream attempt.
+    pub request_id: Option<&'a HeaderValue>,
     /// What rules read: flagged guardrails, data class, agent, role, prompt size.
     pub facts: Facts,
 }
@@ -402,22 +404,35 @@ pub fn hop_value(hop: u32) -> HeaderValue {
 /// are built from scratch: the hop count, the adapter's own, and this target's credential,
 /// applied last by the adapter (it sees the final body).
 async fn prepare(call: &Call<'_>, egress: &Egress, target: &Target, stream: bool) -> Result<Prepared, Failure> {
-    prepare_for(call.tenant, egress, call.request, call.upstream_key, call.next_hop, target, stream).await
+    let sent = Sent { upstream_key: call.upstream_key, next_hop: call.next_hop, request_id: call.request_id };
+    prepare_for(call.tenant, egress, call.request, sent, target, stream).await
 }
 
 /// A target's adapter, and the URL, headers and body of one attempt at it.
 pub type Prepared = (&'static dyn Provider, url::Url, HeaderMap, Vec<u8>);
 
 /// [`prepare`] from its parts (a resumed stream re-issues the request after the call's end).
+/// What an upstream request carries of the caller's besides the body: the passthrough key, the
+/// hop count, the request id.
+#[derive(Clone, Copy)]
+pub struct Sent<'a> {
+    pub upstream_key: Option<&'a str>,
+    pub next_hop: u32,
+    pub request_id: Option<&'a HeaderValue>,
+}
+
+/// The request id header, sent upstream so a provider's logs and Shield's name one request.
+pub const REQUEST_ID: http::header::HeaderName = http::header::HeaderName::from_static("x-request-id");
+
 pub async fn prepare_for(
     tenant: &TenantConfig,
     egress: &Egress,
     request: &ChatRequest,
-    upstream_key: Option<&str>,
-    next_hop: u32,
+    sent: Sent<'_>,
     target: &Target,
     stream: bool,
 ) -> Result<Prepared, Failure> {
+    let Sent { upstream_key, next_hop, request_id } = sent;
     let provider = provider::for_target(target);
     let endpoint = tenant.endpoint(&target.id).map_err(|_| Failure::of(Class::UnsafeUrl))?;
     let url = provider.call_url(endpoint, stream).into_owned();
@@ -426,6 +441,9 @@ pub async fn prepare_for(
     let accept = if stream { "text/event-stream" } else { "application/json" };
     headers.insert(ACCEPT, HeaderValue::from_static(accept));
     headers.insert(HOP, hop_value(next_hop));
+    if let Some(id) = request_id {
+        headers.insert(REQUEST_ID, id.clone());
+    }
     provider.headers(target, request, &mut headers);
     let passthrough;
     let credential = match target.auth.mode {

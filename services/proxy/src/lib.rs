@@ -202,6 +202,17 @@ fn request_id(inbound: Option<&HeaderValue>) -> HeaderValue {
     HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
+/// The request's id, as the outermost layer chose it (in the request's extensions), as the
+/// upstream client's header value (actix and hyper use different `http` versions).
+#[derive(Clone)]
+struct RequestId(http::HeaderValue);
+
+/// The id of a request (the caller's `X-Request-Id`, or the one Shield made), to send upstream.
+pub fn request_id_of(req: &actix_web::HttpRequest) -> Option<http::HeaderValue> {
+    use actix_web::HttpMessage;
+    req.extensions().get::<RequestId>().map(|id| id.0.clone())
+}
+
 /// Anthropic's name for the request id, on answers in its shape (its SDKs read it).
 const ANTHROPIC_REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
 
@@ -285,9 +296,16 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
             // worker's own runtime, so an attempt never crosses threads.
             .app_data(web::Data::new(egress::Egress::default()))
             .wrap_fn(move |req, srv| {
+                use actix_web::HttpMessage;
+                use tracing::Instrument;
                 let id = request_id(req.headers().get(&request_id_header));
+                if let Ok(upstream) = http::HeaderValue::from_bytes(id.as_bytes()) {
+                    req.extensions_mut().insert(RequestId(upstream));
+                }
                 let anthropic = anthropic_shaped(req.path(), req.headers());
-                let response = srv.call(req);
+                // Every log line of the request carries its id (issue 31).
+                let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default());
+                let response = span.in_scope(|| srv.call(req)).instrument(span);
                 let header = request_id_header.clone();
                 async move {
                     let mut response = response.await?;

@@ -186,7 +186,8 @@ pub async fn pipeline(
             admission.keep_reservation();
         }
         let path = ingress.default_path.unwrap_or("chat/completions");
-        return Box::pin(default_path::forward(state, egress, &request.model, path, raw, hop + 1))
+        let request_id = crate::request_id_of(req);
+        return Box::pin(default_path::forward(state, egress, &request.model, path, raw, hop + 1, request_id))
             .await
             .map(|response| served(Outcome::Relayed(response)));
     };
@@ -209,7 +210,8 @@ pub async fn pipeline(
         ..Facts::default()
     };
     let upstream_key = req.headers().get(UPSTREAM_KEY).and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
-    let call = Call { tenant, route, request, upstream_key, next_hop: hop + 1, facts };
+    let request_id = crate::request_id_of(req);
+    let call = Call { tenant, route, request, upstream_key, next_hop: hop + 1, request_id: request_id.as_ref(), facts };
     let context = RequestContext::new(
         &caller.tenant,
         &route.name,
@@ -235,6 +237,7 @@ pub async fn pipeline(
                     tenant,
                     request: request.clone(),
                     upstream_key: upstream_key.map(str::to_string),
+                    request_id: request_id.clone(),
                     next_hop: hop + 1,
                     deadline: started + std::time::Duration::from_secs(u64::from(route.failover.deadline_s)),
                     order: committed.run.order().to_vec(),

@@ -44,6 +44,8 @@ pub struct Resumer {
     pub tenant: Arc<TenantConfig>,
     pub request: ChatRequest,
     pub upstream_key: Option<String>,
+    /// The request's id, sent with every resume attempt too.
+    pub request_id: Option<http::HeaderValue>,
     pub next_hop: u32,
     pub deadline: Instant,
     /// The run's planned order; resuming starts at the target that broke.
@@ -150,16 +152,12 @@ impl Resumer {
             Some(Tried::Failed { class, status, read_chars })
         };
         let request = if prefill { with_prefill(&self.request, sent) } else { self.request.clone() };
-        let prepared = prepare_for(
-            &self.tenant,
-            &self.egress,
-            &request,
-            self.upstream_key.as_deref(),
-            self.next_hop,
-            target,
-            true,
-        )
-        .await;
+        let outgoing = crate::dispatch::Sent {
+            upstream_key: self.upstream_key.as_deref(),
+            next_hop: self.next_hop,
+            request_id: self.request_id.as_ref(),
+        };
+        let prepared = prepare_for(&self.tenant, &self.egress, &request, outgoing, target, true).await;
         let (provider, url, headers, body) = match prepared {
             Ok(prepared) => prepared,
             Err(failure) => return fail(failure.class, failure.status, 0),
