@@ -193,6 +193,16 @@ async fn tokens_are_fetched_once_for_all_concurrent_callers_cached_and_refreshed
 }
 
 #[tokio::test]
+async fn an_absurd_token_lifetime_is_bounded_not_a_panic() {
+    let endpoint = fake_endpoint(u64::MAX, std::time::Duration::ZERO).await;
+    let source = TokenSource::shared_at(&key_file(&rsa_key(), None), endpoint.url.clone()).unwrap();
+    let egress = crate::egress::Egress::default();
+    assert_eq!(source.token(&egress, true).await.unwrap(), "Bearer ya29.t0");
+    source.token(&egress, true).await.unwrap();
+    assert_eq!(endpoint.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
 async fn a_failed_refresh_is_a_credential_failure_fast_and_a_private_endpoint_needs_allow_private() {
     use std::sync::atomic::Ordering;
     let endpoint = fake_endpoint(3600, std::time::Duration::ZERO).await;

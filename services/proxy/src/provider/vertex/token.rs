@@ -36,6 +36,8 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a failed refresh, callers fail fast for this long instead of each waiting on the
 /// endpoint again.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
+/// The longest a token is kept, whatever the endpoint says.
+const MAX_TOKEN_LIFETIME_S: u64 = 24 * 3600;
 /// A token is refreshed this long before it expires (at most half its lifetime).
 const REFRESH_EARLY_S: u64 = 300;
 
@@ -220,7 +222,9 @@ impl TokenSource {
         let mut value = HeaderValue::from_str(&format!("Bearer {}", granted.access_token))
             .map_err(|_| "the token endpoint's token is not a header value")?;
         value.set_sensitive(true);
-        let lifetime = granted.expires_in.unwrap_or(ASSERTION_LIFETIME_S);
+        // Bounded: an endpoint that names an absurd lifetime must not overflow the clock (and
+        // Google's tokens live an hour).
+        let lifetime = granted.expires_in.unwrap_or(ASSERTION_LIFETIME_S).min(MAX_TOKEN_LIFETIME_S);
         Ok(Token {
             value,
             refresh_at: asked + Duration::from_secs(lifetime - REFRESH_EARLY_S.min(lifetime / 2)),
