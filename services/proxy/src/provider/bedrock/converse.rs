@@ -225,9 +225,10 @@ fn usage_of(usage: &Value) -> TokenUsage {
     let n = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
     let (input, output) = (n("inputTokens"), n("outputTokens"));
     let (cache_read, cache_write) = (n("cacheReadInputTokens"), n("cacheWriteInputTokens"));
-    let cached_apart = n("totalTokens") >= input + output + cache_read + cache_write;
+    let cached = cache_read.saturating_add(cache_write);
+    let cached_apart = n("totalTokens") >= input.saturating_add(output).saturating_add(cached);
     TokenUsage {
-        input: if cached_apart { input + cache_read + cache_write } else { input },
+        input: if cached_apart { input.saturating_add(cached) } else { input },
         output,
         cache_read,
         cache_write,
