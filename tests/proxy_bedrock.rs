@@ -28,15 +28,7 @@ fn sent(received: &Value) -> Value {
 }
 
 async fn post(stack: &Stack, key: &str, path: &str, body: Value) -> (StatusCode, reqwest::header::HeaderMap, String) {
-    let mut request = stack.client.post(format!("http://{}{path}", stack.proxy)).bearer_auth(key).json(&body);
-    if path == "/v1/messages" {
-        request = request.header("anthropic-version", "2023-06-01");
-    }
-    let response = request.send().await.unwrap();
-    let (status, headers) = (response.status(), response.headers().clone());
-    let text = response.text().await.unwrap();
-    stack.evidence.response(&format!("POST proxy {path}"), status, &headers, &text);
-    (status, headers, text)
+    stack.post(key, path, body, &[]).await
 }
 
 #[tokio::test]

@@ -33,16 +33,11 @@ fn sent(received: &Value) -> Value {
     serde_json::from_str(received["body"].as_str().unwrap()).unwrap()
 }
 
+/// Anthropic-shaped calls carry a beta flag, to see it reach Claude on Vertex.
 async fn post(stack: &Stack, key: &str, path: &str, body: Value) -> (StatusCode, reqwest::header::HeaderMap, String) {
-    let mut request = stack.client.post(format!("http://{}{path}", stack.proxy)).bearer_auth(key).json(&body);
-    if path == "/v1/messages" {
-        request = request.header("anthropic-version", "2023-06-01").header("anthropic-beta", "context-1m-2025-08-07");
-    }
-    let response = request.send().await.unwrap();
-    let (status, headers) = (response.status(), response.headers().clone());
-    let text = response.text().await.unwrap();
-    stack.evidence.response(&format!("POST proxy {path}"), status, &headers, &text);
-    (status, headers, text)
+    let beta: &[(&str, &str)] =
+        if path == "/v1/messages" { &[("anthropic-beta", "context-1m-2025-08-07")] } else { &[] };
+    stack.post(key, path, body, beta).await
 }
 
 async fn token_calls(stack: &Stack, id: &str) -> u64 {

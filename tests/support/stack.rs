@@ -384,6 +384,29 @@ impl Stack {
     }
 
     /// POST /v1/chat/completions with `key`; returns status, headers and the JSON body.
+    /// `POST {path}` on the proxy with `key` (and `anthropic-version` on `/v1/messages`), plus
+    /// `headers`: the status, headers and body as text, kept as evidence.
+    pub async fn post(
+        &self,
+        key: &str,
+        path: &str,
+        body: Value,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, HeaderMap, String) {
+        let mut request = self.client.post(format!("http://{}{path}", self.proxy)).bearer_auth(key).json(&body);
+        if path == "/v1/messages" {
+            request = request.header("anthropic-version", "2023-06-01");
+        }
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().await.expect("proxy answers");
+        let (status, headers) = (response.status(), response.headers().clone());
+        let text = response.text().await.unwrap_or_default();
+        self.evidence.response(&format!("POST proxy {path}"), status, &headers, &text);
+        (status, headers, text)
+    }
+
     pub async fn chat(&self, key: &str, body: Value, headers: &[(&str, &str)]) -> (StatusCode, HeaderMap, Value) {
         let mut request =
             self.client.post(format!("http://{}/v1/chat/completions", self.proxy)).bearer_auth(key).json(&body);

@@ -25,7 +25,7 @@ use shield_core::outcome::Class;
 use shield_core::target::Target;
 use url::Url;
 
-use super::{Answer, BodyBytes, Credential, Frames, Provider, Secret, StreamDecoder, join, reset_hint};
+use super::{Answer, BodyBytes, Credential, Frames, Provider, Secret, StreamDecoder, join, reset_hint, with_method};
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
@@ -68,11 +68,7 @@ impl Provider for Bedrock {
     }
 
     fn call_url<'u>(&self, endpoint: &'u Url, stream: bool) -> std::borrow::Cow<'u, Url> {
-        let method = if stream { "/converse-stream" } else { "/converse" };
-        match Url::parse(&format!("{}{method}", endpoint.as_str())) {
-            Ok(url) => std::borrow::Cow::Owned(url),
-            Err(_) => std::borrow::Cow::Borrowed(endpoint),
-        }
+        with_method(endpoint, if stream { "/converse-stream" } else { "/converse" })
     }
 
     fn frames(&self, body: BodyBytes) -> Frames {

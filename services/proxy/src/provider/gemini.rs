@@ -27,7 +27,9 @@ use shield_core::target::Target;
 use shield_core::usage::TokenUsage;
 use url::Url;
 
-use super::{Answer, Chunk, Completion, Decoded, GEMINI_SIGNATURE, Provider, StreamDecoder, join, reset_hint};
+use super::{
+    Answer, Chunk, Completion, Decoded, GEMINI_SIGNATURE, Provider, StreamDecoder, join, reset_hint, with_method,
+};
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
@@ -52,11 +54,7 @@ impl Provider for Gemini {
     }
 
     fn call_url<'u>(&self, endpoint: &'u Url, stream: bool) -> std::borrow::Cow<'u, Url> {
-        let method = if stream { ":streamGenerateContent?alt=sse" } else { ":generateContent" };
-        match Url::parse(&format!("{}{method}", endpoint.as_str())) {
-            Ok(url) => std::borrow::Cow::Owned(url),
-            Err(_) => std::borrow::Cow::Borrowed(endpoint),
-        }
+        with_method(endpoint, if stream { ":streamGenerateContent?alt=sse" } else { ":generateContent" })
     }
 
     fn body(&self, request: &ChatRequest, target: &Target, _stream: bool) -> Vec<u8> {

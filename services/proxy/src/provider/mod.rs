@@ -291,6 +291,15 @@ fn join(target: &Target, path: &str) -> Result<Url, &'static str> {
     Url::parse(&format!("{}{path}", base.as_str().trim_end_matches('/'))).map_err(|_| "invalid base_url")
 }
 
+/// `{endpoint}{method}`: the URL of one call when the method follows the model in the path
+/// (`:generateContent`, `/converse`); the endpoint itself if that is not a URL.
+fn with_method<'u>(endpoint: &'u Url, method: &str) -> std::borrow::Cow<'u, Url> {
+    match Url::parse(&format!("{}{method}", endpoint.as_str())) {
+        Ok(url) => std::borrow::Cow::Owned(url),
+        Err(_) => std::borrow::Cow::Borrowed(endpoint),
+    }
+}
+
 /// A reset hint (`Retry-After`, `x-ratelimit-reset-*`) from a rate-limit or exhaustion
 /// answer's headers, in milliseconds.
 fn reset_hint(headers: &HeaderMap) -> Option<u64> {

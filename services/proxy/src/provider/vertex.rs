@@ -26,7 +26,7 @@ use url::Url;
 
 use super::anthropic::ANTHROPIC;
 use super::gemini::GEMINI;
-use super::{Answer, BodyBytes, Credential, Frames, Provider, Secret, StreamDecoder, join};
+use super::{Answer, BodyBytes, Credential, Frames, Provider, Secret, StreamDecoder, join, with_method};
 use crate::body::ChatRequest;
 use crate::egress::Failure;
 
@@ -45,14 +45,6 @@ fn model_url(target: &Target, publisher: &str) -> Result<Url, &'static str> {
         return Err("a vertex target's model is the publisher's model id");
     }
     join(target, &format!("/publishers/{publisher}/models/{}", target.model))
-}
-
-/// `{endpoint}{method}`.
-fn with_method<'u>(endpoint: &'u Url, method: &str) -> std::borrow::Cow<'u, Url> {
-    match Url::parse(&format!("{}{method}", endpoint.as_str())) {
-        Ok(url) => std::borrow::Cow::Owned(url),
-        Err(_) => std::borrow::Cow::Borrowed(endpoint),
-    }
 }
 
 /// A service account's key file, shared with every target that uses the same file.
