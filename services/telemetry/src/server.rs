@@ -1,0 +1,54 @@
+//! SERVER spans for Shield's actix-web services (HTTP semantic conventions): started when a
+//! request arrives — continuing the caller's `traceparent` — named `{method}` until routing
+//! has matched a pattern, then `{method} {http.route}` (`POST /v1/chat/completions`). A 5xx
+//! sets the span's status to error; a 4xx leaves it unset (the caller's fault, not the
+//! server's). The span ends when the last holder of its context lets go of it: for a
+//! streamed answer, when the stream ends.
+
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::SdkTracer;
+
+/// Starts the SERVER span of an inbound request.
+pub fn start(tracer: &SdkTracer, req: &actix_web::dev::ServiceRequest) -> Context {
+    let parent = crate::parent_from(req.headers());
+    let method = req.method().as_str().to_string();
+    let mut attributes = vec![
+        KeyValue::new("http.request.method", method.clone()),
+        KeyValue::new("url.path", req.path().to_string()),
+        KeyValue::new("url.scheme", req.connection_info().scheme().to_string()),
+    ];
+    if let Some(agent) = req.headers().get("user-agent").and_then(|v| v.to_str().ok()) {
+        attributes.push(KeyValue::new("user_agent.original", agent.chars().take(256).collect::<String>()));
+    }
+    if let Some(peer) = req.peer_addr() {
+        attributes.push(KeyValue::new("network.peer.address", peer.ip().to_string()));
+    }
+    let span = tracer
+        .span_builder(method)
+        .with_kind(SpanKind::Server)
+        .with_attributes(attributes)
+        .start_with_context(tracer, &parent);
+    parent.with_span(span)
+}
+
+/// The answer's status and the matched route pattern, once the handler has answered.
+pub fn responded(cx: &Context, method: &str, pattern: Option<&str>, status: u16) {
+    let span = cx.span();
+    if let Some(pattern) = pattern {
+        span.update_name(format!("{method} {pattern}"));
+        span.set_attribute(KeyValue::new("http.route", pattern.to_string()));
+    }
+    span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status)));
+    if status >= 500 {
+        span.set_attribute(KeyValue::new(crate::genai::ERROR_TYPE, status.to_string()));
+        span.set_status(Status::error(format!("answered {status}")));
+    }
+}
+
+/// The trace id of a span context, for log lines (`None` when tracing is off).
+pub fn trace_id(cx: &Context) -> Option<String> {
+    let span = cx.span();
+    let context = span.span_context();
+    context.is_valid().then(|| context.trace_id().to_string())
+}
