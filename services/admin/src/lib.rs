@@ -89,6 +89,8 @@ pub async fn serve(config: AdminConfig, db: PgPool) -> std::io::Result<()> {
         App::new()
             .app_data(state.clone())
             .wrap(actix_web::middleware::from_fn(metrics::track))
+            // Outermost: the SERVER span covers the whole request (issue 31).
+            .wrap(actix_web::middleware::from_fn(shield_telemetry::server::traced))
             .configure(portal::configure)
             .configure(api::configure)
     })

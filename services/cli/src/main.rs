@@ -159,6 +159,18 @@ fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> b
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    // Traces (issue 31) for the services this process runs, when an OTLP endpoint is set; the
+    // guard flushes what is queued when the service stops.
+    let service = match &cli.command {
+        Command::Up { .. } => Some("shield"),
+        Command::Admin => Some("shield-admin"),
+        Command::Proxy => Some("shield-proxy"),
+        _ => None,
+    };
+    let _telemetry = match service {
+        Some(service) => shield_telemetry::init(service).map_err(anyhow::Error::msg)?,
+        None => None,
+    };
     match cli.command {
         Command::Up { demo } => demo::up(demo).await,
         Command::Admin => {

@@ -1,8 +1,17 @@
-//! One request context, one end. A routed request carries a [`RequestContext`] from the
-//! moment its route is known to its end; [`RequestContext::end`] consumes it and writes, once,
-//! everything recorded about the request — the usage row, the metrics and the provenance
-//! line — whichever way it ended: answered, refused (deny rule, budget, output guardrail),
-//! every attempt failed, the deadline, a stream completed, broken or abandoned by its client.
+//! One request context, one end.
+//!
+//! Every request to the proxy's API gets a [`Trail`] when it arrives, before authentication
+//! (the outermost layer makes it): its id, its SERVER span, and — as they become known — the
+//! caller's tenant and key, the route, the rule, the targets tried and how it ended. The trail
+//! ends once, when the last part of the request lets go of it (the handler's answer, or a
+//! streamed answer's end, or the client going away): that end writes the access record
+//! (`shield::access`, one line per request), `shield_http_requests_total` and the span's
+//! attributes, whatever happened — 401, 400, 413, a limit, a guardrail, the default path,
+//! answered, failed, a stream completed or broken.
+//!
+//! A routed request also carries a [`RequestContext`] from the moment its route is known;
+//! [`RequestContext::end`] consumes it and writes, once, what only a routed call has — the
+//! usage row, the routing metrics and the provenance line — and tells the trail how it ended.
 //! Nothing else in the request path writes usage or routing metrics.
 //!
 //! Never logs a prompt, a header value or a credential: ids, classes and timings only.
@@ -17,6 +26,203 @@ use crate::limits::Admission;
 use crate::metrics::{Metrics, Observed};
 use crate::usage::{Answered, UsageBuffer};
 
+/// What is known about one request, from its arrival to its end (see the module's doc).
+pub struct Trail {
+    request_id: String,
+    method: actix_web::http::Method,
+    path: String,
+    arrived: Instant,
+    /// The request's SERVER span (tracing on).
+    span: Option<opentelemetry::Context>,
+    metrics: Arc<Metrics>,
+    facts: parking_lot::Mutex<Facts>,
+}
+
+#[derive(Default)]
+struct Facts {
+    tenant: Option<String>,
+    key_id: Option<String>,
+    route: Option<String>,
+    rule: Option<String>,
+    budget: Option<&'static str>,
+    halt: Option<&'static str>,
+    target: Option<String>,
+    attempts: usize,
+    failovers: usize,
+    stream: bool,
+    /// Set by the path that knew (routed endings, guardrails, the default path); otherwise
+    /// read from the status.
+    ending: Option<&'static str>,
+    status: u16,
+    endpoint: Option<String>,
+}
+
+impl Trail {
+    /// The trail of a request that has just arrived.
+    pub fn arrive(req: &actix_web::dev::ServiceRequest, request_id: &str, metrics: Arc<Metrics>) -> Trail {
+        let span = crate::observe::tracer().map(|tracer| shield_telemetry::server::start(tracer, req));
+        Trail {
+            request_id: request_id.to_string(),
+            method: req.method().clone(),
+            path: req.path().to_string(),
+            arrived: Instant::now(),
+            span,
+            metrics,
+            facts: parking_lot::Mutex::default(),
+        }
+    }
+
+    /// The request's SERVER span, the parent of its attempts' spans.
+    pub fn span(&self) -> Option<&opentelemetry::Context> {
+        self.span.as_ref()
+    }
+
+    /// The trace id, for the request's log lines.
+    pub fn trace_id(&self) -> Option<String> {
+        self.span.as_ref().and_then(shield_telemetry::server::trace_id)
+    }
+
+    /// The caller was authenticated.
+    pub fn caller(&self, tenant: &str, key_id: &str) {
+        let mut facts = self.facts.lock();
+        facts.tenant = Some(tenant.to_string());
+        facts.key_id = Some(key_id.to_string());
+    }
+
+    /// The request named this route (or the default path's model).
+    pub fn route(&self, route: &str, stream: bool) {
+        let mut facts = self.facts.lock();
+        facts.route = Some(route.to_string());
+        facts.stream = stream;
+    }
+
+    /// How the request ended, when the status alone would not say it.
+    pub fn ending(&self, ending: &'static str) {
+        self.facts.lock().ending = Some(ending);
+    }
+
+    /// The handler answered with `status`; `endpoint`: the matched route pattern.
+    pub fn responded(&self, status: u16, endpoint: Option<&str>) {
+        if let Some(cx) = &self.span {
+            shield_telemetry::server::responded(cx, self.method.as_str(), endpoint, status);
+        }
+        let mut facts = self.facts.lock();
+        facts.status = status;
+        facts.endpoint = endpoint.map(str::to_string);
+    }
+
+    /// A routed call's end (from [`RequestContext::end`]).
+    fn routed(
+        &self,
+        halt: Halt,
+        target: Option<&str>,
+        attempts: &[Attempt],
+        rule: Option<String>,
+        budget: &'static str,
+    ) {
+        let mut facts = self.facts.lock();
+        facts.halt = Some(halt.as_str());
+        facts.target = target.map(str::to_string);
+        facts.attempts = attempts.len();
+        facts.failovers = attempts.iter().filter(|a| a.outcome == "failed").count();
+        facts.rule = rule;
+        facts.budget = Some(budget);
+        if facts.ending.is_none() {
+            facts.ending = Some(ending_of(halt, facts.stream));
+        }
+    }
+}
+
+/// How a routed call ended, by its halt.
+fn ending_of(halt: Halt, stream: bool) -> &'static str {
+    match halt {
+        Halt::Succeeded if stream => "stream_completed",
+        Halt::Succeeded => "answered",
+        Halt::VisibleOutput => "stream_broken",
+        Halt::Cancelled => "client_gone",
+        Halt::Deadline => "deadline",
+        Halt::Denied => "rule_refused",
+        Halt::BudgetBlocked => "budget_blocked",
+        Halt::IneligibleFailure => "upstream_refused",
+        Halt::Exhausted | Halt::NoEligibleTarget | Halt::AttemptBound => "all_failed",
+    }
+}
+
+/// How a request that was not routed ended, by its status.
+fn ending_of_status(status: u16) -> &'static str {
+    match status {
+        200..=399 => "served",
+        400 => "bad_request",
+        401 => "unauthorized",
+        403 => "forbidden",
+        404 => "not_found",
+        413 => "too_large",
+        429 => "rate_limited",
+        508 => "loop_detected",
+        503 => "unavailable",
+        500..=599 => "upstream_failed",
+        _ => "client_error",
+    }
+}
+
+impl Drop for Trail {
+    /// The request's one end: the access record, the metric, the SERVER span.
+    fn drop(&mut self) {
+        use opentelemetry::KeyValue;
+        use opentelemetry::trace::TraceContextExt;
+        let facts = std::mem::take(&mut *self.facts.lock());
+        // A status of 0: the handler never answered (the client went away before it did).
+        let ending =
+            facts.ending.unwrap_or(if facts.status == 0 { "client_gone" } else { ending_of_status(facts.status) });
+        let endpoint = facts.endpoint.as_deref().unwrap_or("unmatched");
+        let tenant = facts.tenant.as_deref().unwrap_or("");
+        self.metrics.http_request(tenant, endpoint, facts.status, ending);
+        let duration_ms = self.arrived.elapsed().as_secs_f64() * 1000.0;
+        let trace_id = self.trace_id();
+        tracing::info!(
+            target: "shield::access",
+            request_id = %self.request_id,
+            trace_id = trace_id.as_deref().unwrap_or(""),
+            method = %self.method,
+            path = %self.path,
+            status = facts.status,
+            ending,
+            tenant,
+            key_id = facts.key_id.as_deref().unwrap_or(""),
+            route = facts.route.as_deref().unwrap_or(""),
+            rule = facts.rule.as_deref().unwrap_or(""),
+            target = facts.target.as_deref().unwrap_or(""),
+            attempts = facts.attempts,
+            failovers = facts.failovers,
+            halt = facts.halt.unwrap_or(""),
+            stream = facts.stream,
+            duration_ms,
+            "request"
+        );
+        if let Some(cx) = self.span.take() {
+            let span = cx.span();
+            let mut attributes = vec![
+                KeyValue::new("shield.request_id", self.request_id.clone()),
+                KeyValue::new("shield.ending", ending),
+            ];
+            let mut add = |key: &'static str, value: Option<String>| {
+                if let Some(value) = value {
+                    attributes.push(KeyValue::new(key, value));
+                }
+            };
+            add("shield.tenant", facts.tenant);
+            add("shield.key_id", facts.key_id);
+            add("shield.route", facts.route);
+            add("shield.rule", facts.rule);
+            add("shield.budget", facts.budget.map(str::to_string));
+            add("shield.halt", facts.halt.map(str::to_string));
+            add("shield.target", facts.target);
+            span.set_attributes(attributes);
+            span.end();
+        }
+    }
+}
+
 /// A routed request, from its arrival to its end.
 pub struct RequestContext {
     tenant: String,
@@ -27,6 +233,11 @@ pub struct RequestContext {
     metrics: Arc<Metrics>,
     /// The rate limits it was admitted under: token reservations settle at the end.
     admission: Option<Arc<Admission>>,
+    /// The request's trail, told how the routed call ended; held until the end (a stream's).
+    trail: Option<Arc<Trail>>,
+    /// The deciding rule (`{index, description}`) and the budget state, for the trail.
+    rule: Option<String>,
+    budget: &'static str,
 }
 
 /// How a routed request ended.
@@ -81,7 +292,29 @@ impl RequestContext {
             usage,
             metrics,
             admission: None,
+            trail: None,
+            rule: None,
+            budget: "",
         }
+    }
+
+    /// The request's trail (from its arrival).
+    pub fn with_trail(mut self, trail: Option<Arc<Trail>>) -> RequestContext {
+        self.trail = trail;
+        self
+    }
+
+    /// How the request ended, when its halt would not say it (a guardrail refused a stream).
+    pub fn ending(&self, ending: &'static str) {
+        if let Some(trail) = &self.trail {
+            trail.ending(ending);
+        }
+    }
+
+    /// The rule that decided and the budget state, once the plan has run.
+    pub fn decided(&mut self, rule: Option<&serde_json::Value>, budget: &'static str) {
+        self.rule = rule.and_then(|r| r.get("description")).and_then(|d| d.as_str()).map(str::to_string);
+        self.budget = budget;
     }
 
     /// The request was admitted under these rate limits.
@@ -117,6 +350,9 @@ impl RequestContext {
             added: until.saturating_duration_since(self.arrived).saturating_sub(upstream),
             stream: self.stream,
         });
+        if let Some(trail) = &self.trail {
+            trail.routed(halt, target, attempts, self.rule.clone(), self.budget);
+        }
         if self.stream {
             self.metrics.stream_ended(&self.tenant, &self.route, target.unwrap_or(""), stream_broken, malformed_events);
         }

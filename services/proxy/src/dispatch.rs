@@ -23,6 +23,7 @@ use shield_core::usage::{BudgetState, TokenUsage};
 use crate::body::ChatRequest;
 use crate::egress::{Egress, Failure, Opened};
 use crate::health::Health;
+use crate::observe::{Answered, AttemptTrace, Observer};
 use crate::provider::{self, Completion, Credential, Provider};
 use crate::tenant::TenantConfig;
 
@@ -77,6 +78,8 @@ pub struct Call<'a> {
     pub request_id: Option<&'a HeaderValue>,
     /// What rules read: flagged guardrails, data class, agent, role, prompt size.
     pub facts: Facts,
+    /// Where each attempt's span and GenAI metrics go.
+    pub observer: Observer<'a>,
 }
 
 /// The loop's result: the run so far and, when an attempt succeeded, its product.
@@ -96,14 +99,22 @@ struct Success<T> {
     model: String,
     value: T,
     permit: Permit,
+    /// The attempt's span and metrics, finished by whoever knows its outcome.
+    trace: AttemptTrace,
     started: Instant,
     /// How long the attempt took (to its answer, or a stream's first event).
     elapsed: Duration,
 }
 
-async fn attempts<'t, T, F, Fut>(call: &Call<'t>, health: &Health, rng: &mut impl rand::Rng, mut attempt: F) -> Loop<T>
+async fn attempts<'t, T, F, Fut>(
+    call: &Call<'t>,
+    health: &Health,
+    rng: &mut impl rand::Rng,
+    stream: bool,
+    mut attempt: F,
+) -> Loop<T>
 where
-    F: FnMut(&'t Target, Duration) -> Fut,
+    F: FnMut(&'t Target, Duration, Option<opentelemetry::Context>) -> Fut,
     Fut: Future<Output = Result<(u16, T), Failure>>,
 {
     let tenant = call.tenant.snapshot.tenant.as_str();
@@ -150,9 +161,12 @@ where
             excluded.push(Excluded { target: id, reason: Exclusion::CircuitOpen });
             continue;
         }
+        let n = run.attempts.len() as u32 + 1;
+        let retry = run.attempts.last().is_some_and(|a| a.target == id);
+        let trace = AttemptTrace::start(call.observer, target, n, retry, stream, call.request);
         let started = Instant::now();
         let mut held = crate::health::HeldPermit::new(health, tenant, &id, permit);
-        let result = attempt(target, deadline.saturating_duration_since(started)).await;
+        let result = attempt(target, deadline.saturating_duration_since(started), trace.context().cloned()).await;
         let permit = held.take();
         drop(held);
         let elapsed = started.elapsed();
@@ -160,10 +174,12 @@ where
         match result {
             Ok((status, value)) => {
                 run.record(&target.model, Ok(()), Some(status), ms);
-                let success = Success { target: id, model: target.model.clone(), value, permit, started, elapsed };
+                let success =
+                    Success { target: id, model: target.model.clone(), value, permit, trace, started, elapsed };
                 return Loop { rule, refused, run, excluded, success: Some(success), last_failure, failed_upstream };
             }
             Err(failure) => {
+                trace.failed(failure.class, failure.status, false);
                 failed_upstream += elapsed;
                 failed_at.push((id.clone(), Instant::now()));
                 health.record(tenant, &id, &target.breaker(), permit, Err(failure.class), ms);
@@ -198,10 +214,10 @@ where
 pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Routed {
     let mut rng = rand::rng();
     let shared = &call;
-    let outcome = attempts(&call, health, &mut rng, |target, remaining| {
+    let outcome = attempts(&call, health, &mut rng, false, |target, remaining, trace| {
         let timeout = remaining.min(Duration::from_secs(u64::from(target.timeout_s)));
         async move {
-            let (provider, url, headers, body) = prepare(shared, egress, target, false).await?;
+            let (provider, url, headers, body) = prepare(shared, egress, target, false, trace.as_ref()).await?;
             egress.call(provider, &url, target.allow_private, headers, body, timeout).await
         }
     })
@@ -215,6 +231,13 @@ pub async fn dispatch(egress: &Egress, health: &Health, call: Call<'_>) -> Route
             let ms = success.elapsed.as_millis() as u64;
             health.record(tenant, &success.target, &settings, success.permit, Ok(()), ms);
             let answer = success.value;
+            success.trace.answered(Answered {
+                model: &success.model,
+                id: &answer.body.answer.id,
+                stop: answer.body.answer.stop,
+                usage: answer.usage,
+                text: Some(&answer.body.answer.visible_text()),
+            });
             RoutedResult::Answer {
                 target: success.target,
                 model: success.model,
@@ -297,6 +320,8 @@ pub struct Committed {
     pub model: String,
     pub opened: Opened,
     pub permit: Permit,
+    /// The committed attempt's span and metrics: the stream's end finishes it.
+    pub trace: Option<AttemptTrace>,
     /// The answering target's breaker settings, for the stream's outcome.
     pub breaker: shield_core::breaker::BreakerSettings,
     /// When the committed attempt started, and when its first usable event arrived (the
@@ -317,13 +342,13 @@ pub struct Committed {
 pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -> Result<Committed, Routed> {
     let mut rng = rand::rng();
     let shared = &call;
-    let outcome = attempts(&call, health, &mut rng, |target, remaining| {
+    let outcome = attempts(&call, health, &mut rng, true, |target, remaining, trace| {
         // A model that thinks (or reads documents) first may be silent longer than a first
         // byte normally takes: such requests wait up to the whole call's timeout.
         let first_byte_s = if call.request.reasons() { target.timeout_s } else { target.first_byte_timeout_s() };
         let first_byte = remaining.min(Duration::from_secs(u64::from(first_byte_s)));
         async move {
-            let (provider, url, headers, body) = prepare(shared, egress, target, true).await?;
+            let (provider, url, headers, body) = prepare(shared, egress, target, true, trace.as_ref()).await?;
             egress
                 .open_stream(provider, &url, target.allow_private, headers, body, first_byte)
                 .await
@@ -332,7 +357,8 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
     })
     .await;
     match outcome.success {
-        Some(success) => {
+        Some(mut success) => {
+            success.trace.first_chunk();
             let idle_timeout = call.tenant.target(&success.target).map(|t| t.idle_timeout_s).unwrap_or(15);
             let breaker = call.tenant.target(&success.target).map(Target::breaker).unwrap_or_default();
             Ok(Committed {
@@ -346,6 +372,7 @@ pub async fn dispatch_stream(egress: &Egress, health: &Health, call: Call<'_>) -
                 model: success.model,
                 opened: success.value,
                 permit: success.permit,
+                trace: Some(success.trace),
                 breaker,
                 started: success.started,
                 committed_at: Instant::now(),
@@ -403,8 +430,14 @@ pub fn hop_value(hop: u32) -> HeaderValue {
 /// The target's provider adapter and the URL, headers and body of one attempt at it. Headers
 /// are built from scratch: the hop count, the adapter's own, and this target's credential,
 /// applied last by the adapter (it sees the final body).
-async fn prepare(call: &Call<'_>, egress: &Egress, target: &Target, stream: bool) -> Result<Prepared, Failure> {
-    let sent = Sent { upstream_key: call.upstream_key, next_hop: call.next_hop, request_id: call.request_id };
+async fn prepare(
+    call: &Call<'_>,
+    egress: &Egress,
+    target: &Target,
+    stream: bool,
+    trace: Option<&opentelemetry::Context>,
+) -> Result<Prepared, Failure> {
+    let sent = Sent { upstream_key: call.upstream_key, next_hop: call.next_hop, request_id: call.request_id, trace };
     prepare_for(call.tenant, egress, call.request, sent, target, stream).await
 }
 
@@ -419,6 +452,8 @@ pub struct Sent<'a> {
     pub upstream_key: Option<&'a str>,
     pub next_hop: u32,
     pub request_id: Option<&'a HeaderValue>,
+    /// The attempt's span, sent as `traceparent` (tracing on).
+    pub trace: Option<&'a opentelemetry::Context>,
 }
 
 /// The request id header, sent upstream so a provider's logs and Shield's name one request.
@@ -432,7 +467,7 @@ pub async fn prepare_for(
     target: &Target,
     stream: bool,
 ) -> Result<Prepared, Failure> {
-    let Sent { upstream_key, next_hop, request_id } = sent;
+    let Sent { upstream_key, next_hop, request_id, trace } = sent;
     let provider = provider::for_target(target);
     let endpoint = tenant.endpoint(&target.id).map_err(|_| Failure::of(Class::UnsafeUrl))?;
     let url = provider.call_url(endpoint, stream).into_owned();
@@ -443,6 +478,9 @@ pub async fn prepare_for(
     headers.insert(HOP, hop_value(next_hop));
     if let Some(id) = request_id {
         headers.insert(REQUEST_ID, id.clone());
+    }
+    if let Some(trace) = trace {
+        shield_telemetry::inject(trace, &mut headers);
     }
     provider.headers(target, request, &mut headers);
     let passthrough;

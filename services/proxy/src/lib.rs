@@ -32,6 +32,7 @@ pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod native;
+pub mod observe;
 pub mod pipeline;
 pub mod provider;
 mod relay;
@@ -166,6 +167,7 @@ async fn metrics_text(state: web::Data<ProxyState>) -> HttpResponse {
             state.metrics.circuit(&tenant, &target, &row.state);
         }
     }
+    state.metrics.trace_counts();
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     for (tenant, published_at) in state.caches.snapshot_times() {
         state.metrics.snapshot_age(&tenant, now - published_at);
@@ -206,6 +208,18 @@ fn request_id(inbound: Option<&HeaderValue>) -> HeaderValue {
 /// upstream client's header value (actix and hyper use different `http` versions).
 #[derive(Clone)]
 struct RequestId(http::HeaderValue);
+
+/// Paths with no access record and no span: probes, scrapes and the service's index, which
+/// orchestrators call every few seconds.
+fn unobserved(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics" | "/" | "/api/hello")
+}
+
+/// The request's trail ([`context::Trail`]), as the outermost layer made it.
+pub fn trail_of(req: &actix_web::HttpRequest) -> Option<Arc<context::Trail>> {
+    use actix_web::HttpMessage;
+    req.extensions().get::<Arc<context::Trail>>().cloned()
+}
 
 /// The id of a request (the caller's `X-Request-Id`, or the one Shield made), to send upstream.
 pub fn request_id_of(req: &actix_web::HttpRequest) -> Option<http::HeaderValue> {
@@ -290,6 +304,7 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
     let request_id_header = HeaderName::from_static("x-request-id");
     HttpServer::new(move || {
         let request_id_header = request_id_header.clone();
+        let metrics = state.metrics.clone();
         App::new()
             .app_data(state.clone())
             // One HTTP client per worker thread: its pooled upstream connections live on the
@@ -303,8 +318,19 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
                     req.extensions_mut().insert(RequestId(upstream));
                 }
                 let anthropic = anthropic_shaped(req.path(), req.headers());
-                // Every log line of the request carries its id (issue 31).
-                let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default());
+                // The request's context from its arrival (issue 31): probes and scrapes have none.
+                let trail = (!unobserved(req.path()))
+                    .then(|| Arc::new(context::Trail::arrive(&req, id.to_str().unwrap_or_default(), metrics.clone())));
+                if let Some(trail) = &trail {
+                    req.extensions_mut().insert(trail.clone());
+                }
+                // Every log line of the request carries its id and trace id (issue 31).
+                let trace_id = trail.as_ref().and_then(|t| t.trace_id());
+                let span = tracing::info_span!(
+                    "request",
+                    request_id = id.to_str().unwrap_or_default(),
+                    trace_id = trace_id.as_deref()
+                );
                 let response = span.in_scope(|| srv.call(req)).instrument(span);
                 let header = request_id_header.clone();
                 async move {
@@ -313,6 +339,12 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
                         response.headers_mut().insert(ANTHROPIC_REQUEST_ID, id.clone());
                     }
                     response.headers_mut().insert(header, id);
+                    if let Some(trail) = trail {
+                        let pattern = response.request().match_pattern();
+                        trail.responded(response.status().as_u16(), pattern.as_deref());
+                        // A streamed answer holds its own reference until the stream ends.
+                        response.request().extensions_mut().remove::<Arc<context::Trail>>();
+                    }
                     Ok(response)
                 }
             })

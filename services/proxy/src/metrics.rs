@@ -37,7 +37,47 @@ pub struct Metrics {
     rate_limited: IntCounterVec,
     snapshot_age: IntGaugeVec,
     pub usage_buffer_dropped: IntCounter,
+    /// Every request by how it ended (issue 31), written by [`crate::context::Trail`].
+    http_requests: IntCounterVec,
+    /// GenAI client metrics (semantic conventions v1.41), per upstream attempt.
+    gen_ai_tokens: HistogramVec,
+    gen_ai_duration: HistogramVec,
+    gen_ai_first_chunk: HistogramVec,
+    /// Spans dropped by the trace exporter, by why; spans exported.
+    trace_dropped: IntCounterVec,
+    trace_exported: IntCounter,
+    trace_counts: parking_lot::Mutex<()>,
 }
+
+/// `gen_ai.client.token.usage` buckets: powers of 4 from 1 to 4^13 (the conventions').
+const TOKEN_BUCKETS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0,
+    67108864.0,
+];
+/// `gen_ai.client.operation.duration` buckets: 0.01 s doubling to 81.92 s (the conventions').
+const GEN_AI_SECONDS: [f64; 14] =
+    [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92];
+
+const GEN_AI_LABELS: [&str; 6] =
+    ["tenant", "route", "target", "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"];
+const GEN_AI_DURATION_LABELS: [&str; 7] = [
+    "tenant",
+    "route",
+    "target",
+    "gen_ai_operation_name",
+    "gen_ai_provider_name",
+    "gen_ai_request_model",
+    "error_type",
+];
+const GEN_AI_TOKEN_LABELS: [&str; 7] = [
+    "tenant",
+    "route",
+    "target",
+    "gen_ai_operation_name",
+    "gen_ai_provider_name",
+    "gen_ai_request_model",
+    "gen_ai_token_type",
+];
 
 const LATENCY_BUCKETS: [f64; 14] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0];
@@ -119,6 +159,57 @@ impl Metrics {
                 "shield_usage_buffer_dropped_total",
                 "Usage rows dropped because the buffer was full.",
             ),
+            http_requests: counter(
+                "shield_http_requests_total",
+                "Every request to the proxy by how it ended (ending), its endpoint pattern and status.",
+                &["tenant", "endpoint", "status", "ending"],
+            ),
+            gen_ai_tokens: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "gen_ai_client_token_usage",
+                        "Tokens per upstream attempt, by type (GenAI semantic conventions v1.41).",
+                    )
+                    .buckets(TOKEN_BUCKETS.to_vec()),
+                    &GEN_AI_TOKEN_LABELS,
+                )
+                .expect("valid metric");
+                registry.register(Box::new(h.clone())).expect("unique metric");
+                h
+            },
+            gen_ai_duration: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "gen_ai_client_operation_duration_seconds",
+                        "Duration of each upstream attempt, streams to their end (GenAI semantic conventions v1.41).",
+                    )
+                    .buckets(GEN_AI_SECONDS.to_vec()),
+                    &GEN_AI_DURATION_LABELS,
+                )
+                .expect("valid metric");
+                registry.register(Box::new(h.clone())).expect("unique metric");
+                h
+            },
+            gen_ai_first_chunk: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "gen_ai_client_operation_time_to_first_chunk_seconds",
+                        "Time to the first chunk of a streamed upstream attempt (GenAI semantic conventions v1.41).",
+                    )
+                    .buckets(GEN_AI_SECONDS.to_vec()),
+                    &GEN_AI_LABELS,
+                )
+                .expect("valid metric");
+                registry.register(Box::new(h.clone())).expect("unique metric");
+                h
+            },
+            trace_dropped: counter(
+                "shield_trace_spans_dropped_total",
+                "Spans dropped instead of exported: the queue was full, or the collector refused, failed or timed out.",
+                &["reason"],
+            ),
+            trace_exported: single("shield_trace_spans_exported_total", "Spans the trace collector accepted."),
+            trace_counts: parking_lot::Mutex::new(()),
             registry,
             tenant_labels,
         }
@@ -168,6 +259,47 @@ impl Metrics {
 
     pub fn snapshot_age(&self, tenant: &str, seconds: i64) {
         self.snapshot_age.with_label_values(&[self.id(tenant)]).set(seconds.max(0));
+    }
+
+    /// One request's end: its endpoint pattern, status and how it ended.
+    pub fn http_request(&self, tenant: &str, endpoint: &str, status: u16, ending: &str) {
+        let mut digits = itoa::Buffer::new();
+        self.http_requests.with_label_values(&[self.id(tenant), endpoint, digits.format(status), ending]).inc();
+    }
+
+    /// One upstream attempt (`labels`: tenant, route, target, provider, model): its duration,
+    /// time to first chunk (streams), error type (failures) and tokens (answers).
+    pub fn gen_ai_attempt(
+        &self,
+        labels: &[&str; 5],
+        seconds: f64,
+        first_chunk: Option<f64>,
+        error: Option<&str>,
+        usage: Option<&shield_core::usage::TokenUsage>,
+    ) {
+        let [tenant, route, target, provider, model] = *labels;
+        let (t, r, g) = (self.id(tenant), self.id(route), self.id(target));
+        let common = [t, r, g, "chat", provider, model];
+        let [a, b, c, d, e, f] = common;
+        self.gen_ai_duration.with_label_values(&[a, b, c, d, e, f, error.unwrap_or("")]).observe(seconds);
+        if let Some(first) = first_chunk {
+            self.gen_ai_first_chunk.with_label_values(&common).observe(first);
+        }
+        if let Some(usage) = usage {
+            self.gen_ai_tokens.with_label_values(&[a, b, c, d, e, f, "input"]).observe(usage.input as f64);
+            self.gen_ai_tokens.with_label_values(&[a, b, c, d, e, f, "output"]).observe(usage.output as f64);
+        }
+    }
+
+    /// The trace exporter's counts, brought up to date (at scrape time).
+    pub fn trace_counts(&self) {
+        let _one_at_a_time = self.trace_counts.lock();
+        let ((full, failed), exported) = (shield_telemetry::dropped_spans(), shield_telemetry::exported_spans());
+        for (reason, now) in [("queue_full", full), ("export_failed", failed)] {
+            let counter = self.trace_dropped.with_label_values(&[reason]);
+            counter.inc_by(now.saturating_sub(counter.get()));
+        }
+        self.trace_exported.inc_by(exported.saturating_sub(self.trace_exported.get()));
     }
 
     pub fn render(&self) -> String {

@@ -32,6 +32,7 @@ use crate::egress::Egress;
 use crate::error::ProxyError;
 use crate::guard::{self, GuardrailRecord, StreamGuard};
 use crate::limits::Admission;
+use crate::observe::Observer;
 use crate::resume::Resumer;
 use crate::tenant::TenantConfig;
 use crate::usage::Paid;
@@ -131,6 +132,9 @@ async fn admit_limits(
 pub async fn admit(req: &HttpRequest, state: &ProxyState) -> Result<Caller, ProxyError> {
     let hop = inbound_hop(req.headers(), state.config.max_hops)?;
     let key = authenticate(req, &state.caches).await?;
+    if let Some(trail) = crate::trail_of(req) {
+        trail.caller(&key.tenant, &key.key_id);
+    }
     Ok(Caller { key, hop, arrived: Instant::now() })
 }
 
@@ -152,6 +156,10 @@ pub async fn pipeline(
     ingress: Ingress,
 ) -> Result<Served, ProxyError> {
     let (started, hop, caller) = (caller.arrived, caller.hop, caller.key);
+    let trail = crate::trail_of(req);
+    if let Some(trail) = &trail {
+        trail.route(&request.model, request.stream());
+    }
     let tenant = state.tenant_config(&caller.tenant).await;
     let tenant_arc = tenant.clone();
 
@@ -176,6 +184,9 @@ pub async fn pipeline(
         if let Some(admission) = &admission {
             admission.settle(0);
         }
+        if let Some(trail) = &trail {
+            trail.ending("guardrail_blocked");
+        }
         return Ok(served(Outcome::InputBlocked { reason: guard::blocked_reason("input", name), guardrails }));
     }
 
@@ -184,6 +195,9 @@ pub async fn pipeline(
         // stands as the request's count.
         if let Some(admission) = &admission {
             admission.keep_reservation();
+        }
+        if let Some(trail) = &trail {
+            trail.ending("default_path");
         }
         let path = ingress.default_path.unwrap_or("chat/completions");
         let request_id = crate::request_id_of(req);
@@ -211,8 +225,19 @@ pub async fn pipeline(
     };
     let upstream_key = req.headers().get(UPSTREAM_KEY).and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
     let request_id = crate::request_id_of(req);
-    let call = Call { tenant, route, request, upstream_key, next_hop: hop + 1, request_id: request_id.as_ref(), facts };
-    let context = RequestContext::new(
+    let parent = trail.as_ref().and_then(|t| t.span());
+    let observer = Observer { parent, metrics: &state.metrics, tenant: &caller.tenant, route: &route.name };
+    let call = Call {
+        tenant,
+        route,
+        request,
+        upstream_key,
+        next_hop: hop + 1,
+        request_id: request_id.as_ref(),
+        facts,
+        observer,
+    };
+    let mut context = RequestContext::new(
         &caller.tenant,
         &route.name,
         started,
@@ -220,13 +245,15 @@ pub async fn pipeline(
         state.usage.clone(),
         state.metrics.clone(),
     )
-    .admitted(admission.clone());
+    .admitted(admission.clone())
+    .with_trail(trail.clone());
 
     if request.stream() {
         // Boxed, as the default path below: the streaming and default paths' futures are large,
         // and inline they would enlarge every request's future (issue 19).
         return Ok(served(match Box::pin(dispatch_stream(egress, &state.health, call)).await {
             Ok(committed) => {
+                context.decided(committed.rule.as_ref(), committed.budget.as_str());
                 let output = StreamGuard::new(tenant.snapshot.guardrails.clone(), caller.role.clone());
                 let health = state.health.clone();
                 let prompt_chars = request.prompt_chars();
@@ -241,11 +268,15 @@ pub async fn pipeline(
                     next_hop: hop + 1,
                     deadline: started + std::time::Duration::from_secs(u64::from(route.failover.deadline_s)),
                     order: committed.run.order().to_vec(),
+                    parent: parent.cloned(),
+                    metrics: state.metrics.clone(),
+                    route: route.name.clone(),
                 });
                 let start = StreamStart { committed, health, context, output, prompt_chars, resumer };
                 Outcome::Stream(Box::new(start))
             }
             Err(routed) => {
+                context.decided(routed.rule.as_ref(), routed.budget.as_str());
                 context.end(Ending::of(routed.halt, &routed.attempts, &routed.excluded, routed.upstream));
                 if let Some(err) = unservable(&routed, request) {
                     settle_nothing(admission.as_deref());
@@ -256,6 +287,7 @@ pub async fn pipeline(
         }));
     }
     let mut routed = dispatch(egress, &state.health, call).await;
+    context.decided(routed.rule.as_ref(), routed.budget.as_str());
     if let Some(err) = unservable(&routed, request) {
         context.end(Ending::of(routed.halt, &routed.attempts, &routed.excluded, routed.upstream));
         settle_nothing(admission.as_deref());
@@ -274,6 +306,9 @@ pub async fn pipeline(
         guardrails.extend(guard::results_json("output", &verdict.results));
         if let Err(reason) = allowed {
             routed.result = RoutedResult::Refusal { reason, target: Some(target.clone()) };
+            if let Some(trail) = &trail {
+                trail.ending("guardrail_blocked");
+            }
         }
     }
     let target = match &routed.result {

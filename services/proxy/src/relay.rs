@@ -68,6 +68,8 @@ struct Relay {
     saw_tool_calls: bool,
     /// Attempts before the current one that produced (and paid for) tokens.
     paid: Vec<Paid>,
+    /// The stop reason the answer gave (for its attempt's span).
+    stop: Option<shield_core::exchange::Stop>,
     /// Between a break and the resumed stream: the broken attempt is recorded, paid and its
     /// permit spent; nothing of it is left to settle if the client goes away now.
     between_attempts: bool,
@@ -105,6 +107,7 @@ pub fn relay(
         saw_tool_calls: false,
         paid: Vec::new(),
         between_attempts: false,
+        stop: None,
     };
     relay.chunks = std::mem::take(&mut relay.committed.opened.first);
     relay.pending = relay.forward_all();
@@ -200,6 +203,7 @@ impl Relay {
                 }
                 Delta::Thinking(text) => self.output_chars += text.len(),
                 Delta::ToolCall { .. } | Delta::ToolArguments { .. } => self.saw_tool_calls = true,
+                Delta::Stop(stop) => self.stop = Some(*stop),
                 _ => {}
             }
         }
@@ -227,6 +231,9 @@ impl Relay {
     /// An output guardrail or tool RBAC refused this chunk: it is not sent; the stream ends with
     /// a content-filter chunk carrying the reason, then `[DONE]`. Not a failure of the target.
     fn block(&mut self, reason: &str) -> Option<Bytes> {
+        if let Some(context) = &self.context {
+            context.ending("guardrail_blocked");
+        }
         self.end(Ok(()));
         let guardrails = crate::guard::results_json("output", &self.output.results);
         let usage = self.usage_so_far();
@@ -244,6 +251,9 @@ impl Relay {
         // The broken attempt ends here: failed after visible output, paid for what it made.
         let ms = self.committed.started.elapsed().as_millis() as u64;
         let c = &mut self.committed;
+        if let Some(trace) = c.trace.take() {
+            trace.failed(class, None, true);
+        }
         c.run.record_break(class, ms);
         self.health.record(&c.tenant, &c.target, &c.breaker, c.permit, Err(class), ms);
         let (usage, estimated) = self.attempt_usage();
@@ -267,6 +277,7 @@ impl Relay {
         c.started = switch.started;
         c.price = switch.price;
         c.breaker = switch.breaker;
+        c.trace = Some(switch.trace);
         c.idle_timeout = switch.idle_timeout;
         self.between_attempts = false;
         self.output_chars = switch.read_chars;
@@ -296,14 +307,25 @@ impl Relay {
     /// here); otherwise a resume failed and every attempt is already recorded and paid.
     fn finish_end(&mut self, result: Result<(), Class>, current: bool) {
         let ms = self.committed.started.elapsed().as_millis() as u64;
+        let (usage, estimated) = self.attempt_usage();
         let c = &mut self.committed;
         if current {
             c.run.record_committed(result, ms);
             self.health.record(&c.tenant, &c.target, &c.breaker, c.permit, result, ms);
+            match (c.trace.take(), result) {
+                (Some(trace), Ok(())) => trace.answered(crate::observe::Answered {
+                    model: &c.model,
+                    id: c.opened.decoder.message_id(),
+                    stop: self.stop,
+                    usage: Some(usage),
+                    text: None,
+                }),
+                (Some(trace), Err(class)) => trace.failed(class, None, true),
+                (None, _) => {}
+            }
         } else {
             c.run.end_broken();
         }
-        let (usage, estimated) = self.attempt_usage();
         let halt = if result.is_ok() { Halt::Succeeded } else { Halt::VisibleOutput };
         let end = StreamEnd { halt, usage, estimated, malformed_events: self.malformed, broken: result.is_err() };
         if current {

@@ -31,6 +31,7 @@ use crate::body::ChatRequest;
 use crate::dispatch::prepare_for;
 use crate::egress::{Egress, Opened};
 use crate::health::{Health, HeldPermit};
+use crate::observe::{AttemptTrace, Observer};
 use crate::provider::{Chunk, Decoded};
 use crate::tenant::TenantConfig;
 use crate::usage::Paid;
@@ -50,6 +51,10 @@ pub struct Resumer {
     pub deadline: Instant,
     /// The run's planned order; resuming starts at the target that broke.
     pub order: Vec<String>,
+    /// The request's SERVER span and the metrics, for each resume attempt's observations.
+    pub parent: Option<opentelemetry::Context>,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    pub route: String,
 }
 
 /// The stream the relay goes on with.
@@ -66,6 +71,8 @@ pub struct Switch {
     pub first: Vec<Chunk>,
     /// Characters the new answer produced so far, withheld ones included (for estimates).
     pub read_chars: usize,
+    /// The resume attempt's span and metrics, finished when the stream ends.
+    pub trace: AttemptTrace,
 }
 
 /// How one resume attempt went.
@@ -102,11 +109,12 @@ impl Resumer {
             let Some(target) = self.tenant.target(&id) else { continue };
             let prefill = self.mode == StreamResume::Continue
                 && target.capabilities.as_ref().and_then(|c| c.assistant_prefill) == Some(true);
-            let mut tried = self.try_target(target, &tenant_id, sent, prefill, health).await;
+            let n = run.attempts.len() as u32 + 1;
+            let mut tried = self.try_target(target, &tenant_id, sent, prefill, health, n).await;
             if let (true, Some(Tried::Failed { class: Class::ClientError, status, .. })) = (prefill, &tried) {
                 // The target refused the prefill: not the caller's error; regenerate on it.
                 run.record_resumed(&id, &target.model, Err(Class::ClientError), *status, 0);
-                tried = self.try_target(target, &tenant_id, sent, false, health).await;
+                tried = self.try_target(target, &tenant_id, sent, false, health, n + 1).await;
             }
             match tried {
                 None => continue,
@@ -138,15 +146,23 @@ impl Resumer {
         sent: &str,
         prefill: bool,
         health: &Health,
+        n: u32,
     ) -> Option<Tried> {
         let permit = health.acquire(tenant_id, &target.id);
         if permit == Permit::Refused {
             return None;
         }
+        let observer =
+            Observer { parent: self.parent.as_ref(), metrics: &self.metrics, tenant: tenant_id, route: &self.route };
+        let mut trace = Some(AttemptTrace::start(observer, target, n, false, true, &self.request));
+        let trace_context = trace.as_ref().and_then(|t| t.context().cloned());
         let mut held = HeldPermit::new(health, tenant_id, &target.id, permit);
         let started = Instant::now();
         let settings = target.breaker();
         let mut fail = |class, status, read_chars| {
+            if let Some(trace) = trace.take() {
+                trace.failed(class, status, false);
+            }
             let permit = held.take();
             health.record(tenant_id, &target.id, &settings, permit, Err(class), started.elapsed().as_millis() as u64);
             Some(Tried::Failed { class, status, read_chars })
@@ -156,6 +172,7 @@ impl Resumer {
             upstream_key: self.upstream_key.as_deref(),
             next_hop: self.next_hop,
             request_id: self.request_id.as_ref(),
+            trace: trace_context.as_ref(),
         };
         let prepared = prepare_for(&self.tenant, &self.egress, &request, outgoing, target, true).await;
         let (provider, url, headers, body) = match prepared {
@@ -184,10 +201,18 @@ impl Resumer {
                 Ok(pair) => pair,
                 // A different answer is not the target's failure (sampling differs): the
                 // permit goes back without counting against its breaker.
-                Err(read_chars) => return Some(Tried::Failed { class: Class::BadResponse, status: None, read_chars }),
+                Err(read_chars) => {
+                    if let Some(trace) = trace.take() {
+                        trace.failed(Class::BadResponse, None, false);
+                    }
+                    return Some(Tried::Failed { class: Class::BadResponse, status: None, read_chars });
+                }
             }
         };
         let permit = held.take();
+        // Always there: only a failure above takes it.
+        let mut trace = trace.take()?;
+        trace.first_chunk();
         Some(Tried::Resumed(Box::new(Switch {
             target: target.id.clone(),
             model: target.model.clone(),
@@ -199,6 +224,7 @@ impl Resumer {
             idle_timeout: idle,
             first,
             read_chars,
+            trace,
         })))
     }
 }

@@ -52,3 +52,28 @@ pub fn trace_id(cx: &Context) -> Option<String> {
     let context = span.span_context();
     context.is_valid().then(|| context.trace_id().to_string())
 }
+
+/// Middleware tracing every request of a service (`from_fn(server::traced)`), under the
+/// instrumentation scope `shield-admin`: a SERVER span from arrival to the answer. Probes
+/// (`/healthz`, `/readyz`) and scrapes (`/metrics`) are not traced.
+pub async fn traced(
+    req: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody>,
+) -> Result<actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>, actix_web::Error> {
+    static TRACER: std::sync::LazyLock<Option<SdkTracer>> = std::sync::LazyLock::new(|| crate::tracer("shield-admin"));
+    let Some(tracer) = TRACER.as_ref().filter(|_| !matches!(req.path(), "/healthz" | "/readyz" | "/metrics")) else {
+        return next.call(req).await;
+    };
+    let cx = start(tracer, &req);
+    let method = req.method().as_str().to_string();
+    let result = next.call(req).await;
+    match &result {
+        Ok(response) => {
+            let pattern = response.request().match_pattern();
+            responded(&cx, &method, pattern.as_deref(), response.status().as_u16());
+        }
+        Err(err) => responded(&cx, &method, None, err.as_response_error().status_code().as_u16()),
+    }
+    cx.span().end();
+    result
+}
