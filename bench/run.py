@@ -18,7 +18,8 @@ Two backends: the mock LLM, and a static nginx `return 200` of a fixed ~700-byte
 own cost). For each gateway process the CPU it used per request over the c20 window is printed
 (utime + stime from /proc/<pid>/stat ÷ requests answered).
 
-SHIELD_BENCH_BASELINE=/path/to/an/older/shield adds that binary's proxy (same admin, Redis and
+SHIELD_BENCH_BASE_ENV='{"NAME": "value"}' gives that proxy extra variables (the same binary as
+its own baseline with tracing on, say). SHIELD_BENCH_BASELINE=/path/to/an/older/shield adds that binary's proxy (same admin, Redis and
 routes) as the "base" paths, so a change is measured before and after in one run.
 
 Every Shield route runs with what a production route has on (issue 19): a rule (that does not
@@ -259,8 +260,11 @@ def main():
         start("admin")
         pids = {"shield": start("proxy").pid}
         if baseline:
+            # SHIELD_BENCH_BASE_ENV (JSON): extra variables for that proxy — e.g. the same binary
+            # with tracing on against a dead collector (issue 31).
+            base_env = json.loads(os.environ.get("SHIELD_BENCH_BASE_ENV", "{}"))
             pids["base"] = start("proxy", binary=baseline, name="base-proxy",
-                                 extra_env={"SHIELD_PROXY_ADDR": f"127.0.0.1:{ports['base']}"}).pid
+                                 extra_env={"SHIELD_PROXY_ADDR": f"127.0.0.1:{ports['base']}", **base_env}).pid
             wait_http(f"http://127.0.0.1:{ports['base']}/healthz")
         wait_http(f"http://127.0.0.1:{ports['mock']}/healthz")
         wait_http(f"http://127.0.0.1:{ports['admin']}/healthz")

@@ -105,6 +105,14 @@ fn the_whole_suite_leaked_no_secret() {
         assert!(count >= 20, "only {count} {what}");
     }
     assert!(metrics >= 20 && responses >= 20, "metrics {metrics}, response logs {responses}");
+    // Issue 31: the spans the OTLP receiver decoded and the JSON logs are read too.
+    let json_logs = scan
+        .files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n == "proxy.log"))
+        .filter(|f| std::fs::read_to_string(f).is_ok_and(|log| log.contains("\"target\":\"shield::access\"")))
+        .count();
+    assert!(kept("spans.json") >= 2 && json_logs >= 2, "spans {}, JSON logs {json_logs}", kept("spans.json"));
     // Every kind of credential the cloud targets use was among them (issue 30): AWS key pairs
     // (the vault value and each secret key), session tokens, Bedrock API keys, service-account
     // key files (and each line of their private keys), and the OAuth tokens issued for them.

@@ -300,6 +300,29 @@ async fn a_failover_and_a_stream_make_one_span_tree_each_and_the_upstreams_recei
     let exported = metric(&stack, "shield_trace_spans_exported_total").await;
     assert!(exported.iter().map(|(_, v)| v).sum::<f64>() >= 5.0, "{exported:?}");
 
+    // Content only when the operator opts in, and then with the secrets the guardrails'
+    // detector knows replaced.
+    stack.restart_proxy(&[("SHIELD_TRACE_CONTENT", "1".to_string())]).await;
+    let content_id = shield_e2e::unique("trace-content-");
+    let prompt =
+        json!({"model": "traced", "messages": [{"role": "user", "content": "deploy with AKIAIOSFODNN7EXAMPLE today"}]});
+    let (status, _, answer) = stack.chat(&key, prompt, &[("x-request-id", &content_id)]).await;
+    assert_eq!(status, StatusCode::OK);
+    let attempt = receiver
+        .until("the span with content", |spans| {
+            let server = server_span(spans, &content_id)?;
+            children(spans, server).into_iter().find(|s| attr(s, "shield.committed") == true).cloned()
+        })
+        .await;
+    let input = attr(&attempt, "gen_ai.input.messages").as_str().expect("input messages");
+    assert!(input.contains("deploy with") && !input.contains("AKIAIOSFODNN7EXAMPLE"), "{input}");
+    let output: Value =
+        serde_json::from_str(attr(&attempt, "gen_ai.output.messages").as_str().expect("output")).unwrap();
+    // The mock echoes the prompt: the answer on the span has the key replaced too.
+    let answered = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answered.contains("AKIAIOSFODNN7EXAMPLE"), "{answered}");
+    assert_eq!(output[0]["parts"][0]["content"], answered.replace("AKIAIOSFODNN7EXAMPLE", "[redacted]"));
+
     // The collector goes away: requests succeed as before, and the lost spans are counted.
     drop(receiver);
     for _ in 0..5 {
