@@ -347,6 +347,8 @@ async fn every_ending_has_one_access_record_one_count_and_one_span_that_agree() 
     stack.mock_target("fails-1", "status:503", json!({})).await;
     stack.mock_target("fails-2", "status:500", json!({})).await;
     stack.mock_target("streams", "chunks:3", json!({})).await;
+    stack.mock_target("hangs", "hang", json!({"timeout_s": 30})).await;
+    stack.put_route("deadline", json!({"targets": ["hangs"], "failover": {"deadline_s": 1}})).await;
     stack.mock_target("breaks", "chunks:5;break:2", json!({})).await;
     stack.mock_target("slow", "chunks:50;chunkdelay:100", json!({})).await;
     stack.put_route("answered", json!({"targets": ["answers"]})).await;
@@ -408,6 +410,8 @@ async fn every_ending_has_one_access_record_one_count_and_one_span_that_agree() 
     assert_eq!(refused.await.unwrap().status(), 200);
     let id = expect("all_failed", 502);
     assert_eq!(send(&id, &key, json_body(chat_body("failed")), &[]).await.unwrap().status(), 502);
+    let id = expect("deadline", 504);
+    assert_eq!(send(&id, &key, json_body(chat_body("deadline")), &[]).await.unwrap().status(), 504);
     let id = expect("stream_completed", 200);
     let text = send(&id, &key, json_body(stream("stream-done")), &[]).await.unwrap().text().await.unwrap();
     assert!(text.contains("[DONE]"));
