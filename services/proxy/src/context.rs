@@ -111,6 +111,32 @@ impl Trail {
         facts.endpoint = endpoint.map(str::to_string);
     }
 
+    /// The access record: one `shield::access` line per request.
+    fn access_record(&self, facts: &Facts, ending: &str, tenant: &str) {
+        let duration_ms = self.arrived.elapsed().as_secs_f64() * 1000.0;
+        let trace_id = self.trace_id();
+        tracing::info!(
+            target: "shield::access",
+            request_id = %self.request_id,
+            trace_id = trace_id.as_deref().unwrap_or(""),
+            method = %self.method,
+            path = %self.path,
+            status = facts.status,
+            ending,
+            tenant,
+            key_id = facts.key_id.as_deref().unwrap_or(""),
+            route = facts.route.as_deref().unwrap_or(""),
+            rule = facts.rule.as_deref().unwrap_or(""),
+            target = facts.target.as_deref().unwrap_or(""),
+            attempts = facts.attempts,
+            failovers = facts.failovers,
+            halt = facts.halt.unwrap_or(""),
+            stream = facts.stream,
+            duration_ms,
+            "request"
+        );
+    }
+
     /// A routed call's end (from [`RequestContext::end`]).
     fn routed(
         &self,
@@ -177,28 +203,10 @@ impl Drop for Trail {
         let endpoint = facts.endpoint.as_deref().unwrap_or("unmatched");
         let tenant = facts.tenant.as_deref().unwrap_or("");
         self.metrics.http_request(tenant, endpoint, facts.status, ending);
-        let duration_ms = self.arrived.elapsed().as_secs_f64() * 1000.0;
-        let trace_id = self.trace_id();
-        tracing::info!(
-            target: "shield::access",
-            request_id = %self.request_id,
-            trace_id = trace_id.as_deref().unwrap_or(""),
-            method = %self.method,
-            path = %self.path,
-            status = facts.status,
-            ending,
-            tenant,
-            key_id = facts.key_id.as_deref().unwrap_or(""),
-            route = facts.route.as_deref().unwrap_or(""),
-            rule = facts.rule.as_deref().unwrap_or(""),
-            target = facts.target.as_deref().unwrap_or(""),
-            attempts = facts.attempts,
-            failovers = facts.failovers,
-            halt = facts.halt.unwrap_or(""),
-            stream = facts.stream,
-            duration_ms,
-            "request"
-        );
+        // Only when the record is written: the trace id's text and the clock cost otherwise.
+        if tracing::enabled!(target: "shield::access", tracing::Level::INFO) {
+            self.access_record(&facts, ending, tenant);
+        }
         if let Some(cx) = self.span.take() {
             let span = cx.span();
             let mut attributes = vec![

@@ -163,7 +163,8 @@ where
         }
         let n = run.attempts.len() as u32 + 1;
         let retry = run.attempts.last().is_some_and(|a| a.target == id);
-        let trace = AttemptTrace::start(call.observer, target, n, retry, stream, call.request);
+        let endpoint = call.tenant.endpoint(&id).ok();
+        let trace = AttemptTrace::start(call.observer, target, n, retry, stream, call.request, endpoint);
         let started = Instant::now();
         let mut held = crate::health::HeldPermit::new(health, tenant, &id, permit);
         let result = attempt(target, deadline.saturating_duration_since(started), trace.context().cloned()).await;

@@ -96,11 +96,13 @@ impl AttemptTrace {
         retry: bool,
         stream: bool,
         request: &ChatRequest,
+        endpoint: Option<&url::Url>,
     ) -> AttemptTrace {
         let provider = provider_name(target);
         let span = match (tracer(), observer.parent) {
             (Some(tracer), Some(parent)) => {
-                Some(start_span(tracer, parent, target, provider, n, retry, stream, request))
+                let attempt = Start { target, provider, n, retry, stream, endpoint };
+                Some(start_span(tracer, parent, attempt, request))
             }
             _ => None,
         };
@@ -215,17 +217,19 @@ fn saturating_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-#[allow(clippy::too_many_arguments, reason = "one call site; the attempt's facts, named")]
-fn start_span(
-    tracer: &SdkTracer,
-    parent: &Context,
-    target: &Target,
+/// What an attempt's span starts with.
+struct Start<'a> {
+    target: &'a Target,
     provider: &'static str,
     n: u32,
     retry: bool,
     stream: bool,
-    request: &ChatRequest,
-) -> Context {
+    /// The target's parsed base URL (`server.address`, `server.port`).
+    endpoint: Option<&'a url::Url>,
+}
+
+fn start_span(tracer: &SdkTracer, parent: &Context, attempt: Start<'_>, request: &ChatRequest) -> Context {
+    let Start { target, provider, n, retry, stream, endpoint } = attempt;
     let mut attributes = vec![
         KeyValue::new(genai::OPERATION_NAME, genai::CHAT),
         KeyValue::new(genai::PROVIDER_NAME, provider),
@@ -237,7 +241,7 @@ fn start_span(
     if stream {
         attributes.push(KeyValue::new(genai::REQUEST_STREAM, true));
     }
-    if let Ok(url) = url::Url::parse(&target.base_url) {
+    if let Some(url) = endpoint {
         if let Some(host) = url.host_str() {
             attributes.push(KeyValue::new(genai::SERVER_ADDRESS, host.to_string()));
         }

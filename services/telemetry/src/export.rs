@@ -7,7 +7,9 @@
 //! thread that batches and exports, honouring `OTEL_BSP_MAX_QUEUE_SIZE`,
 //! `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` and `OTEL_BSP_SCHEDULE_DELAY`. A batch the collector
 //! refuses, fails or times out on (`OTEL_EXPORTER_OTLP_TIMEOUT`) is dropped and counted; it is
-//! not retried, so a dead collector costs one failed export per batch and nothing more.
+//! not retried. After a failure the collector is left alone for a while (1 s, doubling to
+//! 30 s while it keeps failing): batches due meanwhile are dropped and counted without being
+//! encoded, so a dead collector costs the cores that serve requests next to nothing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -128,6 +130,8 @@ fn export_loop<E: SpanExporter>(
     control: Receiver<Message>,
 ) {
     let mut batch: Vec<SpanData> = Vec::with_capacity(config.max_batch);
+    let mut backoff = Backoff::default();
+    let mut export = |exporter: &E, batch: &mut Vec<SpanData>| send(exporter, batch, config.max_batch, &mut backoff);
     let mut due = Instant::now() + config.delay;
     loop {
         let mut stop = None;
@@ -136,7 +140,7 @@ fn export_loop<E: SpanExporter>(
                 Message::Resource(resource) => exporter.set_resource(&resource),
                 Message::Flush(done) => {
                     drain(&spans, &mut batch);
-                    send(&exporter, &mut batch, config.max_batch);
+                    export(&exporter, &mut batch);
                     let _ = done.send(());
                 }
                 Message::Shutdown(done) => stop = Some(done),
@@ -145,7 +149,7 @@ fn export_loop<E: SpanExporter>(
         }
         if let Some(done) = stop {
             drain(&spans, &mut batch);
-            send(&exporter, &mut batch, config.max_batch);
+            export(&exporter, &mut batch);
             let _ = exporter.shutdown();
             let _ = done.send(());
             return;
@@ -155,12 +159,12 @@ fn export_loop<E: SpanExporter>(
             Ok(_) => {}
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
-                send(&exporter, &mut batch, config.max_batch);
+                export(&exporter, &mut batch);
                 return;
             }
         }
         if batch.len() >= config.max_batch || Instant::now() >= due {
-            send(&exporter, &mut batch, config.max_batch);
+            export(&exporter, &mut batch);
             due = Instant::now() + config.delay;
         }
     }
@@ -174,16 +178,48 @@ fn drain(spans: &Receiver<Message>, batch: &mut Vec<SpanData>) {
     }
 }
 
-/// Exports `batch` in pieces of at most `max`; a piece that fails is dropped and counted.
-fn send<E: SpanExporter>(exporter: &E, batch: &mut Vec<SpanData>, max: usize) {
+/// How long a failing collector is left alone.
+#[derive(Default)]
+struct Backoff {
+    until: Option<Instant>,
+    wait: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_secs(1);
+    const MOST: Duration = Duration::from_secs(30);
+
+    fn failed(&mut self) {
+        self.wait = if self.wait.is_zero() { Self::FIRST } else { (self.wait * 2).min(Self::MOST) };
+        self.until = Some(Instant::now() + self.wait);
+    }
+
+    fn succeeded(&mut self) {
+        *self = Backoff::default();
+    }
+
+    fn waiting(&self) -> bool {
+        self.until.is_some_and(|until| Instant::now() < until)
+    }
+}
+
+/// Exports `batch` in pieces of at most `max`; a piece that fails is dropped and counted, and
+/// so is every piece due while the collector is being left alone.
+fn send<E: SpanExporter>(exporter: &E, batch: &mut Vec<SpanData>, max: usize, backoff: &mut Backoff) {
     while !batch.is_empty() {
         let piece: Vec<SpanData> = batch.drain(..batch.len().min(max.max(1))).collect();
         let n = piece.len() as u64;
+        if backoff.waiting() {
+            DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed);
+            continue;
+        }
         match futures_executor::block_on(exporter.export(piece)) {
             Ok(()) => {
+                backoff.succeeded();
                 EXPORTED.fetch_add(n, Ordering::Relaxed);
             }
             Err(err) => {
+                backoff.failed();
                 if DROPPED_EXPORT_FAILED.fetch_add(n, Ordering::Relaxed) == 0 {
                     tracing::warn!(error = %err, spans = n, "the trace collector did not take a batch: dropped (shield_trace_spans_dropped_total)");
                 } else {

@@ -12,11 +12,12 @@ use opentelemetry_sdk::trace::SdkTracer;
 /// Starts the SERVER span of an inbound request.
 pub fn start(tracer: &SdkTracer, req: &actix_web::dev::ServiceRequest) -> Context {
     let parent = crate::parent_from(req.headers());
-    let method = req.method().as_str().to_string();
+    let method = method_name(req.method());
     let mut attributes = vec![
         KeyValue::new("http.request.method", method.clone()),
         KeyValue::new("url.path", req.path().to_string()),
-        KeyValue::new("url.scheme", req.connection_info().scheme().to_string()),
+        // Shield's services listen on plain HTTP; TLS ends in front of them.
+        KeyValue::new("url.scheme", "http"),
     ];
     if let Some(agent) = req.headers().get("user-agent").and_then(|v| v.to_str().ok()) {
         attributes.push(KeyValue::new("user_agent.original", agent.chars().take(256).collect::<String>()));
@@ -30,6 +31,21 @@ pub fn start(tracer: &SdkTracer, req: &actix_web::dev::ServiceRequest) -> Contex
         .with_attributes(attributes)
         .start_with_context(tracer, &parent);
     parent.with_span(span)
+}
+
+/// A method's name without an allocation for the usual ones.
+fn method_name(method: &actix_web::http::Method) -> std::borrow::Cow<'static, str> {
+    use actix_web::http::Method;
+    match *method {
+        Method::GET => "GET".into(),
+        Method::POST => "POST".into(),
+        Method::PUT => "PUT".into(),
+        Method::DELETE => "DELETE".into(),
+        Method::HEAD => "HEAD".into(),
+        Method::PATCH => "PATCH".into(),
+        Method::OPTIONS => "OPTIONS".into(),
+        _ => method.as_str().to_string().into(),
+    }
 }
 
 /// The answer's status and the matched route pattern, once the handler has answered.
