@@ -323,6 +323,37 @@ async fn a_failover_and_a_stream_make_one_span_tree_each_and_the_upstreams_recei
     assert!(answered.contains("AKIAIOSFODNN7EXAMPLE"), "{answered}");
     assert_eq!(output[0]["parts"][0]["content"], answered.replace("AKIAIOSFODNN7EXAMPLE", "[redacted]"));
 
+    // A stream's attempt span carries what the stream relayed.
+    let stream_content_id = shield_e2e::unique("trace-stream-content-");
+    let streamed = stack
+        .client
+        .post(format!("http://{}/v1/chat/completions", stack.proxy))
+        .bearer_auth(&key)
+        .header("x-request-id", &stream_content_id)
+        .json(&json!({"model": "traced-stream", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let relayed: String = streamed
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect();
+    assert!(!relayed.is_empty(), "{streamed}");
+    let attempt = receiver
+        .until("the stream's span with content", |spans| {
+            let server = server_span(spans, &stream_content_id)?;
+            children(spans, server).first().map(|s| (*s).clone())
+        })
+        .await;
+    let output: Value =
+        serde_json::from_str(attr(&attempt, "gen_ai.output.messages").as_str().expect("output")).unwrap();
+    assert_eq!(output[0]["parts"][0]["content"], relayed.as_str());
+
     // The collector goes away: requests succeed as before, and the lost spans are counted.
     drop(receiver);
     for _ in 0..5 {

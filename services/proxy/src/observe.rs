@@ -32,7 +32,7 @@ pub fn tracer() -> Option<&'static SdkTracer> {
 }
 
 /// `SHIELD_TRACE_CONTENT=1`: prompts and answers on attempt spans (secrets redacted).
-fn capture_content() -> bool {
+pub fn capture_content() -> bool {
     static ON: LazyLock<bool> =
         LazyLock::new(|| std::env::var("SHIELD_TRACE_CONTENT").is_ok_and(|v| matches!(v.trim(), "1" | "true" | "on")));
     *ON

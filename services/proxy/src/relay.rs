@@ -70,6 +70,8 @@ struct Relay {
     paid: Vec<Paid>,
     /// The stop reason the answer gave (for its attempt's span).
     stop: Option<shield_core::exchange::Stop>,
+    /// The current attempt's text, kept only for `SHIELD_TRACE_CONTENT`.
+    captured: Option<String>,
     /// Between a break and the resumed stream: the broken attempt is recorded, paid and its
     /// permit spent; nothing of it is left to settle if the client goes away now.
     between_attempts: bool,
@@ -108,6 +110,7 @@ pub fn relay(
         paid: Vec::new(),
         between_attempts: false,
         stop: None,
+        captured: crate::observe::capture_content().then(String::new),
     };
     relay.chunks = std::mem::take(&mut relay.committed.opened.first);
     relay.pending = relay.forward_all();
@@ -197,6 +200,9 @@ impl Relay {
             match delta {
                 Delta::Text(text) => {
                     self.output_chars += text.len();
+                    if let Some(captured) = &mut self.captured {
+                        captured.push_str(text);
+                    }
                     if self.resumer.is_some() {
                         self.sent_text.push_str(text);
                     }
@@ -278,6 +284,10 @@ impl Relay {
         c.price = switch.price;
         c.breaker = switch.breaker;
         c.trace = Some(switch.trace);
+        if let Some(captured) = &mut self.captured {
+            // The span of the new attempt carries what the new attempt produced.
+            captured.clear();
+        }
         c.idle_timeout = switch.idle_timeout;
         self.between_attempts = false;
         self.output_chars = switch.read_chars;
@@ -318,7 +328,7 @@ impl Relay {
                     id: c.opened.decoder.message_id(),
                     stop: self.stop,
                     usage: Some(usage),
-                    text: None,
+                    text: self.captured.as_deref(),
                 }),
                 (Some(trace), Err(class)) => trace.failed(class, None, true),
                 (None, _) => {}
