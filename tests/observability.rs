@@ -507,3 +507,37 @@ async fn every_ending_has_one_access_record_one_count_and_one_span_that_agree() 
     let gone = children(&spans, server_span(&spans, gone).unwrap());
     assert_eq!(attr(gone[0], "error.type"), "cancelled");
 }
+
+#[tokio::test]
+async fn a_collector_that_never_answers_slows_no_request_and_its_spans_are_counted_as_dropped() {
+    let mut stack = Stack::start().await;
+    // A collector that accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    stack.mock_target("answers", "", json!({})).await;
+    stack.put_route("answered", json!({"targets": ["answers"]})).await;
+    let (key, _) = stack.key(None).await;
+    let mut env = traced_env(&format!("http://127.0.0.1:{port}"));
+    env.extend([
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "4".to_string()),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2".to_string()),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "10000".to_string()),
+    ]);
+    stack.restart_proxy(&env).await;
+    let started = std::time::Instant::now();
+    for _ in 0..30 {
+        let (status, _, body) = stack.chat(&key, chat_body("answered"), &[]).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(5), "30 calls took {took:?} with a collector that hangs");
+    let dropped = metric(&stack, "shield_trace_spans_dropped_total").await;
+    assert!(labelled(&dropped, &["reason=\"queue_full\""]) >= 20.0, "the full queue dropped spans: {dropped:?}");
+    hold.abort();
+}
