@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use shield_e2e::eventually;
-use shield_e2e::stack::{Stack, StackOptions, chat_body};
+use shield_e2e::stack::{Stack, StackOptions, chat_body, labelled};
 
 /// The OTLP receiver, stopped when dropped.
 struct Receiver {
@@ -99,6 +99,21 @@ fn children<'a>(spans: &'a [Value], parent: &Value) -> Vec<&'a Value> {
     out
 }
 
+/// A streamed chat call to `model` with request id `id`: the SSE body.
+async fn streamed(stack: &Stack, key: &str, id: &str, model: &str) -> String {
+    let response = stack
+        .client
+        .post(format!("http://{}/v1/chat/completions", stack.proxy))
+        .bearer_auth(key)
+        .header("x-request-id", id)
+        .json(&json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.text().await.unwrap()
+}
+
 /// The JSON log's access records (`shield::access`), by request id.
 fn access_records(stack: &Stack) -> BTreeMap<String, Value> {
     let log = std::fs::read_to_string(stack.evidence.path("proxy.log")).unwrap();
@@ -108,22 +123,6 @@ fn access_records(stack: &Stack) -> BTreeMap<String, Value> {
         .filter(|l| l["target"] == "shield::access")
         .map(|l| (l["fields"]["request_id"].as_str().unwrap_or_default().to_string(), l))
         .collect()
-}
-
-/// `name{labels} value` lines of the proxy's `/metrics` whose name is `metric`.
-async fn metric(stack: &Stack, metric: &str) -> Vec<(String, f64)> {
-    let text = stack.client.get(format!("http://{}/metrics", stack.proxy)).send().await.unwrap().text().await.unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{metric}{{")) || l.starts_with(&format!("{metric} ")))
-        .filter_map(|l| {
-            let (labels, value) = l.rsplit_once(' ')?;
-            Some((labels.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-fn labelled(rows: &[(String, f64)], parts: &[&str]) -> f64 {
-    rows.iter().filter(|(labels, _)| parts.iter().all(|p| labels.contains(p))).map(|(_, v)| v).sum()
 }
 
 #[tokio::test]
@@ -222,17 +221,7 @@ async fn a_failover_and_a_stream_make_one_span_tree_each_and_the_upstreams_recei
 
     // A stream: its attempt span covers the stream to its end, with the time to first chunk.
     let stream_id = shield_e2e::unique("trace-stream-");
-    let response = stack
-        .client
-        .post(format!("http://{}/v1/chat/completions", stack.proxy))
-        .bearer_auth(&key)
-        .header("x-request-id", &stream_id)
-        .json(&json!({"model": "traced-stream", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let text = response.text().await.unwrap();
+    let text = streamed(&stack, &key, &stream_id, "traced-stream").await;
     assert!(text.contains("[DONE]"));
     let (server, attempts) = receiver
         .until("the stream's spans", |spans| {
@@ -289,15 +278,15 @@ async fn a_failover_and_a_stream_make_one_span_tree_each_and_the_upstreams_recei
     );
 
     // The GenAI metrics.
-    let duration = metric(&stack, "gen_ai_client_operation_duration_seconds_count").await;
+    let duration = stack.metric("gen_ai_client_operation_duration_seconds_count").await;
     assert_eq!(labelled(&duration, &["target=\"down\"", "error_type=\"server_error\""]), 1.0, "{duration:?}");
     assert_eq!(labelled(&duration, &["target=\"up\"", "error_type=\"\"", "gen_ai_provider_name=\"openai\""]), 1.0);
-    let tokens = metric(&stack, "gen_ai_client_token_usage_sum").await;
+    let tokens = stack.metric("gen_ai_client_token_usage_sum").await;
     let input = answer["usage"]["prompt_tokens"].as_f64().unwrap();
     assert_eq!(labelled(&tokens, &["target=\"up\"", "gen_ai_token_type=\"input\""]), input, "{tokens:?}");
-    let first_chunk = metric(&stack, "gen_ai_client_operation_time_to_first_chunk_seconds_count").await;
+    let first_chunk = stack.metric("gen_ai_client_operation_time_to_first_chunk_seconds_count").await;
     assert_eq!(labelled(&first_chunk, &["target=\"streams\"", "gen_ai_request_model=\"model-streams\""]), 1.0);
-    let exported = metric(&stack, "shield_trace_spans_exported_total").await;
+    let exported = stack.metric("shield_trace_spans_exported_total").await;
     assert!(exported.iter().map(|(_, v)| v).sum::<f64>() >= 5.0, "{exported:?}");
 
     // Content only when the operator opts in, and then with the secrets the guardrails'
@@ -325,25 +314,14 @@ async fn a_failover_and_a_stream_make_one_span_tree_each_and_the_upstreams_recei
 
     // A stream's attempt span carries what the stream relayed.
     let stream_content_id = shield_e2e::unique("trace-stream-content-");
-    let streamed = stack
-        .client
-        .post(format!("http://{}/v1/chat/completions", stack.proxy))
-        .bearer_auth(&key)
-        .header("x-request-id", &stream_content_id)
-        .json(&json!({"model": "traced-stream", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let relayed: String = streamed
+    let text = streamed(&stack, &key, &stream_content_id, "traced-stream").await;
+    let relayed: String = text
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
         .collect();
-    assert!(!relayed.is_empty(), "{streamed}");
+    assert!(!relayed.is_empty(), "{text}");
     let attempt = receiver
         .until("the stream's span with content", |spans| {
             let server = server_span(spans, &stream_content_id)?;
@@ -361,7 +339,7 @@ async fn a_failover_and_a_stream_make_one_span_tree_each_and_the_upstreams_recei
         assert_eq!(status, StatusCode::OK, "{body}");
     }
     eventually(20, "the dropped spans to be counted", || async {
-        let dropped = metric(&stack, "shield_trace_spans_dropped_total").await;
+        let dropped = stack.metric("shield_trace_spans_dropped_total").await;
         (labelled(&dropped, &["reason=\"export_failed\""]) >= 5.0).then_some(())
     })
     .await;
@@ -469,7 +447,7 @@ async fn every_ending_has_one_access_record_one_count_and_one_span_that_agree() 
         );
     }
     // One count each in the metric, under the same ending.
-    let counts = metric(&stack, "shield_http_requests_total").await;
+    let counts = stack.metric("shield_http_requests_total").await;
     let mut by_ending: BTreeMap<&str, f64> = BTreeMap::new();
     for (_, _, ending) in &expected {
         *by_ending.entry(ending).or_default() += 1.0;
@@ -537,7 +515,7 @@ async fn a_collector_that_never_answers_slows_no_request_and_its_spans_are_count
     }
     let took = started.elapsed();
     assert!(took < std::time::Duration::from_secs(5), "30 calls took {took:?} with a collector that hangs");
-    let dropped = metric(&stack, "shield_trace_spans_dropped_total").await;
+    let dropped = stack.metric("shield_trace_spans_dropped_total").await;
     assert!(labelled(&dropped, &["reason=\"queue_full\""]) >= 20.0, "the full queue dropped spans: {dropped:?}");
     hold.abort();
 }

@@ -11,23 +11,7 @@ use futures_util::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use shield_e2e::eventually;
-use shield_e2e::stack::{Stack, chat_body};
-
-/// `name{labels} value` lines of the proxy's `/metrics` whose name is `metric`.
-async fn metric(stack: &Stack, metric: &str) -> Vec<(String, f64)> {
-    let text = stack.client.get(format!("http://{}/metrics", stack.proxy)).send().await.unwrap().text().await.unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{metric}{{")))
-        .filter_map(|l| {
-            let (labels, value) = l.rsplit_once(' ')?;
-            Some((labels.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-fn labelled(rows: &[(String, f64)], parts: &[&str]) -> f64 {
-    rows.iter().filter(|(labels, _)| parts.iter().all(|p| labels.contains(p))).map(|(_, v)| v).sum()
-}
+use shield_e2e::stack::{Stack, chat_body, labelled};
 
 #[tokio::test]
 async fn every_ending_is_recorded_once_and_usage_agrees_with_metrics() {
@@ -95,7 +79,7 @@ async fn every_ending_is_recorded_once_and_usage_agrees_with_metrics() {
     ]);
     // Each request once, under its halt (the abandoned stream ends when the proxy notices).
     let requests = eventually(15, "every ending in the metrics", || async {
-        let requests = metric(&stack, "shield_requests_total").await;
+        let requests = stack.metric("shield_requests_total").await;
         let total: f64 = requests.iter().map(|(_, v)| v).sum();
         (total == halts.len() as f64).then_some(requests)
     })
@@ -106,7 +90,7 @@ async fn every_ending_is_recorded_once_and_usage_agrees_with_metrics() {
         assert_eq!(labelled(&requests, &[&route_label]), 1.0, "{route}: one request, recorded once: {requests:?}");
         assert_eq!(labelled(&requests, &[&route_label, &halt_label]), 1.0, "{route} ended {halt}: {requests:?}");
     }
-    let stream_broken = metric(&stack, "shield_stream_broken_total").await;
+    let stream_broken = stack.metric("shield_stream_broken_total").await;
     assert_eq!(labelled(&stream_broken, &["route=\"stream-broken\""]), 1.0);
 
     // Usage, flushed, agrees with the metrics target by target.
@@ -114,7 +98,7 @@ async fn every_ending_is_recorded_once_and_usage_agrees_with_metrics() {
         let today = chrono::Utc::now().date_naive();
         (today.pred_opt().unwrap_or(today), today.succ_opt().unwrap_or(today))
     };
-    let attempts = metric(&stack, "shield_upstream_seconds_count").await;
+    let attempts = stack.metric("shield_upstream_seconds_count").await;
     let expected_calls: f64 = attempts.iter().map(|(_, v)| v).sum();
     let rows = eventually(15, "the flushed usage", || async {
         let path = format!("/v1/tenant/me/gateway/usage?from={from}&to={to}");

@@ -257,6 +257,19 @@ impl Stack {
         .await;
     }
 
+    /// `name{labels} value` lines (and an unlabelled `name value`) of the proxy's `/metrics`.
+    pub async fn metric(&self, metric: &str) -> Vec<(String, f64)> {
+        let url = format!("http://{}/metrics", self.proxy);
+        let text = self.client.get(url).send().await.unwrap().text().await.unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{metric}{{")) || l.starts_with(&format!("{metric} ")))
+            .filter_map(|l| {
+                let (labels, value) = l.rsplit_once(' ')?;
+                Some((labels.to_string(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
     /// The tenant owner's admin token.
     pub fn token(&self) -> &str {
         &self.token
@@ -494,4 +507,9 @@ pub fn stream_content(data: &[String]) -> String {
 /// A minimal chat body for `model`.
 pub fn chat_body(model: &str) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": "hello"}]})
+}
+
+/// The sum of the [`Stack::metric`] rows whose labels contain every one of `parts`.
+pub fn labelled(rows: &[(String, f64)], parts: &[&str]) -> f64 {
+    rows.iter().filter(|(labels, _)| parts.iter().all(|p| labels.contains(p))).map(|(_, v)| v).sum()
 }

@@ -94,12 +94,13 @@ impl Metrics {
             registry.register(Box::new(c.clone())).expect("unique metric");
             c
         };
-        let histogram = |name: &str, help: &str, labels: &[&str]| {
-            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()), labels)
+        let histogram_of = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)
                 .expect("valid metric");
             registry.register(Box::new(h.clone())).expect("unique metric");
             h
         };
+        let histogram = |name: &str, help: &str, labels: &[&str]| histogram_of(name, help, &LATENCY_BUCKETS, labels);
         let gauge = |name: &str, help: &str, labels: &[&str]| {
             let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
             registry.register(Box::new(g.clone())).expect("unique metric");
@@ -164,45 +165,24 @@ impl Metrics {
                 "Every request to the proxy by how it ended (ending), its endpoint pattern and status.",
                 &["tenant", "endpoint", "status", "ending"],
             ),
-            gen_ai_tokens: {
-                let h = HistogramVec::new(
-                    HistogramOpts::new(
-                        "gen_ai_client_token_usage",
-                        "Tokens per upstream attempt, by type (GenAI semantic conventions v1.41).",
-                    )
-                    .buckets(TOKEN_BUCKETS.to_vec()),
-                    &GEN_AI_TOKEN_LABELS,
-                )
-                .expect("valid metric");
-                registry.register(Box::new(h.clone())).expect("unique metric");
-                h
-            },
-            gen_ai_duration: {
-                let h = HistogramVec::new(
-                    HistogramOpts::new(
-                        "gen_ai_client_operation_duration_seconds",
-                        "Duration of each upstream attempt, streams to their end (GenAI semantic conventions v1.41).",
-                    )
-                    .buckets(GEN_AI_SECONDS.to_vec()),
-                    &GEN_AI_DURATION_LABELS,
-                )
-                .expect("valid metric");
-                registry.register(Box::new(h.clone())).expect("unique metric");
-                h
-            },
-            gen_ai_first_chunk: {
-                let h = HistogramVec::new(
-                    HistogramOpts::new(
-                        "gen_ai_client_operation_time_to_first_chunk_seconds",
-                        "Time to the first chunk of a streamed upstream attempt (GenAI semantic conventions v1.41).",
-                    )
-                    .buckets(GEN_AI_SECONDS.to_vec()),
-                    &GEN_AI_LABELS,
-                )
-                .expect("valid metric");
-                registry.register(Box::new(h.clone())).expect("unique metric");
-                h
-            },
+            gen_ai_tokens: histogram_of(
+                "gen_ai_client_token_usage",
+                "Tokens per upstream attempt, by type (GenAI semantic conventions v1.41).",
+                &TOKEN_BUCKETS,
+                &GEN_AI_TOKEN_LABELS,
+            ),
+            gen_ai_duration: histogram_of(
+                "gen_ai_client_operation_duration_seconds",
+                "Duration of each upstream attempt, streams to their end (GenAI semantic conventions v1.41).",
+                &GEN_AI_SECONDS,
+                &GEN_AI_DURATION_LABELS,
+            ),
+            gen_ai_first_chunk: histogram_of(
+                "gen_ai_client_operation_time_to_first_chunk_seconds",
+                "Time to the first chunk of a streamed upstream attempt (GenAI semantic conventions v1.41).",
+                &GEN_AI_SECONDS,
+                &GEN_AI_LABELS,
+            ),
             trace_dropped: counter(
                 "shield_trace_spans_dropped_total",
                 "Spans dropped instead of exported: the queue was full, or the collector refused, failed or timed out.",
