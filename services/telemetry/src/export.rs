@@ -23,6 +23,19 @@ use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 static DROPPED_QUEUE_FULL: AtomicU64 = AtomicU64::new(0);
 static DROPPED_EXPORT_FAILED: AtomicU64 = AtomicU64::new(0);
 static EXPORTED: AtomicU64 = AtomicU64::new(0);
+/// While the collector is being left alone: until when (milliseconds since [`epoch`]; 0: not).
+/// Read by `on_end`, so a span ended meanwhile is dropped where it ended, never queued: freeing
+/// it on the export thread instead cost more than the span itself under load.
+static LEFT_ALONE_UNTIL_MS: AtomicU64 = AtomicU64::new(0);
+
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
+}
 
 /// Spans dropped: (the queue was full, the export failed).
 pub fn dropped() -> (u64, u64) {
@@ -98,6 +111,10 @@ impl SpanProcessor for Queue {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
+        if LEFT_ALONE_UNTIL_MS.load(Ordering::Relaxed) > now_ms() {
+            DROPPED_EXPORT_FAILED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         match self.spans.try_send(Message::Span(Box::new(span))) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
@@ -192,10 +209,13 @@ impl Backoff {
     fn failed(&mut self) {
         self.wait = if self.wait.is_zero() { Self::FIRST } else { (self.wait * 2).min(Self::MOST) };
         self.until = Some(Instant::now() + self.wait);
+        let until = now_ms().saturating_add(u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX));
+        LEFT_ALONE_UNTIL_MS.store(until, Ordering::Relaxed);
     }
 
     fn succeeded(&mut self) {
         *self = Backoff::default();
+        LEFT_ALONE_UNTIL_MS.store(0, Ordering::Relaxed);
     }
 
     fn waiting(&self) -> bool {
@@ -277,6 +297,10 @@ mod tests {
         }
         failing.force_flush().unwrap();
         assert!(dropped().1 >= failed_before + 3);
+        // The collector is now left alone: a span ended meanwhile is dropped and counted at once.
+        let before = dropped().1;
+        tracer.in_span("while left alone", |_| {});
+        assert_eq!(dropped().1, before + 1);
         failing.shutdown().unwrap();
         provider.shutdown().unwrap();
     }
