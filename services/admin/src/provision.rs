@@ -1,17 +1,20 @@
 //! Creating tenants and API keys: shared by the admin API and the CLI so both follow one path
 //! (validation, hashing, audit, publishing).
 
-use shield_core::limits::Limits;
+use chrono::{DateTime, Utc};
+use shield_core::FieldError;
+use shield_core::error::Problems;
+use shield_core::key_access;
 use shield_core::names::check_tenant_slug;
 use shield_core::snapshot::{API_KEY_PREFIX, format_api_key, key_hash};
 use sqlx::PgPool;
 
 use crate::auth::hash_password;
 use crate::error::ApiError;
-use crate::publish::{Publisher, key_record};
+use crate::publish::Publisher;
 use crate::random;
 use crate::repo::audit::{self, Action};
-use crate::repo::keys::{self, KeyMeta, NewKey};
+use crate::repo::keys::{self, KeyMeta, KeySettings, NewKey};
 use crate::repo::tenants::{self, Tenant};
 use crate::repo::users;
 use crate::write::{ConfigWrite, digest_of};
@@ -60,7 +63,7 @@ pub async fn create_tenant(
             names: vec![],
         });
     }
-    audit::record(&mut *tx, tenant.id, actor, Action::TenantCreated, slug, None, None).await?;
+    audit::record(&mut *tx, tenant.id, actor, Action::TenantCreated, slug, (None, None), None).await?;
     tx.commit().await?;
     Ok(CreatedTenant { tenant, admin_email: admin_email.to_lowercase(), password })
 }
@@ -81,17 +84,55 @@ fn check_label(field: &str, value: Option<&str>) -> Result<(), ApiError> {
 }
 
 /// What a new API key is made of (`POST /v1/tenant/me/keys`, `shield key create`).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct KeySpec<'a> {
     pub name: &'a str,
     pub agent: Option<&'a str>,
     pub role: Option<&'a str>,
-    /// Issue 18: the key's own rate limits (empty: none).
-    pub limits: Limits,
+    /// Its rate limits (issue 18), allow-list, expiry, budget and metadata (issue 32).
+    pub settings: KeySettings,
 }
 
-/// Creates an API key for `tenant`, records it in the audit log (with a digest of its limits
-/// when it has some) and publishes it.
+/// A new secret: `(key, its SHA-256 hex, its recognisable prefix)`.
+pub fn new_secret() -> (String, String, String) {
+    let key = format_api_key(&random::bytes::<32>());
+    let hash = key_hash(&key);
+    let prefix = key.get(..API_KEY_PREFIX.len() + 4).unwrap_or_default().to_string();
+    (key, hash, prefix)
+}
+
+/// Every problem of a key's settings, by field; `now` for the expiry.
+pub fn check_settings(settings: &KeySettings, now: DateTime<Utc>) -> Result<(), Vec<FieldError>> {
+    let mut p = Problems::default();
+    settings.limits.check(&mut p, "limits");
+    if let Some(routes) = &settings.routes {
+        key_access::check_routes(routes, &mut p, "routes");
+    }
+    if settings.expires_at.is_some_and(|at| at <= now) {
+        p.push("expires_at", "must be in the future");
+    }
+    if let Some(budget) = &settings.budget {
+        budget.check(&mut p, "budget");
+    }
+    key_access::check_metadata(&settings.metadata, &mut p, "metadata");
+    p.into_result()
+}
+
+/// A key's settings as the audit log digests them (never a secret).
+pub fn settings_digest(settings: &KeySettings) -> String {
+    digest_of(&serde_json::json!({
+        "limits": settings.limits, "routes": settings.routes, "expires_at": settings.expires_at,
+        "budget": settings.budget, "metadata": settings.metadata,
+    }))
+}
+
+/// An audit row's details for a key: what people know it by.
+pub fn audit_details(key: &KeyMeta) -> serde_json::Value {
+    serde_json::json!({"name": key.name, "prefix": key.prefix, "metadata": key.metadata})
+}
+
+/// Creates an API key for `tenant`, records it in the audit log (a digest of its settings,
+/// its name and metadata) and publishes it.
 pub async fn create_key(
     db: &PgPool,
     publisher: &Publisher,
@@ -99,19 +140,17 @@ pub async fn create_key(
     spec: KeySpec<'_>,
     actor: &str,
 ) -> Result<CreatedKey, ApiError> {
-    let KeySpec { name, agent, role, limits } = spec;
+    let KeySpec { name, agent, role, settings } = spec;
     check_label("name", Some(name))?;
     check_label("agent", agent)?;
     check_label("role", role)?;
-    limits.validate("limits")?;
-    let key = format_api_key(&random::bytes::<32>());
-    let hash = key_hash(&key);
-    let prefix = &key[..API_KEY_PREFIX.len() + 4];
+    check_settings(&settings, Utc::now())?;
+    let (key, hash, prefix) = new_secret();
     let mut write = ConfigWrite::begin(db, publisher, tenant, actor).await?;
-    let new = NewKey { name, agent, role, key_hash: &hash, prefix, limits: &limits };
+    let new = NewKey { name, agent, role, key_hash: &hash, prefix: &prefix, settings: &settings };
     let meta = keys::insert(write.conn(), tenant.id, new).await?;
-    let after = (!limits.is_empty()).then(|| digest_of(&limits));
-    write.commit(Action::KeyCreated, &meta.id.to_string(), None, after).await?;
-    publisher.key_changed(tenant.id, &hash, &key_record(&tenant.slug, &meta)).await;
+    let after = Some(settings_digest(&settings));
+    write.commit_with(Action::KeyCreated, &meta.id.to_string(), (None, after), Some(audit_details(&meta))).await?;
+    publisher.key_changed(tenant.id, &tenant.slug, &meta).await;
     Ok(CreatedKey { meta, key })
 }

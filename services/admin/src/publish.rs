@@ -69,11 +69,26 @@ impl Publisher {
         }
     }
 
-    /// Publishes a key record after a key was created, revoked or given new limits, so the
-    /// change reaches proxies at once; on failure the tenant is fully republished in the background.
-    pub async fn key_changed(&self, tenant_id: i64, key_hash: &str, record: &ApiKeyRecord) {
+    /// Publishes a key's records (its secret's, and a rotated key's previous secret's) after
+    /// it was created, changed, rotated or revoked, so the change reaches proxies at once; on
+    /// failure the tenant is fully republished in the background.
+    pub async fn key_changed(&self, tenant_id: i64, tenant_slug: &str, key: &keys::KeyMeta) {
+        self.set_records(tenant_id, key_records(tenant_slug, key)).await;
+    }
+
+    /// Publishes `records` (key hash → record), announcing each.
+    pub async fn set_records(&self, tenant_id: i64, records: Vec<(String, ApiKeyRecord)>) {
         let published = match self.redis.get().await {
-            Ok(mut conn) => self.set_key(&mut conn, key_hash, record).await,
+            Ok(mut conn) => {
+                let mut result = Ok(());
+                for (hash, record) in &records {
+                    result = self.set_key(&mut conn, hash, record).await;
+                    if result.is_err() {
+                        break;
+                    }
+                }
+                result
+            }
             Err(err) => Err(err.into()),
         };
         if let Err(err) = published {
@@ -139,6 +154,7 @@ impl Publisher {
         let guardrails = config::guardrails(&mut *tx, tenant_id).await?;
         let limits = tenants::limits(&mut *tx, tenant_id).await?;
         let responses = tenants::response_retention(&mut *tx, tenant_id).await?;
+        let budget = tenants::budget(&mut *tx, tenant_id).await?;
         let referenced: BTreeSet<&str> = targets.values().filter_map(|t| t.auth.secret_name()).collect();
         let mut sealed_secrets = BTreeMap::new();
         for row in secrets::sealed(&mut *tx, tenant_id).await? {
@@ -148,19 +164,14 @@ impl Publisher {
             }
         }
         let all_keys = if with_keys { keys::list(&mut *tx, tenant_id).await? } else { Vec::new() };
-        let key_records = all_keys
-            .into_iter()
-            .map(|k| {
-                let record = key_record(&tenant.slug, &k);
-                (k.key_hash, record)
-            })
-            .collect();
+        let key_records = all_keys.iter().flat_map(|k| key_records(&tenant.slug, k)).collect();
         tx.commit().await?;
         let now = chrono::Utc::now().timestamp();
         let snapshot =
             Snapshot::new(tenant.slug, tenant.config_version, now, targets, routes, guardrails, sealed_secrets)
                 .with_limits(limits)
-                .with_responses(responses);
+                .with_responses(responses)
+                .with_budget(budget);
         Ok((snapshot, key_records))
     }
 
@@ -237,6 +248,7 @@ impl Publisher {
     }
 }
 
+/// What the proxy reads for a key's current secret.
 pub fn key_record(tenant_slug: &str, key: &keys::KeyMeta) -> ApiKeyRecord {
     ApiKeyRecord {
         tenant: tenant_slug.to_string(),
@@ -246,5 +258,24 @@ pub fn key_record(tenant_slug: &str, key: &keys::KeyMeta) -> ApiKeyRecord {
         role: key.role.clone(),
         revoked: key.revoked_at.is_some(),
         limits: key.limits,
+        routes: key.routes.clone(),
+        expires_at: key.expires_at.map(|at| at.timestamp()),
+        rotated: false,
+        budget: key.budget,
     }
+}
+
+/// Every record of a key, by secret hash: its current secret's and, after a rotation, its
+/// previous secret's — the same key (id, settings, spend) that stops at the grace's end.
+pub fn key_records(tenant_slug: &str, key: &keys::KeyMeta) -> Vec<(String, ApiKeyRecord)> {
+    let current = key_record(tenant_slug, key);
+    let mut records = Vec::with_capacity(2);
+    if let (Some(hash), Some(until)) = (&key.previous_key_hash, key.previous_until) {
+        let until = until.timestamp();
+        let ends = current.expires_at.map_or(until, |at| at.min(until));
+        let previous = ApiKeyRecord { expires_at: Some(ends), rotated: true, ..current.clone() };
+        records.push((hash.clone(), previous));
+    }
+    records.push((key.key_hash.clone(), current));
+    records
 }

@@ -36,13 +36,25 @@ impl<'a> ConfigWrite<'a> {
 
     /// Records the audit row, commits and publishes. `before`/`after` are digests, never bodies.
     pub async fn commit(
-        mut self,
+        self,
         action: Action,
         object: &str,
         before: Option<String>,
         after: Option<String>,
     ) -> ApiResult<()> {
-        audit::record(&mut *self.tx, self.tenant_id, &self.actor, action, object, before, after).await?;
+        self.commit_with(action, object, (before, after), None).await
+    }
+
+    /// [`ConfigWrite::commit`] with the audit row's details (a key's name and metadata).
+    pub async fn commit_with(
+        mut self,
+        action: Action,
+        object: &str,
+        (before, after): (Option<String>, Option<String>),
+        details: Option<serde_json::Value>,
+    ) -> ApiResult<()> {
+        let details = details.as_ref();
+        audit::record(&mut *self.tx, self.tenant_id, &self.actor, action, object, (before, after), details).await?;
         self.tx.commit().await?;
         self.publisher.after_write(self.tenant_id).await;
         Ok(())

@@ -242,7 +242,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 name: &name,
                 agent: agent.as_deref(),
                 role: role.as_deref(),
-                limits: Default::default(),
+                ..Default::default()
             };
             let created = provision::create_key(&db, &publisher, &tenant_row, spec, "cli").await?;
             println!("{}", created.key);

@@ -35,6 +35,21 @@ impl RedisKeys {
         format!("{}gw_spend:{{{tenant}}}:{month}", self.prefix)
     }
 
+    /// Per API key (issue 32), fields `key id|route`, `yyyymmdd` in UTC.
+    pub fn key_usage(&self, tenant: &str, day: &str) -> String {
+        format!("{}gw_key_usage:{{{tenant}}}:{day}", self.prefix)
+    }
+
+    /// Per API key id, `yyyymm` in UTC.
+    pub fn key_spend(&self, tenant: &str, month: &str) -> String {
+        format!("{}gw_key_spend:{{{tenant}}}:{month}", self.prefix)
+    }
+
+    /// The tenant's month total over all routes, `yyyymm` in UTC.
+    pub fn tenant_spend(&self, tenant: &str, month: &str) -> String {
+        format!("{}gw_tenant_spend:{{{tenant}}}:{month}", self.prefix)
+    }
+
     pub fn health(&self, tenant: &str) -> String {
         format!("{}gw_health:{{{tenant}}}", self.prefix)
     }

@@ -149,9 +149,14 @@ pub mod usage {
     /// once never lose an increment and exactly one of them wins an alert. Every key carries
     /// the tenant's hash tag: the script stays in one Redis Cluster slot.
     ///
+    /// The same script keeps each key's usage and spend (issue 32) and the tenant's month
+    /// total: a spend entry names its hash and field, and the alert field it claims (a route's
+    /// name, `key:<id>`, `tenant:`; route names cannot hold `:`).
+    ///
     /// ARGV[1] is JSON `{usage: [[key index, field, counters]], spend: [[spend key index,
-    /// route, micros, budget micros (0: none), alert key index, month]], usage_ttl, spend_ttl,
-    /// now}`; it returns `[[route, month total, month]]` for the alerts it won.
+    /// field, micros, budget micros (0: none), alert key index, alert field, month]],
+    /// usage_ttl, spend_ttl, now}`; it returns `[[alert field, month total, month]]` for the
+    /// alerts it won.
     pub fn merge_script() -> String {
         let names: Vec<String> = COUNTERS.iter().map(|n| format!("\"{n}\"")).collect();
         MERGE_USAGE.replace("{{COUNTERS}}", &names.join(","))
@@ -178,9 +183,9 @@ for _, s in ipairs(args.spend) do
   local total = redis.call('HINCRBY', key, s[2], string.format('%.0f', s[3]))
   redis.call('EXPIRE', key, args.spend_ttl)
   if s[4] > 0 and total >= s[4] then
-    if redis.call('HSETNX', KEYS[s[5]], s[2], args.now) == 1 then
+    if redis.call('HSETNX', KEYS[s[5]], s[6], args.now) == 1 then
       redis.call('EXPIRE', KEYS[s[5]], args.spend_ttl)
-      winners[#winners + 1] = {s[2], tostring(total), s[6]}
+      winners[#winners + 1] = {s[6], tostring(total), s[7]}
     end
   end
 end
@@ -189,9 +194,20 @@ return winners
 }
 
 /// `gw_spend:{tenant}:{yyyymm}`: one integer field per route, the month's spend in micro-USD
-/// (HINCRBY by the merge script).
+/// (HINCRBY by the merge script). `gw_key_spend:{tenant}:{yyyymm}` holds the same per key id,
+/// `gw_tenant_spend:{tenant}:{yyyymm}` the tenant's total in field [`spend::TOTAL`].
 pub mod spend {
     use super::*;
+
+    /// The one field of `gw_tenant_spend`.
+    pub const TOTAL: &str = "total";
+
+    /// The field a budget alert claims in `gw_budget_alerted` (a route's is its name).
+    pub fn key_alert(key_id: &str) -> String {
+        format!("key:{key_id}")
+    }
+
+    pub const TENANT_ALERT: &str = "tenant:";
 
     /// The month's spend by route from the hash's fields; a field that is not an integer
     /// counts as nothing.

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::guardrails::GuardrailPolicy;
+use crate::key_access::MonthlyBudget;
 use crate::limits::Limits;
 use crate::route::Route;
 use crate::target::Target;
@@ -35,6 +36,10 @@ pub struct Snapshot {
     /// (issue 29); absent in snapshots of tenants that kept the default.
     #[serde(default, skip_serializing_if = "ResponseRetention::is_default")]
     pub responses: ResponseRetention,
+    /// The platform operator's monthly cap on the tenant's spend over all its routes (issue
+    /// 32); absent when none is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<MonthlyBudget>,
 }
 
 /// The tenant's retention of stored responses (`/v1/tenant/me/responses`): seconds a response
@@ -122,6 +127,7 @@ impl Snapshot {
             limits: Limits::default(),
             secrets,
             responses: ResponseRetention::default(),
+            budget: None,
         };
         snapshot.digest = snapshot.compute_digest();
         snapshot
@@ -141,6 +147,13 @@ impl Snapshot {
         self
     }
 
+    /// The same snapshot with the operator's cap on the tenant (part of its digest).
+    pub fn with_budget(mut self, budget: Option<MonthlyBudget>) -> Snapshot {
+        self.budget = budget;
+        self.digest = self.compute_digest();
+        self
+    }
+
     pub fn compute_digest(&self) -> String {
         let mut content = serde_json::json!({
             "targets": self.targets, "routes": self.routes, "guardrails": self.guardrails, "secrets": self.secrets,
@@ -155,6 +168,9 @@ impl Snapshot {
             && let Some(content) = content.as_object_mut()
         {
             content.insert("responses".into(), serde_json::json!(self.responses));
+        }
+        if let (Some(budget), Some(content)) = (&self.budget, content.as_object_mut()) {
+            content.insert("budget".into(), serde_json::json!(budget));
         }
         hex::encode(Sha256::digest(content.to_string().as_bytes()))
     }
@@ -172,6 +188,30 @@ pub struct ApiKeyRecord {
     /// This key's own limits (issue 18); absent in records published before them.
     #[serde(default, skip_serializing_if = "Limits::is_empty")]
     pub limits: Limits,
+    /// The route names and patterns the key may name (issue 32); absent: every route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<Vec<String>>,
+    /// Unix seconds after which the key stops working; absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+    /// This secret was replaced by a rotation: it works until `expires_at` (the grace's end).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rotated: bool,
+    /// The key's monthly spend budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<MonthlyBudget>,
+}
+
+impl ApiKeyRecord {
+    /// Whether the key has stopped working by `now` (Unix seconds).
+    pub fn expired(&self, now: i64) -> bool {
+        self.expires_at.is_some_and(|at| now >= at)
+    }
+
+    /// Whether the key may name `route` (or send `model` down the default path).
+    pub fn may_use(&self, route: &str) -> bool {
+        crate::key_access::allows(self.routes.as_deref(), route)
+    }
 }
 
 /// A message on `gw_config`.

@@ -16,7 +16,13 @@ pub async fn authenticate(req: &HttpRequest, caches: &Caches) -> Result<Arc<ApiK
         "missing API key: send Authorization: Bearer <your Shield key> (or x-api-key)",
     ))?;
     match caches.key(&key_hash(key)).await {
-        KeyLookup::Valid(record) => Ok(record),
+        // Issue 32: expiry is read from the cached record, no store round trip.
+        KeyLookup::Valid(record) => match record.expires_at {
+            Some(at) if record.expired(crate::calendar::unix_now()) => {
+                Err(ProxyError::KeyExpired { rotated: record.rotated, at })
+            }
+            _ => Ok(record),
+        },
         KeyLookup::Invalid => Err(ProxyError::InvalidApiKey("incorrect API key provided (unknown or revoked)")),
         KeyLookup::Unavailable => Err(ProxyError::AuthUnavailable),
     }

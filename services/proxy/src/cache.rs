@@ -49,8 +49,16 @@ enum TenantEntry {
     Absent,
 }
 
-/// `(yyyymm, route → micro-USD)` of one tenant.
-type MonthSpend = (String, HashMap<String, i64>);
+/// One tenant's flushed spend this month, in micro-USD.
+#[derive(Default)]
+struct MonthSpend {
+    /// `yyyymm`.
+    month: String,
+    routes: HashMap<String, i64>,
+    /// By key id (issue 32).
+    keys: HashMap<String, i64>,
+    total: i64,
+}
 
 pub struct Caches {
     redis: shield_store::Pool,
@@ -59,9 +67,12 @@ pub struct Caches {
     every: Duration,
     api_keys: RwLock<HashMap<String, KeyEntry>>,
     tenants: RwLock<HashMap<String, TenantEntry>>,
-    /// Each cached tenant's flushed month spend per route: `(yyyymm, route → micro-USD)`,
-    /// refreshed with the configuration (seed §3.3).
+    /// Each cached tenant's flushed month spend per route, per key and in total, refreshed
+    /// with the configuration (seed §3.3).
     spend: RwLock<HashMap<String, MonthSpend>>,
+    /// The monthly budget of every cached key with one, in micro-USD, by key id: what a flush
+    /// claims a key's alert against.
+    key_budgets: RwLock<HashMap<String, i64>>,
     /// Redis has answered at least once (readiness).
     ready: AtomicBool,
     unknown_keys: AtomicU64,
@@ -77,6 +88,7 @@ impl Caches {
             api_keys: RwLock::default(),
             tenants: RwLock::default(),
             spend: RwLock::default(),
+            key_budgets: RwLock::default(),
             ready: AtomicBool::new(false),
             unknown_keys: AtomicU64::new(0),
         }
@@ -105,7 +117,7 @@ impl Caches {
         match Box::pin(self.fetch_key(hash)).await {
             Ok(Some(record)) => {
                 let record = Arc::new(record);
-                self.api_keys.write().insert(hash.to_string(), KeyEntry::Known(record.clone()));
+                self.remember(hash, record.clone());
                 if record.revoked { KeyLookup::Invalid } else { KeyLookup::Valid(record) }
             }
             Ok(None) => {
@@ -139,28 +151,57 @@ impl Caches {
         }
     }
 
-    /// The month spend of `route` as last flushed by all processes (0 for a new month).
-    pub fn month_spend(&self, tenant: &str, route: &str) -> i64 {
+    /// Caches a key's record, and its budget by key id.
+    fn remember(&self, hash: &str, record: Arc<ApiKeyRecord>) {
+        let budget = record.budget.map(|b| b.monthly.micros());
+        match budget {
+            Some(micros) => self.key_budgets.write().insert(record.key_id.clone(), micros),
+            None => self.key_budgets.write().remove(&record.key_id),
+        };
+        self.api_keys.write().insert(hash.to_string(), KeyEntry::Known(record));
+    }
+
+    /// Reads `f` of the tenant's flushed spend when it is of this month (else 0: a new month).
+    fn this_month(&self, tenant: &str, f: impl FnOnce(&MonthSpend) -> i64) -> i64 {
         let today = crate::calendar::today();
         match self.spend.read().get(tenant) {
-            Some((cached_month, routes)) if cached_month == today.month() => routes.get(route).copied().unwrap_or(0),
+            Some(spend) if spend.month == today.month() => f(spend),
             _ => 0,
         }
+    }
+
+    /// The month spend of `route` as last flushed by all processes (0 for a new month).
+    pub fn month_spend(&self, tenant: &str, route: &str) -> i64 {
+        self.this_month(tenant, |spend| spend.routes.get(route).copied().unwrap_or(0))
+    }
+
+    /// The month spend of the key, and of its whole tenant, as last flushed by all processes.
+    pub fn key_and_tenant_spend(&self, tenant: &str, key_id: &str) -> (i64, i64) {
+        let key = self.this_month(tenant, |spend| spend.keys.get(key_id).copied().unwrap_or(0));
+        (key, self.this_month(tenant, |spend| spend.total))
     }
 
     async fn refresh_spend(&self, tenant: &str) {
         let month = crate::calendar::this_month();
         let read = async {
             let mut conn = self.redis.get().await.ok()?;
-            redis::cmd("HGETALL")
-                .arg(self.redis_keys.spend(tenant, &month))
-                .query_async::<Vec<(String, String)>>(&mut conn)
-                .await
-                .ok()
-                .map(shield_core::records::spend::decode)
+            let all = |key: String| redis::cmd("HGETALL").arg(key).to_owned();
+            let routes = all(self.redis_keys.spend(tenant, &month));
+            let keys = all(self.redis_keys.key_spend(tenant, &month));
+            let total = all(self.redis_keys.tenant_spend(tenant, &month));
+            let decode = shield_core::records::spend::decode;
+            let routes = decode(routes.query_async::<Vec<(String, String)>>(&mut conn).await.ok()?);
+            let keys = decode(keys.query_async::<Vec<(String, String)>>(&mut conn).await.ok()?);
+            let total = decode(total.query_async::<Vec<(String, String)>>(&mut conn).await.ok()?);
+            Some(MonthSpend {
+                month: month.clone(),
+                routes: routes.into_iter().collect(),
+                keys: keys.into_iter().collect(),
+                total: total.get(shield_core::records::spend::TOTAL).copied().unwrap_or(0),
+            })
         };
-        if let Ok(Some(routes)) = tokio::time::timeout(STORE_TIMEOUT, read).await {
-            self.spend.write().insert(tenant.to_string(), (month, routes.into_iter().collect()));
+        if let Ok(Some(spend)) = tokio::time::timeout(STORE_TIMEOUT, read).await {
+            self.spend.write().insert(tenant.to_string(), spend);
         }
     }
 
@@ -233,9 +274,7 @@ impl Caches {
 
     async fn refresh_key(&self, hash: &str) {
         match self.fetch_key(hash).await {
-            Ok(Some(record)) => {
-                self.api_keys.write().insert(hash.to_string(), KeyEntry::Known(Arc::new(record)));
-            }
+            Ok(Some(record)) => self.remember(hash, Arc::new(record)),
             Ok(None) => {
                 self.api_keys.write().remove(hash);
             }
@@ -275,20 +314,6 @@ impl Caches {
         }
     }
 
-    /// The monthly budget of a cached route in micro-USD (0: none), for budget alerts.
-    pub fn route_budget_micros(&self, tenant: &str, route: &str) -> i64 {
-        match self.tenants.read().get(tenant) {
-            Some(TenantEntry::Loaded(config)) => config
-                .snapshot
-                .routes
-                .get(route)
-                .and_then(|r| r.budget.as_ref())
-                .map(|b| b.monthly.micros())
-                .unwrap_or(0),
-            _ => 0,
-        }
-    }
-
     /// `published_at` of every cached snapshot, by tenant (for the snapshot-age gauge).
     pub fn snapshot_times(&self) -> Vec<(String, i64)> {
         let tenants = self.tenants.read();
@@ -312,5 +337,32 @@ impl Caches {
             self.answered();
         }
         ok
+    }
+}
+
+/// The budgets of cached routes, keys and tenants in micro-USD (0: none), for budget alerts.
+impl crate::flush::Budgets for Caches {
+    fn route(&self, tenant: &str, route: &str) -> i64 {
+        match self.tenants.read().get(tenant) {
+            Some(TenantEntry::Loaded(config)) => config
+                .snapshot
+                .routes
+                .get(route)
+                .and_then(|r| r.budget.as_ref())
+                .map(|b| b.monthly.micros())
+                .unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    fn key(&self, _tenant: &str, key_id: &str) -> i64 {
+        self.key_budgets.read().get(key_id).copied().unwrap_or(0)
+    }
+
+    fn tenant(&self, tenant: &str) -> i64 {
+        match self.tenants.read().get(tenant) {
+            Some(TenantEntry::Loaded(config)) => config.snapshot.budget.map_or(0, |b| b.monthly.micros()),
+            _ => 0,
+        }
     }
 }

@@ -68,11 +68,33 @@ pub fn this_month() -> String {
     today().month().to_string()
 }
 
+/// Seconds from `now` (Unix seconds) until the next calendar month starts (UTC): when a
+/// monthly budget starts again.
+pub fn seconds_to_month_end(now: i64) -> u64 {
+    use chrono::Datelike;
+    let Some(today) = chrono::DateTime::from_timestamp(now, 0) else { return 0 };
+    let (year, month) = if today.month() == 12 { (today.year() + 1, 1) } else { (today.year(), today.month() + 1) };
+    let next = chrono::NaiveDate::from_ymd_opt(year, month, 1).and_then(|d| d.and_hms_opt(0, 0, 0));
+    next.map_or(0, |next| u64::try_from(next.and_utc().timestamp() - now).unwrap_or(0))
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn today_is_chronos_today() {
         assert_eq!(super::today().to_string(), chrono::Utc::now().format("%Y%m%d").to_string());
         assert_eq!(super::this_month(), chrono::Utc::now().format("%Y%m").to_string());
+    }
+
+    #[test]
+    fn a_month_ends_at_the_next_months_first_midnight() {
+        // 2026-12-31T23:59:00Z → 60 s to 2027-01-01; 2026-02-01T00:00:00Z → all of February.
+        assert_eq!(super::seconds_to_month_end(1_798_761_540), 60);
+        assert_eq!(super::seconds_to_month_end(1_769_904_000), 28 * 86_400);
     }
 }

@@ -234,6 +234,8 @@ impl Drop for Trail {
 /// A routed request, from its arrival to its end.
 pub struct RequestContext {
     tenant: String,
+    /// The caller's key: usage and spend per key (issue 32).
+    key_id: String,
     route: String,
     arrived: Instant,
     stream: bool,
@@ -286,6 +288,7 @@ impl<'a> Ending<'a> {
 impl RequestContext {
     pub fn new(
         tenant: &str,
+        key_id: &str,
         route: &str,
         arrived: Instant,
         stream: bool,
@@ -294,6 +297,7 @@ impl RequestContext {
     ) -> RequestContext {
         RequestContext {
             tenant: tenant.to_string(),
+            key_id: key_id.to_string(),
             route: route.to_string(),
             arrived,
             stream,
@@ -343,7 +347,7 @@ impl RequestContext {
     pub fn end(self, ending: Ending<'_>) {
         let Ending { halt, target, attempts, excluded, answered, answered_at, upstream, malformed_events } = ending;
         let stream_broken = answered.iter().any(|a| a.stream_broken);
-        self.usage.record(&self.tenant, &self.route, attempts, &answered);
+        self.usage.record(&self.tenant, &self.key_id, &self.route, attempts, &answered);
         if let Some(admission) = &self.admission {
             // Issue 18: token limits settle to the reported usage of every answer produced.
             admission.settle(answered.iter().map(|a| a.input_tokens + a.output_tokens).sum());

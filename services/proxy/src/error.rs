@@ -31,6 +31,51 @@ pub enum ProxyError {
     /// Over a rate limit (issue 18): refused before routing, no upstream called.
     #[error("{}", .0.message())]
     RateLimited(Box<crate::limits::RateLimited>),
+    /// The key's `expires_at` passed, or a rotation's grace for this old secret ended (issue 32).
+    #[error("{}", expired_message(*.rotated, *.at))]
+    KeyExpired { rotated: bool, at: i64 },
+    /// The key's route allow-list does not name this model. The message is the same whether
+    /// or not such a route exists: it reveals nothing about the tenant's routes.
+    #[error("this API key may not use model `{0}` (it is not in the key's route allow-list)")]
+    PermissionDenied(String),
+    /// A monthly budget with `action: block` is spent (issue 32): the key's own, or the cap
+    /// the platform operator set on the tenant. Refused before any upstream call.
+    #[error("{}", .0.message())]
+    BudgetExceeded(BudgetExceeded),
+}
+
+/// Which budget refused a call, and until when.
+#[derive(Debug)]
+pub struct BudgetExceeded {
+    /// `key` or `tenant`.
+    pub scope: &'static str,
+    /// The budget, USD.
+    pub monthly: shield_core::money::Usd,
+    /// Seconds until the month ends (UTC), when the budget starts again.
+    pub retry_after_s: u64,
+}
+
+impl BudgetExceeded {
+    fn message(&self) -> String {
+        let whose = match self.scope {
+            "key" => "this API key reached its monthly budget",
+            _ => "this tenant reached the monthly spend cap its platform operator set",
+        };
+        format!(
+            "{whose} of {} USD; calls are refused until the month ends (UTC), in {} s",
+            self.monthly.to_decimal(),
+            self.retry_after_s
+        )
+    }
+}
+
+fn expired_message(rotated: bool, at: i64) -> String {
+    let at = chrono::DateTime::from_timestamp(at, 0).map(|t| t.to_rfc3339()).unwrap_or_default();
+    if rotated {
+        format!("this API key was rotated: its old secret stopped working at {at}; use the new secret")
+    } else {
+        format!("this API key expired at {at}; ask its owner for a new key")
+    }
 }
 
 impl ProxyError {
@@ -47,6 +92,9 @@ impl ProxyError {
             ProxyError::NotFound(_) => ("invalid_request_error", "not_found"),
             // OpenAI's own shape: `type` is what ran out, `code` says it was a rate limit.
             ProxyError::RateLimited(limited) => (limited.kind.as_str(), "rate_limit_exceeded"),
+            ProxyError::KeyExpired { .. } => ("invalid_request_error", "expired_api_key"),
+            ProxyError::PermissionDenied(_) => ("permission_denied", "permission_denied"),
+            ProxyError::BudgetExceeded(_) => ("budget_exceeded", "budget_exceeded"),
         }
     }
 }
@@ -64,13 +112,16 @@ impl ResponseError for ProxyError {
             ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::NotFound(_) => StatusCode::NOT_FOUND,
             ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::KeyExpired { .. } => StatusCode::UNAUTHORIZED,
+            ProxyError::PermissionDenied(_) => StatusCode::FORBIDDEN,
+            ProxyError::BudgetExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
         let (kind, code) = self.kind_and_code();
         let param = match self {
-            ProxyError::ModelNotFound(_) => json!("model"),
+            ProxyError::ModelNotFound(_) | ProxyError::PermissionDenied(_) => json!("model"),
             _ => Value::Null,
         };
         let mut body = openai_error(&self.to_string(), kind, code, param);
@@ -89,8 +140,16 @@ impl ResponseError for ProxyError {
 
 impl ProxyError {
     /// Headers an error carries in every endpoint's shape: a rate limit's `Retry-After` and
-    /// `x-ratelimit-*`.
+    /// `x-ratelimit-*`; a spent budget's `Retry-After` (the month's end) and
+    /// `x-should-retry: false`, so the SDKs do not retry a refusal that lasts for days.
     pub fn decorate(&self, response: &mut HttpResponse) {
+        if let ProxyError::BudgetExceeded(exceeded) = self {
+            use actix_web::http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+            if let Ok(value) = HeaderValue::try_from(exceeded.retry_after_s.to_string()) {
+                response.headers_mut().insert(RETRY_AFTER, value);
+            }
+            response.headers_mut().insert(HeaderName::from_static("x-should-retry"), HeaderValue::from_static("false"));
+        }
         if let ProxyError::RateLimited(limited) = self {
             crate::limits::apply(response, limited.headers.iter().cloned());
             if let Ok(value) = actix_web::http::header::HeaderValue::try_from(limited.retry_after_s.to_string()) {

@@ -65,9 +65,7 @@ impl Flusher {
 
     /// One flush of usage and health; returns the usage rows written.
     pub async fn flush_once(&self) -> Result<usize, String> {
-        let caches = self.caches.clone();
-        let budgets = move |tenant: &str, route: &str| caches.route_budget_micros(tenant, route);
-        let usage = flush_usage(&self.usage, &self.redis, &self.keys, &budgets).await;
+        let usage = flush_usage(&self.usage, &self.redis, &self.keys, self.caches.as_ref()).await;
         self.metrics.usage_buffer_dropped.inc_by(self.usage.take_dropped());
         flush_health(&self.health, &self.redis, &self.keys).await?;
         usage
@@ -133,24 +131,28 @@ pub async fn write_event_of(
 const USAGE_TTL_S: i64 = 95 * 24 * 3600;
 const SPEND_TTL_S: i64 = 400 * 24 * 3600;
 
-/// Flushes the usage buffer: one merge per tenant; a tenant whose merge fails gets its rows
-/// back for the next flush. `budgets(tenant, route)` is the route's monthly limit in micro-USD
-/// (0 when it has none).
+/// The monthly budgets a flush claims alerts against, in micro-USD (0: none).
+pub trait Budgets: Sync {
+    fn route(&self, tenant: &str, route: &str) -> i64;
+    fn key(&self, tenant: &str, key_id: &str) -> i64;
+    fn tenant(&self, tenant: &str) -> i64;
+}
+
+/// Flushes the usage buffer: one merge per tenant, of its route rows, its key rows (issue 32)
+/// and its spend per route, per key and in total; a tenant whose merge fails gets its rows
+/// back for the next flush.
 pub async fn flush_usage(
     buffer: &crate::usage::UsageBuffer,
     redis: &shield_store::Pool,
     keys: &RedisKeys,
-    budgets: &(dyn Fn(&str, &str) -> i64 + Sync),
+    budgets: &dyn Budgets,
 ) -> Result<usize, String> {
     use std::collections::BTreeMap;
-    let rows = buffer.take();
-    if rows.is_empty() {
+    let taken = buffer.take();
+    if taken.is_empty() {
         return Ok(0);
     }
-    let mut by_tenant: BTreeMap<String, BTreeMap<crate::usage::RowKey, shield_core::usage::UsageRow>> = BTreeMap::new();
-    for (key, row) in rows {
-        by_tenant.entry(key.0.clone()).or_default().insert(key, row);
-    }
+    let by_tenant = taken.by_tenant();
     let script = redis::Script::new(&records::usage::merge_script());
     let mut conn = match redis.get().await {
         Ok(conn) => conn,
@@ -171,19 +173,41 @@ pub async fn flush_usage(
             }
         };
         let mut usage = Vec::new();
-        let mut spend: BTreeMap<(String, String), i64> = BTreeMap::new();
-        for ((_, day, route, target), row) in &rows {
+        // (scope, month, name) → micros: a route's, a key's, the tenant's total.
+        let mut spend: BTreeMap<(Scope, String, String), i64> = BTreeMap::new();
+        for ((_, day, route, target), row) in &rows.routes {
             let counters = records::usage::counters(row);
             usage.push(json!([index(keys.usage(&tenant, day)), records::usage::field(route, target), counters]));
             let month = day.get(..6).unwrap_or(day);
-            *spend.entry((month.to_string(), route.clone())).or_default() += row.cost_micros;
+            *spend.entry((Scope::Route, month.to_string(), route.clone())).or_default() += row.cost_micros;
+            *spend.entry((Scope::Tenant, month.to_string(), String::new())).or_default() += row.cost_micros;
+        }
+        for ((_, day, key_id, route), row) in &rows.keys {
+            let counters = records::usage::counters(row);
+            usage.push(json!([index(keys.key_usage(&tenant, day)), records::usage::field(key_id, route), counters]));
+            let month = day.get(..6).unwrap_or(day);
+            *spend.entry((Scope::Key, month.to_string(), key_id.clone())).or_default() += row.cost_micros;
         }
         let spend: Vec<serde_json::Value> = spend
             .into_iter()
-            .map(|((month, route), cost)| {
-                let spend_key = index(keys.spend(&tenant, &month));
+            .map(|((scope, month, name), cost)| {
                 let alert_key = index(keys.budget_alerted(&tenant, &month));
-                json!([spend_key, route, cost, budgets(&tenant, &route), alert_key, month])
+                let (spend_key, field, budget, alert) = match scope {
+                    Scope::Route => (keys.spend(&tenant, &month), name.clone(), budgets.route(&tenant, &name), name),
+                    Scope::Key => (
+                        keys.key_spend(&tenant, &month),
+                        name.clone(),
+                        budgets.key(&tenant, &name),
+                        records::spend::key_alert(&name),
+                    ),
+                    Scope::Tenant => (
+                        keys.tenant_spend(&tenant, &month),
+                        records::spend::TOTAL.to_string(),
+                        budgets.tenant(&tenant),
+                        records::spend::TENANT_ALERT.to_string(),
+                    ),
+                };
+                json!([index(spend_key), field, cost, budget, alert_key, alert, month])
             })
             .collect();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -196,13 +220,12 @@ pub async fn flush_usage(
         invocation.arg(args.to_string());
         match invocation.invoke_async::<Vec<(String, String, String)>>(&mut conn).await {
             Ok(winners) => {
-                flushed += rows.len();
-                for (route, total, month) in winners {
-                    let limit = budgets(&tenant, &route);
-                    let data = json!({"route": route, "month": month, "spend": micros_to_usd(&total), "limit": micros_to_usd(&limit.to_string()), "currency": "USD"});
+                flushed += rows.routes.len() + rows.keys.len();
+                for (alert, total, month) in winners {
+                    let data = budget_event(&tenant, &alert, &total, &month, budgets);
                     if let Err(err) = write_event_of(&tenant, records::events::BUDGET_EXCEEDED, data, redis, keys).await
                     {
-                        tracing::warn!(tenant, route, error = %err, "budget_exceeded event not written");
+                        tracing::warn!(tenant, alert, error = %err, "budget_exceeded event not written");
                     }
                 }
             }
@@ -216,6 +239,31 @@ pub async fn flush_usage(
         Some(err) => Err(err),
         None => Ok(flushed),
     }
+}
+
+/// Whose spend a flush adds to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    Route,
+    Key,
+    Tenant,
+}
+
+/// A `budget_exceeded` event's data for the alert field a flush won: `scope` says whose
+/// budget (`route`, `key` with `key_id`, `tenant` for the operator's cap).
+fn budget_event(tenant: &str, alert: &str, total: &str, month: &str, budgets: &dyn Budgets) -> serde_json::Value {
+    let (scope, limit, subject) = if let Some(key_id) = alert.strip_prefix("key:") {
+        ("key", budgets.key(tenant, key_id), json!({"key_id": key_id}))
+    } else if alert == records::spend::TENANT_ALERT {
+        ("tenant", budgets.tenant(tenant), json!({}))
+    } else {
+        ("route", budgets.route(tenant, alert), json!({"route": alert}))
+    };
+    let mut data = json!({"scope": scope, "month": month, "spend": micros_to_usd(total), "limit": micros_to_usd(&limit.to_string()), "currency": "USD"});
+    if let (Some(data), Some(subject)) = (data.as_object_mut(), subject.as_object()) {
+        data.extend(subject.clone());
+    }
+    data
 }
 
 fn micros_to_usd(micros: &str) -> serde_json::Value {

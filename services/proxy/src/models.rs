@@ -68,6 +68,9 @@ async fn model_ids(req: &HttpRequest, state: &ProxyState, egress: &Egress) -> Re
             ids.extend(models.iter().filter_map(|m| m.get("id").and_then(Value::as_str)).map(str::to_string));
         }
     }
+    // Issue 32: a key with a route allow-list sees only what it may name (the default
+    // upstream's models count as route names here).
+    ids.retain(|id| caller.may_use(id));
     Ok(ids)
 }
 

@@ -44,6 +44,10 @@ const ROUTE_HEADER: HeaderName = HeaderName::from_static("x-shield-route");
 const TARGET_HEADER: HeaderName = HeaderName::from_static("x-shield-target");
 const FAILOVERS_HEADER: HeaderName = HeaderName::from_static("x-shield-failovers");
 const BUDGET_HEADER: HeaderName = HeaderName::from_static("x-shield-budget");
+/// `warn`: the key's monthly budget is 80 % spent (or spent, with `action: warn`).
+const KEY_BUDGET_HEADER: HeaderName = HeaderName::from_static("x-shield-key-budget");
+/// `warn`: the tenant's operator cap is 80 % spent (or spent, with `action: warn`).
+const TENANT_BUDGET_HEADER: HeaderName = HeaderName::from_static("x-shield-tenant-budget");
 /// The caller's fields the answering target had no place for, comma-separated.
 const DROPPED_HEADER: HeaderName = HeaderName::from_static("x-shield-dropped-fields");
 pub const DATA_CLASS_HEADER: &str = "x-shield-data-class";
@@ -82,6 +86,14 @@ pub enum Outcome {
 pub struct Served {
     pub outcome: Outcome,
     pub admission: Option<Arc<Admission>>,
+    pub budgets: BudgetWarnings,
+}
+
+/// Which monthly budgets are near or past their limit without refusing (issue 32).
+#[derive(Clone, Copy, Default)]
+pub struct BudgetWarnings {
+    pub key: bool,
+    pub tenant: bool,
 }
 
 impl Served {
@@ -92,6 +104,12 @@ impl Served {
         let mut response = render(self.outcome);
         if let Some(admission) = self.admission {
             crate::limits::apply(&mut response, admission.headers(streaming));
+        }
+        let warn = HeaderValue::from_static("warn");
+        for (name, on) in [(KEY_BUDGET_HEADER, self.budgets.key), (TENANT_BUDGET_HEADER, self.budgets.tenant)] {
+            if on {
+                response.headers_mut().insert(name, warn.clone());
+            }
         }
         response
     }
@@ -121,7 +139,7 @@ async fn admit_limits(
             let route = route.map_or("", |r| r.name.as_str());
             state.metrics.rate_limited(&caller.tenant, route, limited.scope.as_str(), limited.kind.as_str());
             if !route.is_empty() {
-                state.usage.rate_limited(&caller.tenant, route);
+                state.usage.rate_limited(&caller.tenant, &caller.key_id, route);
             }
             Err(ProxyError::RateLimited(Box::new(limited)))
         }
@@ -160,8 +178,18 @@ pub async fn pipeline(
     if let Some(trail) = &trail {
         trail.route(&request.model, request.stream());
     }
+    // Issue 32: the key's allow-list before anything about the tenant's routes is looked at,
+    // so a refusal reads the same whether or not the route exists.
+    if !caller.may_use(&request.model) {
+        return Err(ProxyError::PermissionDenied(request.model.clone()));
+    }
     let tenant = state.tenant_config(&caller.tenant).await;
     let tenant_arc = tenant.clone();
+    let budgets = check_budgets(state, &caller, tenant.as_deref()).inspect_err(|_| {
+        if let Some(trail) = &trail {
+            trail.ending("budget_blocked");
+        }
+    })?;
 
     let routing = tenant.as_deref().filter(|_| state.config.routing_enabled);
     let resolved = routing.and_then(|t| t.enabled_route(&request.model).map(|r| (t, r)));
@@ -174,7 +202,7 @@ pub async fn pipeline(
         return Err(ProxyError::ModelNotFound(request.model.clone()));
     }
     let admission = admit_limits(state, &caller, tenant.as_deref(), resolved.map(|(_, r)| r), request).await?;
-    let served = |outcome| Served { outcome, admission: admission.clone() };
+    let served = |outcome| Served { outcome, admission: admission.clone(), budgets };
 
     // Seed §5: input guardrails run once, before routing, whatever path the call takes.
     let input = tenant.as_deref().map(|t| t.snapshot.guardrails.check(&request.prompt_text())).unwrap_or_default();
@@ -239,6 +267,7 @@ pub async fn pipeline(
     };
     let mut context = RequestContext::new(
         &caller.tenant,
+        &caller.key_id,
         &route.name,
         started,
         request.stream(),
@@ -322,6 +351,40 @@ pub async fn pipeline(
         ..Ending::of(routed.halt, &routed.attempts, &routed.excluded, routed.upstream)
     });
     Ok(served(Outcome::Routed { routed: Box::new(routed), guardrails }))
+}
+
+/// The key's monthly budget and the operator's cap on its tenant (issue 32), from memory: the
+/// month's spend as last flushed by every process plus this process's unflushed spend. A
+/// spent `block` budget refuses the call before any upstream; `warn` (and 80 % of `block`)
+/// only marks the answer.
+fn check_budgets(
+    state: &ProxyState,
+    caller: &shield_core::snapshot::ApiKeyRecord,
+    tenant: Option<&TenantConfig>,
+) -> Result<BudgetWarnings, ProxyError> {
+    use shield_core::key_access::Standing;
+    let tenant_cap = tenant.and_then(|t| t.snapshot.budget);
+    if caller.budget.is_none() && tenant_cap.is_none() {
+        return Ok(BudgetWarnings::default());
+    }
+    let flushed = state.caches.key_and_tenant_spend(&caller.tenant, &caller.key_id);
+    let unflushed = state.usage.unflushed_key_and_tenant(&caller.tenant, &caller.key_id);
+    let (key_spend, tenant_spend) = (flushed.0 + unflushed.0, flushed.1 + unflushed.1);
+    let mut warnings = BudgetWarnings::default();
+    for (scope, budget, spent) in [("tenant", tenant_cap, tenant_spend), ("key", caller.budget, key_spend)] {
+        let Some(budget) = budget else { continue };
+        match budget.standing(spent) {
+            Standing::Within => {}
+            Standing::Warn if scope == "key" => warnings.key = true,
+            Standing::Warn => warnings.tenant = true,
+            Standing::Blocked => {
+                let retry_after_s = crate::calendar::seconds_to_month_end(crate::calendar::unix_now());
+                let exceeded = crate::error::BudgetExceeded { scope, monthly: budget.monthly, retry_after_s };
+                return Err(ProxyError::BudgetExceeded(exceeded));
+            }
+        }
+    }
+    Ok(warnings)
 }
 
 /// A request no target of the route can serve: it carries what only `anthropic` targets read

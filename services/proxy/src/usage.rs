@@ -1,7 +1,9 @@
 //! The usage buffer: per `(tenant, day, route, target)` counters kept in memory and flushed to
 //! Redis every `SHIELD_LLM_ROUTING_FLUSH_S` by [`crate::flush`] with one atomic merge per tenant.
-//! Capped at 10,000 rows (seed §7): past that the oldest row is dropped and counted. A flush
-//! that fails puts its rows back, so Redis being away delays usage but does not lose it.
+//! Beside them, the same counters per `(tenant, day, key id, route)` (issue 32): what each API
+//! key used and spent. Each ledger is capped at 10,000 rows (seed §7): past that the oldest row
+//! is dropped and counted. A flush that fails puts its rows back, so Redis being away delays
+//! usage but does not lose it.
 
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -15,8 +17,33 @@ use crate::calendar::today;
 
 pub const MAX_ROWS: usize = 10_000;
 
-/// `(tenant, yyyymmdd, route, target)`.
+/// `(tenant, yyyymmdd, route, target)`; in the key ledger `(tenant, yyyymmdd, key id, route)`.
 pub type RowKey = (String, String, String, String);
+
+/// What a flush takes: the route ledger's rows and the key ledger's.
+#[derive(Default)]
+pub struct Taken {
+    pub routes: BTreeMap<RowKey, UsageRow>,
+    pub keys: BTreeMap<RowKey, UsageRow>,
+}
+
+impl Taken {
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty() && self.keys.is_empty()
+    }
+
+    /// The rows split by tenant, for one merge each.
+    pub fn by_tenant(self) -> BTreeMap<String, Taken> {
+        let mut out: BTreeMap<String, Taken> = BTreeMap::new();
+        for (key, row) in self.routes {
+            out.entry(key.0.clone()).or_default().routes.insert(key, row);
+        }
+        for (key, row) in self.keys {
+            out.entry(key.0.clone()).or_default().keys.insert(key, row);
+        }
+        out
+    }
+}
 
 /// The answer a call returned, for tokens and cost.
 pub struct Answered<'a> {
@@ -63,8 +90,17 @@ impl Paid {
 
 #[derive(Default)]
 pub struct UsageBuffer {
-    rows: Mutex<Rows>,
+    ledgers: Mutex<Ledgers>,
     dropped: std::sync::atomic::AtomicU64,
+}
+
+/// Both ledgers under one lock: a call is recorded in both at once.
+#[derive(Default)]
+struct Ledgers {
+    /// `(tenant, day, route, target)`.
+    routes: Rows,
+    /// `(tenant, day, key id, route)`.
+    keys: Rows,
 }
 
 /// A tenant's rows: day → route → target → row.
@@ -140,9 +176,12 @@ struct Rows {
     map: RowMap,
     /// Keys in insertion order of their first use (for dropping the oldest).
     order: Vec<RowKey>,
-    /// Unflushed spend per `(tenant, route)` in month `yyyymm`: kept as rows change, so a
-    /// budget check reads one entry instead of scanning up to 10,000 rows on every call.
+    /// Unflushed spend per `(tenant, route)` (per `(tenant, key id)` in the key ledger) in
+    /// month `yyyymm`: kept as rows change, so a budget check reads one entry instead of
+    /// scanning up to 10,000 rows on every call.
     spend: HashMap<String, HashMap<String, (String, i64)>>,
+    /// Unflushed spend per tenant in month `yyyymm`, over all its rows.
+    totals: HashMap<String, (String, i64)>,
 }
 
 impl Rows {
@@ -152,6 +191,14 @@ impl Rows {
         if micros == 0 || !day.starts_with(month) {
             return;
         }
+        let total = match self.totals.get_mut(tenant) {
+            Some(total) => total,
+            None => self.totals.entry(tenant.to_string()).or_insert_with(|| (month.to_string(), 0)),
+        };
+        if total.0 != month {
+            *total = (month.to_string(), 0);
+        }
+        total.1 += micros;
         // Keys are copied only for a (tenant, route) not seen since the last flush.
         let routes = match self.spend.get_mut(tenant) {
             Some(routes) => routes,
@@ -190,20 +237,68 @@ impl Rows {
     }
 }
 
+impl Rows {
+    /// Takes every row for a flush.
+    fn take(&mut self) -> BTreeMap<RowKey, UsageRow> {
+        self.order.clear();
+        self.spend.clear();
+        self.totals.clear();
+        std::mem::take(&mut self.map).into_sorted()
+    }
+
+    /// Puts rows back after a failed flush (merged with what arrived meanwhile); returns how
+    /// many did not fit under the cap.
+    fn restore(&mut self, month: &str, rows: BTreeMap<RowKey, UsageRow>) -> u64 {
+        let mut dropped = 0;
+        for (key, row) in rows {
+            let (tenant, day, route, target) = &key;
+            let known = self.map.contains(&key);
+            if !known && self.map.len >= MAX_ROWS {
+                dropped += 1;
+                continue;
+            }
+            self.map.add((tenant, day, route, target), &row);
+            self.add_spend(month, (tenant, day, route), row.cost_micros);
+            if !known {
+                // Restored rows are older than anything recorded since: first to go.
+                self.order.insert(0, key);
+            }
+        }
+        dropped
+    }
+
+    /// The unflushed spend of `(tenant, name)` in `month`.
+    fn unflushed(&self, month: &str, tenant: &str, name: &str) -> i64 {
+        match self.spend.get(tenant).and_then(|names| names.get(name)) {
+            Some((m, micros)) if m.as_str() == month => *micros,
+            _ => 0,
+        }
+    }
+}
+
 impl UsageBuffer {
     /// Records a request a rate limit refused before routing (issue 18): a `rate_limited` row
     /// with no target, never a call.
-    pub fn rate_limited(&self, tenant: &str, route: &str) {
+    pub fn rate_limited(&self, tenant: &str, key_id: &str, route: &str) {
         let row = UsageRow { rate_limited: 1, ..UsageRow::default() };
         let day = today();
-        if self.rows.lock().add(day.month(), (tenant, &day, route, ""), &row) {
-            self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut ledgers = self.ledgers.lock();
+        let dropped = u64::from(ledgers.routes.add(day.month(), (tenant, &day, route, ""), &row))
+            + u64::from(ledgers.keys.add(day.month(), (tenant, &day, key_id, route), &row));
+        drop(ledgers);
+        self.count_dropped(dropped);
+    }
+
+    fn count_dropped(&self, dropped: u64) {
+        if dropped > 0 {
+            self.dropped.fetch_add(dropped, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
     /// Records one routed call: every attempt counts a call to its target; a failed attempt
     /// followed by another is a failover from it; the answering target gets tokens and cost.
-    pub fn record(&self, tenant: &str, route: &str, attempts: &[Attempt], answered: &[Answered<'_>]) {
+    /// The key's row of the route gets the request's sum.
+    pub fn record(&self, tenant: &str, key_id: &str, route: &str, attempts: &[Attempt], answered: &[Answered<'_>]) {
         let day = today();
         let mut rows: BTreeMap<&str, UsageRow> = BTreeMap::new();
         for (i, attempt) in attempts.iter().enumerate() {
@@ -228,52 +323,52 @@ impl UsageBuffer {
             row.estimated += u64::from(answer.estimated);
             row.stream_broken += u64::from(answer.stream_broken);
         }
-        let mut state = self.rows.lock();
-        for (target, row) in rows {
-            if state.add(day.month(), (tenant, &day, route, target), &row) {
-                self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
+        let mut by_key = UsageRow::default();
+        for row in rows.values() {
+            by_key.add(row);
         }
+        let mut ledgers = self.ledgers.lock();
+        let mut dropped = 0;
+        for (target, row) in rows {
+            dropped += u64::from(ledgers.routes.add(day.month(), (tenant, &day, route, target), &row));
+        }
+        dropped += u64::from(ledgers.keys.add(day.month(), (tenant, &day, key_id, route), &by_key));
+        drop(ledgers);
+        self.count_dropped(dropped);
     }
 
-    /// Takes every row for a flush.
-    pub fn take(&self) -> BTreeMap<RowKey, UsageRow> {
-        let mut guard = self.rows.lock();
-        guard.order.clear();
-        guard.spend.clear();
-        std::mem::take(&mut guard.map).into_sorted()
+    /// Takes every row of both ledgers for a flush.
+    pub fn take(&self) -> Taken {
+        let mut ledgers = self.ledgers.lock();
+        Taken { routes: ledgers.routes.take(), keys: ledgers.keys.take() }
     }
 
     /// Puts rows back after a failed flush (merged with what arrived meanwhile).
-    pub fn restore(&self, rows: BTreeMap<RowKey, UsageRow>) {
+    pub fn restore(&self, taken: Taken) {
         let today = today();
-        let mut guard = self.rows.lock();
-        let state = &mut *guard;
-        for (key, row) in rows {
-            let (tenant, day, route, target) = &key;
-            let known = state.map.contains(&key);
-            if !known && state.map.len >= MAX_ROWS {
-                self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                continue;
-            }
-            state.map.add((tenant, day, route, target), &row);
-            state.add_spend(today.month(), (tenant, day, route), row.cost_micros);
-            if !known {
-                // Restored rows are older than anything recorded since: first to go.
-                state.order.insert(0, key);
-            }
-        }
+        let mut ledgers = self.ledgers.lock();
+        let dropped =
+            ledgers.routes.restore(today.month(), taken.routes) + ledgers.keys.restore(today.month(), taken.keys);
+        drop(ledgers);
+        self.count_dropped(dropped);
     }
 
     /// This process's unflushed spend of `route` this month (added to the flushed total for
     /// budget decisions).
     pub fn unflushed_spend(&self, tenant: &str, route: &str) -> i64 {
         let today = today();
-        let guard = self.rows.lock();
-        match guard.spend.get(tenant).and_then(|routes| routes.get(route)) {
+        self.ledgers.lock().routes.unflushed(today.month(), tenant, route)
+    }
+
+    /// This process's unflushed spend this month of the key, and of its whole tenant.
+    pub fn unflushed_key_and_tenant(&self, tenant: &str, key_id: &str) -> (i64, i64) {
+        let today = today();
+        let ledgers = self.ledgers.lock();
+        let total = match ledgers.routes.totals.get(tenant) {
             Some((m, micros)) if m.as_str() == today.month() => *micros,
             _ => 0,
-        }
+        };
+        (ledgers.keys.unflushed(today.month(), tenant, key_id), total)
     }
 
     /// Rows dropped since the last call (for the metric).
@@ -313,8 +408,15 @@ mod tests {
             estimated: false,
             stream_broken: false,
         };
-        buffer.record("t", "smart", &[attempt("a", false), attempt("b", true)], &[answered]);
-        let rows = buffer.take();
+        buffer.record("t", "k1", "smart", &[attempt("a", false), attempt("b", true)], &[answered]);
+        let taken = buffer.take();
+        let key_row = taken.keys.get(&("t".into(), today().to_string(), "k1".into(), "smart".into())).unwrap();
+        assert_eq!(
+            (key_row.calls, key_row.errors, key_row.input_tokens, key_row.cost_micros),
+            (2, 1, 5, 3),
+            "the key's row sums the request"
+        );
+        let rows = taken.routes;
         let a = rows.iter().find(|(k, _)| k.3 == "a").unwrap().1;
         let b = rows.iter().find(|(k, _)| k.3 == "b").unwrap().1;
         assert_eq!((a.calls, a.errors, a.failovers_from, a.ok), (1, 1, 1, 0));
@@ -328,23 +430,23 @@ mod tests {
         let buffer = std::sync::Arc::new(UsageBuffer::default());
         let holder = buffer.clone();
         let crashed = std::thread::spawn(move || {
-            let _guard = holder.rows.lock();
+            let _guard = holder.ledgers.lock();
             panic!("a bug while recording");
         })
         .join();
         assert!(crashed.is_err(), "the thread panicked with the lock held");
-        buffer.record("t", "smart", &[attempt("a", true)], &[]);
-        assert_eq!(buffer.take().len(), 1, "the buffer still records and flushes");
+        buffer.record("t", "k", "smart", &[attempt("a", true)], &[]);
+        assert_eq!(buffer.take().routes.len(), 1, "the buffer still records and flushes");
     }
 
     #[test]
     fn the_buffer_is_capped_and_counts_what_it_drops() {
         let buffer = UsageBuffer::default();
         for i in 0..MAX_ROWS + 5 {
-            buffer.record("t", &format!("r{i}"), &[attempt("a", true)], &[]);
+            buffer.record("t", "k", &format!("r{i}"), &[attempt("a", true)], &[]);
         }
-        assert_eq!(buffer.take_dropped(), 5);
-        let rows = buffer.take();
+        assert_eq!(buffer.take_dropped(), 10, "5 route rows and 5 key rows (one per key and route)");
+        let rows = buffer.take().routes;
         assert_eq!(rows.len(), MAX_ROWS);
         assert!(!rows.keys().any(|k| k.2 == "r0"), "the oldest went first");
     }
@@ -360,7 +462,8 @@ mod tests {
         }
     }
 
-    /// The budget check's figure: every unflushed row of this month for (tenant, route).
+    /// The budget check's figure: every unflushed row of this month for (tenant, route) (for
+    /// (tenant, key id) in the key ledger).
     fn scanned_spend(rows: &BTreeMap<RowKey, UsageRow>, tenant: &str, route: &str) -> i64 {
         let month = &today()[..6];
         rows.iter()
@@ -371,24 +474,32 @@ mod tests {
 
     proptest::proptest! {
         /// Whatever is recorded, flushed, put back after a failed flush or dropped at the cap,
-        /// the running unflushed spend equals the sum over the rows still buffered.
+        /// the running unflushed spend equals the sum over the rows still buffered: per route, per
+        /// key and for the tenant.
         #[test]
         fn unflushed_spend_is_always_the_sum_of_the_buffered_rows(
             ops in proptest::collection::vec((0u8..4, 0usize..3, 0usize..3, 0i64..1_000), 1..200)
         ) {
             let buffer = UsageBuffer::default();
-            let mut taken = BTreeMap::new();
+            let mut taken = Taken::default();
             for (op, tenant, route, cost) in ops {
                 let (tenant, route) = (["t1", "t2", "t3"][tenant], ["a", "b", "c"][route]);
                 match op {
-                    0 | 1 => buffer.record(tenant, route, &[attempt("x", true)], &[priced("x", cost)]),
+                    0 | 1 => buffer.record(tenant, ["k1", "k2"][cost as usize % 2], route, &[attempt("x", true)], &[priced("x", cost)]),
                     2 => taken = buffer.take(),
                     _ => buffer.restore(std::mem::take(&mut taken)),
                 }
-                let rows = buffer.rows.lock().map.clone().into_sorted();
+                let rows = buffer.ledgers.lock().routes.map.clone().into_sorted();
+                let keys = buffer.ledgers.lock().keys.map.clone().into_sorted();
                 for t in ["t1", "t2", "t3"] {
                     for r in ["a", "b", "c"] {
                         proptest::prop_assert_eq!(buffer.unflushed_spend(t, r), scanned_spend(&rows, t, r));
+                    }
+                    let total: i64 = ["a", "b", "c"].iter().map(|r| scanned_spend(&rows, t, r)).sum();
+                    for k in ["k1", "k2"] {
+                        let (key, tenant) = buffer.unflushed_key_and_tenant(t, k);
+                        proptest::prop_assert_eq!(key, scanned_spend(&keys, t, k), "a key's spend is its rows'");
+                        proptest::prop_assert_eq!(tenant, total, "the tenant's total is its routes'");
                     }
                 }
             }
@@ -398,11 +509,11 @@ mod tests {
     #[test]
     fn rows_dropped_at_the_cap_take_their_spend_with_them() {
         let buffer = UsageBuffer::default();
-        buffer.record("t", "r0", &[attempt("a", true)], &[priced("a", 7)]);
+        buffer.record("t", "k", "r0", &[attempt("a", true)], &[priced("a", 7)]);
         for i in 1..MAX_ROWS + 1 {
-            buffer.record("t", &format!("r{i}"), &[attempt("a", true)], &[priced("a", 1)]);
+            buffer.record("t", "k", &format!("r{i}"), &[attempt("a", true)], &[priced("a", 1)]);
         }
-        assert_eq!(buffer.take_dropped(), 1);
+        assert_eq!(buffer.take_dropped(), 2, "one route row, one key row");
         assert_eq!(buffer.unflushed_spend("t", "r0"), 0, "the dropped row's spend is gone with it");
         assert_eq!(buffer.unflushed_spend("t", "r1"), 1);
     }

@@ -131,7 +131,7 @@ pub async fn reset(state: State, principal: Principal, id: web::Path<String>) ->
         .query_async(&mut conn)
         .await
         .map_err(|_| ApiError::RedisUnavailable)?;
-    audit::record(&state.db, tenant.id, principal.actor(), Action::TargetReset, &id, None, None).await?;
+    audit::record(&state.db, tenant.id, principal.actor(), Action::TargetReset, &id, (None, None), None).await?;
     Ok(HttpResponse::Accepted().json(serde_json::json!({"target": id, "reset": true})))
 }
 

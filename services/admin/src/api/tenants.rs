@@ -1,13 +1,16 @@
-//! Operator endpoints: create and list tenants.
+//! Operator endpoints: create and list tenants, and cap a tenant's monthly spend.
 
-use actix_web::{HttpResponse, get, post};
+use actix_web::{HttpResponse, get, post, put, web};
 use serde::{Deserialize, Serialize};
+use shield_core::key_access::MonthlyBudget;
 
 use super::{Body, State, decode};
 use crate::auth::{Principal, Scope};
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
 use crate::provision;
+use crate::repo::audit::Action;
 use crate::repo::tenants::{self, Tenant};
+use crate::write::{ConfigWrite, digest_of};
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -52,4 +55,62 @@ pub async fn create(state: State, principal: Principal, body: Body) -> ApiResult
 pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse> {
     principal.require(Scope::Operator)?;
     Ok(HttpResponse::Ok().json(TenantList { tenants: tenants::list(&state.db).await? }))
+}
+
+/// `PUT /v1/admin/tenants/{id}/budget`: the body, or `null` to remove the cap.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantBudget {
+    /// The platform operator's monthly cap on the tenant's spend over all its routes and keys;
+    /// `null` removes it.
+    pub budget: Option<MonthlyBudget>,
+}
+
+/// The tenant a path names: its slug, or its numeric id.
+async fn named_tenant(state: &crate::AdminState, id: &str) -> ApiResult<Tenant> {
+    let found = match id.parse::<i64>() {
+        Ok(n) => tenants::by_id(&state.db, n).await?,
+        Err(_) => tenants::by_slug(&state.db, id).await?,
+    };
+    found.ok_or_else(|| ApiError::NotFound(format!("tenant {id} does not exist")))
+}
+
+#[utoipa::path(get, path = "/v1/admin/tenants/{id}/budget", tag = "operator", security(("bearer" = ["operator"])),
+    params(("id" = String, Path, description = "the tenant's slug or numeric id")),
+    responses((status = 200, body = TenantBudget), (status = 404)))]
+#[get("/v1/admin/tenants/{id}/budget")]
+pub async fn get_budget(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
+    principal.require(Scope::Operator)?;
+    let tenant = named_tenant(&state, &id).await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"budget": tenants::budget(&state.db, tenant.id).await?})))
+}
+
+/// Issue 32: the SaaS operator's guard against one tenant's runaway spend, enforced by the
+/// data plane like a route budget (`block` refuses with 429 until the month ends, `warn` marks
+/// answers past 80 %) and alerted once a month by the `budget_exceeded` webhook (`scope:
+/// "tenant"`). Audited in the tenant's log and published at once.
+#[utoipa::path(put, path = "/v1/admin/tenants/{id}/budget", tag = "operator", security(("bearer" = ["operator"])),
+    params(("id" = String, Path, description = "the tenant's slug or numeric id")), request_body = TenantBudget,
+    responses((status = 200, body = TenantBudget), (status = 404), (status = 422, description = "validation error naming the field, e.g. budget.monthly")))]
+#[put("/v1/admin/tenants/{id}/budget")]
+pub async fn put_budget(
+    state: State,
+    principal: Principal,
+    id: web::Path<String>,
+    body: Body,
+) -> ApiResult<HttpResponse> {
+    principal.require(Scope::Operator)?;
+    let tenant = named_tenant(&state, &id).await?;
+    let request: TenantBudget = decode(&body)?;
+    if let Some(budget) = &request.budget {
+        let mut problems = shield_core::error::Problems::default();
+        budget.check(&mut problems, "budget");
+        problems.into_result()?;
+    }
+    let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
+    let before = tenants::budget(write.conn(), tenant.id).await?;
+    tenants::set_budget(write.conn(), tenant.id, request.budget).await?;
+    let digests = (before.map(|b| digest_of(&b)), request.budget.map(|b| digest_of(&b)));
+    write.commit(Action::TenantBudgetSet, "budget", digests.0, digests.1).await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"budget": request.budget})))
 }

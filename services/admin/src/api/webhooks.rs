@@ -92,7 +92,8 @@ pub async fn create(state: State, principal: Principal, body: Body) -> ApiResult
     let mut tx = state.db.begin().await?;
     let meta = webhooks::insert(&mut *tx, tenant.id, id, url.as_str(), &request.events, request.allow_private, &sealed)
         .await?;
-    audit::record(&mut *tx, tenant.id, principal.actor(), Action::WebhookCreated, &id.to_string(), None, None).await?;
+    audit::record(&mut *tx, tenant.id, principal.actor(), Action::WebhookCreated, &id.to_string(), (None, None), None)
+        .await?;
     tx.commit().await?;
     Ok(HttpResponse::Created().json(WebhookCreated { id, url: meta.url, events: meta.events, secret }))
 }
@@ -107,7 +108,8 @@ pub async fn remove(state: State, principal: Principal, id: web::Path<String>) -
     if !webhooks::delete(&mut *tx, tenant.id, id).await? {
         return Err(not_found(id));
     }
-    audit::record(&mut *tx, tenant.id, principal.actor(), Action::WebhookDeleted, &id.to_string(), None, None).await?;
+    audit::record(&mut *tx, tenant.id, principal.actor(), Action::WebhookDeleted, &id.to_string(), (None, None), None)
+        .await?;
     tx.commit().await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -94,7 +94,7 @@ pub async fn save_limits(
     let limits = v.to_json("limits.", &mut problems);
     if problems.is_empty() {
         let body = serde_json::to_vec(&json!({ "limits": limits })).expect("a JSON value serialises");
-        match crate::api::keys::set_limits(&state, &session.principal, &id, &body).await {
+        match crate::api::keys::update(&state, &session.principal, &id, &body).await {
             Ok(key) => return Ok(redirect(&format!("/portal/keys?saved={}", urlencode(&key.name)))),
             Err(err) => problems = Problems::from_api(err, FIELDS)?,
         }

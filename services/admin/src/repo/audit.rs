@@ -18,6 +18,9 @@ pub enum Action {
     KeyCreated,
     KeyRevoked,
     KeyLimitsSet,
+    KeyUpdated,
+    KeyRotated,
+    TenantBudgetSet,
     TenantLimitsSet,
     GuardrailsSet,
     ResponseRetentionSet,
@@ -39,6 +42,9 @@ impl Action {
             Action::KeyCreated => "key_created",
             Action::KeyRevoked => "key_revoked",
             Action::KeyLimitsSet => "key_limits_set",
+            Action::KeyUpdated => "key_updated",
+            Action::KeyRotated => "key_rotated",
+            Action::TenantBudgetSet => "tenant_budget_set",
             Action::TenantLimitsSet => "tenant_limits_set",
             Action::GuardrailsSet => "guardrails_set",
             Action::ResponseRetentionSet => "response_retention_set",
@@ -56,6 +62,9 @@ pub struct Entry {
     pub object: String,
     pub before_digest: Option<String>,
     pub after_digest: Option<String>,
+    /// What the change was about, beyond its digests: a key's name and metadata (issue 32).
+    /// Never a secret.
+    pub details: Option<serde_json::Value>,
     pub at: DateTime<Utc>,
 }
 
@@ -65,16 +74,17 @@ pub async fn record(
     actor: &str,
     action: Action,
     object: &str,
-    before: Option<String>,
-    after: Option<String>,
+    (before, after): (Option<String>, Option<String>),
+    details: Option<&serde_json::Value>,
 ) -> sqlx::Result<()> {
-    sqlx::query("INSERT INTO audit_log (tenant_id, actor, action, object, before_digest, after_digest) VALUES ($1, $2, $3, $4, $5, $6)")
+    sqlx::query("INSERT INTO audit_log (tenant_id, actor, action, object, before_digest, after_digest, details) VALUES ($1, $2, $3, $4, $5, $6, $7)")
         .bind(tenant_id)
         .bind(actor)
         .bind(action.as_str())
         .bind(object)
         .bind(before)
         .bind(after)
+        .bind(details)
         .execute(db)
         .await?;
     Ok(())
@@ -82,7 +92,7 @@ pub async fn record(
 
 pub async fn list(db: impl PgExecutor<'_>, tenant_id: i64, limit: i64) -> sqlx::Result<Vec<Entry>> {
     sqlx::query_as(
-        "SELECT id, actor, action, object, before_digest, after_digest, at FROM audit_log
+        "SELECT id, actor, action, object, before_digest, after_digest, details, at FROM audit_log
          WHERE tenant_id = $1 ORDER BY id DESC LIMIT $2",
     )
     .bind(tenant_id)

@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use shield_core::key_access::MonthlyBudget;
 use shield_core::limits::Limits;
 use shield_core::snapshot::ResponseRetention;
 use sqlx::types::Json;
@@ -63,6 +64,18 @@ pub async fn limits(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Limits> {
     let row: Option<Option<Json<Limits>>> =
         sqlx::query_scalar("SELECT limits FROM tenants WHERE id = $1").bind(id).fetch_optional(db).await?;
     Ok(row.flatten().map(|Json(limits)| limits).unwrap_or_default())
+}
+
+/// The operator's monthly cap on the tenant's spend (issue 32); `None` when there is none.
+pub async fn budget(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<MonthlyBudget>> {
+    let row: Option<Option<Json<MonthlyBudget>>> =
+        sqlx::query_scalar("SELECT budget FROM tenants WHERE id = $1").bind(id).fetch_optional(db).await?;
+    Ok(row.flatten().map(|Json(budget)| budget))
+}
+
+pub async fn set_budget(db: impl PgExecutor<'_>, id: i64, budget: Option<MonthlyBudget>) -> sqlx::Result<()> {
+    sqlx::query("UPDATE tenants SET budget = $2 WHERE id = $1").bind(id).bind(budget.map(Json)).execute(db).await?;
+    Ok(())
 }
 
 /// How long the tenant's stored responses are kept (issue 29).

@@ -53,6 +53,9 @@ pub async fn count_tokens(req: HttpRequest, payload: web::Payload, state: web::D
         let caller = admit(&req, &state).await?;
         let raw = body::read(payload).await?;
         let request = request::normalise(&raw, request::Headers::default(), true)?;
+        if !caller.key.may_use(&request.model) {
+            return Err(ProxyError::PermissionDenied(request.model.clone()));
+        }
         // Only a model the caller could send to: a route of its tenant (no default path here).
         let tenant = state.tenant_config(&caller.key.tenant).await.filter(|_| state.config.routing_enabled);
         if tenant.as_deref().and_then(|t| t.enabled_route(&request.model)).is_none() {
