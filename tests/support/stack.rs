@@ -380,6 +380,37 @@ impl Stack {
         (key, body["id"].as_str().unwrap().to_string())
     }
 
+    /// `POST /v1/tenant/me/keys/{id}/rotate`: the key's new secret (kept out of the leak
+    /// scan's evidence and listed as a secret, as at creation), and the answer.
+    pub async fn rotate_key(&self, id: &str, grace_s: i64) -> (String, Value) {
+        let path = format!("/v1/tenant/me/keys/{id}/rotate");
+        let (status, body) =
+            self.admin_request(reqwest::Method::POST, &path, Some(json!({"grace_s": grace_s})), false).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let key = body["key"].as_str().unwrap().to_string();
+        self.evidence.secret(&key);
+        (key, body)
+    }
+
+    /// An admin call with the platform operator's token (scope `operator`).
+    pub async fn operator_call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        let token = Tokens::new(JWT_SECRET)
+            .unwrap()
+            .issue("operator-test", None, vec![Scope::Operator], Duration::from_secs(3600), now)
+            .0;
+        let mut request =
+            self.client.request(method.clone(), format!("http://{}{path}", self.admin)).bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("admin answers");
+        let (status, headers) = (response.status(), response.headers().clone());
+        let text = response.text().await.unwrap_or_default();
+        self.evidence.response(&format!("{method} admin {path} (operator)"), status, &headers, &text);
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
     /// An API key of a second tenant, made with the CLI.
     pub async fn other_tenant_key(&self) -> String {
         let slug = unique("o-")[..14].to_string();

@@ -297,7 +297,7 @@ impl UsageBuffer {
 
     /// Records one routed call: every attempt counts a call to its target; a failed attempt
     /// followed by another is a failover from it; the answering target gets tokens and cost.
-    /// The key's row of the route gets the request's sum.
+    /// The key's row of the route counts the request once, with its tokens and cost.
     pub fn record(&self, tenant: &str, key_id: &str, route: &str, attempts: &[Attempt], answered: &[Answered<'_>]) {
         let day = today();
         let mut rows: BTreeMap<&str, UsageRow> = BTreeMap::new();
@@ -323,10 +323,16 @@ impl UsageBuffer {
             row.estimated += u64::from(answer.estimated);
             row.stream_broken += u64::from(answer.stream_broken);
         }
+        // The key's row counts the request once (its attempts are the route rows' business):
+        // a call, answered or failed, with its failovers, tokens and cost.
         let mut by_key = UsageRow::default();
         for row in rows.values() {
             by_key.add(row);
         }
+        let answered_ok = attempts.iter().any(|a| a.outcome == "ok");
+        by_key.calls = u64::from(!attempts.is_empty());
+        by_key.ok = u64::from(answered_ok);
+        by_key.errors = u64::from(!attempts.is_empty() && !answered_ok);
         let mut ledgers = self.ledgers.lock();
         let mut dropped = 0;
         for (target, row) in rows {
@@ -412,9 +418,16 @@ mod tests {
         let taken = buffer.take();
         let key_row = taken.keys.get(&("t".into(), today().to_string(), "k1".into(), "smart".into())).unwrap();
         assert_eq!(
-            (key_row.calls, key_row.errors, key_row.input_tokens, key_row.cost_micros),
-            (2, 1, 5, 3),
-            "the key's row sums the request"
+            (
+                key_row.calls,
+                key_row.ok,
+                key_row.errors,
+                key_row.failovers_from,
+                key_row.input_tokens,
+                key_row.cost_micros
+            ),
+            (1, 1, 0, 1, 5, 3),
+            "the key's row counts the request once"
         );
         let rows = taken.routes;
         let a = rows.iter().find(|(k, _)| k.3 == "a").unwrap().1;

@@ -1,5 +1,7 @@
 //! `GET /v1/tenant/me/gateway/usage?from=YYYY-MM-DD&to=YYYY-MM-DD&route=`: daily usage rows per
-//! route and target, as the proxies flushed them to `gw_usage:{tenant}:{yyyymmdd}`.
+//! route and target, as the proxies flushed them to `gw_usage:{tenant}:{yyyymmdd}`. With
+//! `group_by=key` (issue 32, and `key=<id>` to pick one), daily rows per API key and route from
+//! `gw_key_usage`, each request counted once, with the key's name and metadata.
 
 use actix_web::{HttpResponse, get, web};
 use chrono::NaiveDate;
@@ -22,6 +24,10 @@ pub struct UsageQuery {
     /// Last day (UTC), default today.
     pub to: Option<String>,
     pub route: Option<String>,
+    /// `route` (the default: per route and target) or `key` (per API key and route).
+    pub group_by: Option<String>,
+    /// With `group_by=key`: only this key's rows (its id).
+    pub key: Option<String>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -46,6 +52,14 @@ pub struct UsageDay {
     /// Requests refused by a rate limit before routing (their row's `target` is empty); never
     /// counted in `calls`.
     pub rate_limited: u64,
+    /// With `group_by=key`: the key's id, name and metadata (`target` is then empty: a key's
+    /// row counts each request once, whichever targets it tried).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -75,19 +89,47 @@ pub async fn report(state: &AdminState, principal: &Principal, query: &UsageQuer
     if to < from || (to - from).num_days() >= MAX_DAYS {
         return Err(ApiError::validation("to", format!("must be on or after `from`, within {MAX_DAYS} days")));
     }
+    let by_key = match query.group_by.as_deref() {
+        None | Some("route") => false,
+        Some("key") => true,
+        Some(_) => return Err(ApiError::validation("group_by", "must be `route` or `key`")),
+    };
+    if query.key.is_some() && !by_key {
+        return Err(ApiError::validation("key", "filters rows per key: send group_by=key with it"));
+    }
+    // Names and metadata of the tenant's keys, for rows per key (a key's id alone says little).
+    let key_names: std::collections::HashMap<String, (String, std::collections::BTreeMap<String, String>)> = if by_key {
+        crate::repo::keys::list(&state.db, tenant.id)
+            .await?
+            .into_iter()
+            .map(|k| (k.id.to_string(), (k.name, k.metadata)))
+            .collect()
+    } else {
+        Default::default()
+    };
     let mut conn = state.redis.get().await.map_err(|_| ApiError::RedisUnavailable)?;
     let mut rows = Vec::new();
     let mut date = from;
     while date <= to {
-        let key = state.redis_keys.usage(&tenant.slug, &date.format("%Y%m%d").to_string());
+        let day = date.format("%Y%m%d").to_string();
+        let key = if by_key {
+            state.redis_keys.key_usage(&tenant.slug, &day)
+        } else {
+            state.redis_keys.usage(&tenant.slug, &day)
+        };
         let fields: Vec<(String, String)> =
             redis::cmd("HGETALL").arg(key).query_async(&mut conn).await.map_err(|_| ApiError::RedisUnavailable)?;
         for (field, value) in fields {
-            let Some((route, target)) = records::usage::parse_field(&field) else { continue };
-            if query.route.as_deref().is_some_and(|wanted| wanted != route) {
+            let Some((first, second)) = records::usage::parse_field(&field) else { continue };
+            // Per route: `route|target`; per key: `key id|route`.
+            let (route, target, key_id) = if by_key { (second, "", Some(first)) } else { (first, second, None) };
+            if query.route.as_deref().is_some_and(|wanted| wanted != route)
+                || query.key.as_deref().is_some_and(|wanted| Some(wanted) != key_id)
+            {
                 continue;
             }
             let Some(row) = records::usage::decode(&value) else { continue };
+            let named = key_id.and_then(|id| key_names.get(id));
             rows.push(UsageDay {
                 date: date.format("%Y-%m-%d").to_string(),
                 route: route.to_string(),
@@ -105,6 +147,9 @@ pub async fn report(state: &AdminState, principal: &Principal, query: &UsageQuer
                 stream_broken: row.stream_broken,
                 stream_resumed: row.stream_resumed,
                 rate_limited: row.rate_limited,
+                key_id: key_id.map(str::to_string),
+                key_name: named.map(|(name, _)| name.clone()),
+                metadata: named.map(|(_, metadata)| metadata.clone()),
             });
         }
         match date.succ_opt() {
@@ -112,6 +157,6 @@ pub async fn report(state: &AdminState, principal: &Principal, query: &UsageQuer
             None => break,
         }
     }
-    rows.sort_by(|a, b| (&a.date, &a.route, &a.target).cmp(&(&b.date, &b.route, &b.target)));
+    rows.sort_by(|a, b| (&a.date, &a.key_id, &a.route, &a.target).cmp(&(&b.date, &b.key_id, &b.route, &b.target)));
     Ok(UsageReport { rows })
 }

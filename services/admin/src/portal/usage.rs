@@ -64,7 +64,8 @@ pub async fn page(
         let start = today.checked_sub_days(Days::new(DEFAULT_DAYS - 1)).unwrap_or(today);
         start.format("%Y-%m-%d").to_string()
     });
-    let api_query = UsageQuery { from: Some(from.clone()), to: Some(to.clone()), route: None };
+    let api_query =
+        UsageQuery { from: Some(from.clone()), to: Some(to.clone()), route: None, group_by: None, key: None };
     let (rows, problems) = match report(&state, &session.principal, &api_query).await {
         Ok(report) => (report.rows, Problems::default()),
         Err(err) => (Vec::new(), Problems::from_api(err, &[])?),
