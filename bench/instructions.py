@@ -11,8 +11,9 @@ request. Kernel time is not counted, and `rep movs`/`rep stos` count once per by
 memset of large buffers look dearer than they are): compare binaries, and confirm with
 bench/run.py.
 
-Usage: python3 bench/instructions.py [-n N] [-r ROUTE] BINARY [BINARY ...]
-(ROUTE: bench-static, the default; bench-limited, the same with rate limits; bench, the mock)
+Usage: python3 bench/instructions.py [-n N] [-r ROUTE] [-k KEY] BINARY [BINARY ...]
+(ROUTE: bench-static, the default; bench-limited, the same with rate limits; bench, the mock.
+KEY: plain, the default; governed, a key with an allow-list, an expiry and a budget, issue 32)
 Needs valgrind and oha (`cargo install oha`).
 """
 import glob
@@ -37,7 +38,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def count(binary, hold, n, work, route):
+def count(binary, hold, n, work, route, key):
     port = free_port()
     env = dict(os.environ, **hold["proxy_env"])
     env["SHIELD_PROXY_ADDR"] = f"127.0.0.1:{port}"
@@ -48,7 +49,7 @@ def count(binary, hold, n, work, route):
     try:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         body = hold["bodies"]["static"].replace('"bench-static"', json.dumps(route))
-        headers = {"content-type": "application/json", "authorization": f"Bearer {hold['key']}"}
+        headers = {"content-type": "application/json", "authorization": f"Bearer {hold[key]}"}
         args = [OHA, "--no-tui", "-c", "4", "-m", "POST", "-d", body]
         for name, value in headers.items():
             args += ["-H", f"{name}: {value}"]
@@ -85,10 +86,12 @@ def count(binary, hold, n, work, route):
 
 def main():
     argv = sys.argv[1:]
-    n, route = 2000, "bench-static"
-    while argv[:1] in (["-n"], ["-r"]):
+    n, route, key = 2000, "bench-static", "key"
+    while argv[:1] in (["-n"], ["-r"], ["-k"]):
         if argv[0] == "-n":
             n = int(argv[1])
+        elif argv[0] == "-k":
+            key = {"plain": "key", "governed": "governed_key"}[argv[1]]
         else:
             route = argv[1]
         argv = argv[2:]
@@ -103,7 +106,7 @@ def main():
     try:
         hold = json.loads(stack.stdout.readline())
         for binary in argv:
-            per_request, profile = count(os.path.abspath(binary), hold, n, work, route)
+            per_request, profile = count(os.path.abspath(binary), hold, n, work, route, key)
             print(f"{binary}: {per_request:,.0f} instructions/request over {n} requests (profile: {profile})", flush=True)
     finally:
         stack.send_signal(signal.SIGTERM)

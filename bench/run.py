@@ -27,7 +27,9 @@ match), PII and secrets guardrails in monitor mode on input and output, a monthl
 priced targets (cost per call), usage and metrics. A third route, `bench-limited`, is the static
 route with rate limits set far above the load (10M requests and 10G tokens a minute): the
 `s-limits` path against `s-shield` in the same run is what admission, leases and the
-`x-ratelimit-*` headers cost (issue 18: at most 2 %).
+`x-ratelimit-*` headers cost (issue 18: at most 2 %). `s-keyed` is the static route called with
+a governed key (issue 32: a route allow-list, an expiry and a monthly budget far above the
+load): against `s-shield`, what a key's allow-list, expiry and budget checks cost.
 
 Paced latency uses oha when it is installed (`cargo install oha`): a fixed offered rate
 (`-q`, default 5,000 requests/s; SHIELD_BENCH_RATE) over 20 connections, each request timed from
@@ -286,6 +288,10 @@ def main():
         request("PUT", f"{admin}/gateway/routes/bench-limited", token, {
             "targets": ["static"], **production, "limits": {"rpm": 10_000_000, "tpm": 10_000_000_000}})
         key = request("POST", f"{admin}/keys", token, {"name": "bench"})["key"]
+        a_year = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 365 * 86400))
+        governed_key = request("POST", f"{admin}/keys", token, {
+            "name": "bench-governed", "routes": ["bench*"], "expires_at": a_year,
+            "budget": {"monthly": 1000000, "action": "block"}, "metadata": {"owner": "bench"}})["key"]
 
         # Two nginx processes, one worker each: the static backend Shield calls, and the
         # proxies. The floor (`s-nginx`) is issue 19's: one nginx worker that is both the proxy
@@ -338,6 +344,7 @@ http {{
         floor_pid = int(floor_worker[0]) if floor_worker else None
         plain = {"Content-Type": "application/json"}
         keyed = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        governed = {"Content-Type": "application/json", "Authorization": f"Bearer {governed_key}"}
         chat = "/v1/chat/completions"
         targets = {
             "direct": (f"http://127.0.0.1:{ports['mock']}{chat}", plain, None),
@@ -352,12 +359,13 @@ http {{
             "s-nginx2": (f"http://127.0.0.1:{ports['nginx_static']}{chat}", plain, floor_pid),
             "s-shield": (f"http://127.0.0.1:{ports['proxy']}{chat}", keyed, pids["shield"]),
             "s-limits": (f"http://127.0.0.1:{ports['proxy']}{chat}", keyed, pids["shield"]),
+            "s-keyed": (f"http://127.0.0.1:{ports['proxy']}{chat}", governed, pids["shield"]),
         })
         if baseline:
             targets["s-base"] = (f"http://127.0.0.1:{ports['base']}{chat}", keyed, pids["base"])
         if QUICK:
             # The iteration loop of a hot-path change: the static backend's c20 paths only.
-            targets = {name: t for name, t in targets.items() if name in ("s-nginx", "s-nginx2", "s-shield", "s-base")}
+            targets = {name: t for name, t in targets.items() if name in ("s-nginx", "s-nginx2", "s-shield", "s-keyed", "s-base")}
         global BODY
         bodies = {name: STATIC_BODY if name.startswith("s-") else MOCK_BODY for name in targets}
         bodies["s-limits"] = LIMITED_BODY
@@ -373,7 +381,7 @@ http {{
         if os.environ.get("SHIELD_BENCH_HOLD") == "1":
             # For profiling by hand (perf, strace): the stack stays up until this is stopped.
             proxy_env = {k: v for k, v in env.items() if k.startswith("SHIELD_") or k in ("REDIS_URL", "RUST_LOG")}
-            print(json.dumps({"proxy_pid": pids["shield"], "key": key, "proxy_env": proxy_env, "paths": {n: t[0] for n, t in targets.items()},
+            print(json.dumps({"proxy_pid": pids["shield"], "key": key, "governed_key": governed_key, "proxy_env": proxy_env, "paths": {n: t[0] for n, t in targets.items()},
                               "bodies": {"static": STATIC_BODY, "mock": MOCK_BODY}}), flush=True)
             while True:
                 time.sleep(3600)
@@ -433,6 +441,9 @@ http {{
         lim, unl = results["s-limits"], results["s-shield"]
         print(f"rate limits on the static route (s-limits vs s-shield): throughput {lim['rps'] / unl['rps']:.1%}, "
               f"CPU us/req {lim['cpu_us']:.1f} vs {unl['cpu_us']:.1f} (issue 18: drop <= 2 %)")
+        gov = results["s-keyed"]
+        print(f"governed key on the static route (s-keyed vs s-shield): throughput {gov['rps'] / unl['rps']:.1%}, "
+              f"CPU us/req {gov['cpu_us']:.1f} vs {unl['cpu_us']:.1f} (issue 32: within noise)")
         print(f"\nunloaded (wrk -t1 -c1): one request at a time")
         print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}")
         for name, r in serial.items():

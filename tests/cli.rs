@@ -174,6 +174,18 @@ async fn tenant_token_and_key_commands_are_scriptable_and_work_with_the_admin() 
         "ci",
         "--role",
         "contractor",
+        "--route",
+        "team-*",
+        "--route",
+        "smart",
+        "--budget",
+        "2.5",
+        "--budget-action",
+        "warn",
+        "--expires-at",
+        "2099-01-01T00:00:00Z",
+        "--meta",
+        "owner=ci-bot",
     ]))
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -200,6 +212,10 @@ async fn tenant_token_and_key_commands_are_scriptable_and_work_with_the_admin() 
         client.get(format!("{base}/v1/tenant/me/keys")).bearer_auth(&token).send().await.unwrap().json().await.unwrap();
     assert_eq!(keys["keys"][0]["prefix"].as_str().unwrap(), &key[..14]);
     assert_eq!(keys["keys"][0]["role"], "contractor");
+    assert_eq!(keys["keys"][0]["routes"], serde_json::json!(["team-*", "smart"]));
+    assert_eq!(keys["keys"][0]["budget"], serde_json::json!({"monthly": 2.5, "action": "warn"}));
+    assert_eq!(keys["keys"][0]["expires_at"], "2099-01-01T00:00:00Z");
+    assert_eq!(keys["keys"][0]["metadata"], serde_json::json!({"owner": "ci-bot"}));
     // The key created by the CLI is published for the proxy, under the prefix.
     let dump = shield_e2e::redis_dump(&format!("{prefix}gw_key:{}", shield_core::snapshot::key_hash(&key))).await;
     assert_eq!(dump.len(), 1, "gw_key published");

@@ -272,3 +272,79 @@ async fn walk_through() {
     assert!(client.current_url().await.unwrap().path().ends_with("/portal/login"), "signed out for real");
     client.close().await.unwrap();
 }
+
+/// Issue 32 in the portal: create a key with an allow-list, a budget and metadata (a refused
+/// pattern first, its message beside the form), see its secret once, spend with it through the
+/// proxy and see the month's spend against the budget, then rotate it and see the new secret
+/// work while the old one keeps working for its grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keys_page_creates_a_key_with_an_allow_list_and_budget_shows_spend_and_rotates() {
+    tokio::time::timeout(Duration::from_secs(180), keys_walk_through())
+        .await
+        .expect("the keys walk-through finishes in 3 minutes");
+}
+
+async fn keys_walk_through() {
+    let stack = Stack::start_with(StackOptions { flush_s: 1, ..Default::default() }).await;
+    stack.mock_target("a", "usage:10-20", json!({"price": {"input_per_mtok": 2.5, "output_per_mtok": 10}})).await;
+    stack.put_route("team-a", json!({"targets": ["a"]})).await;
+    stack.put_route("other", json!({"targets": ["a"]})).await;
+    let (_driver, client) = browser().await;
+    client.goto(&format!("http://{}/portal/login", stack.admin)).await.unwrap();
+    fill(&client, "#email", &stack.owner_email).await;
+    fill(&client, "#password", &stack.owner_password).await;
+    click_through(&client, "#sign-in").await;
+    client.goto(&format!("http://{}/portal/keys", stack.admin)).await.unwrap();
+
+    click(&client, "#create-key summary").await;
+    fill(&client, "#new-name", "alice laptop").await;
+    fill(&client, "#new-routes", "team-*, bad name").await;
+    fill(&client, "#new-budget", "0.001").await;
+    fill(&client, "#new-metadata", "owner=alice, team=ml").await;
+    click_through(&client, "#create").await;
+    let refused = text(&client, "#create-errors").await;
+    assert!(refused.contains("routes[1]"), "the refused pattern is named: {refused}");
+    assert_eq!(
+        client.find(Locator::Css("#new-name")).await.unwrap().prop("value").await.unwrap().unwrap(),
+        "alice laptop"
+    );
+    fill(&client, "#new-routes", "team-*").await;
+    click_through(&client, "#create").await;
+    let key = text(&client, "#secret").await;
+    assert!(key.starts_with("sk-shield-"), "{key}");
+    stack.evidence.secret(&key);
+    screenshot(&client, "20-key-created").await;
+
+    let (status, _, _) = stack.chat(&key, chat_body("team-a"), &[]).await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+    let (status, _, _) = stack.chat(&key, chat_body("other"), &[]).await;
+    assert_eq!(status, reqwest::StatusCode::FORBIDDEN, "the allow-list made in the portal holds");
+    // 225 micro-USD of 1,000: the page shows the flushed spend against the budget.
+    let row = eventually(15, "the spend on the keys page", || async {
+        client.goto(&format!("http://{}/portal/keys", stack.admin)).await.ok()?;
+        let row = text(&client, "#keys tbody tr").await;
+        row.contains("0.000225 USD").then_some(row)
+    })
+    .await;
+    for shown in ["alice laptop", "team-*", "0.001 USD, block", "owner=alice, team=ml", "never"] {
+        assert!(row.contains(shown), "{shown:?} in {row}");
+    }
+    assert!(!row.contains(&key) && !body(&client).await.contains(&key), "the secret is shown once, not in the list");
+    screenshot(&client, "21-key-spend").await;
+
+    let rotate = client.find(Locator::Css("form.rotate button")).await.unwrap();
+    let old = client.find(Locator::Css("html")).await.unwrap();
+    rotate.click().await.unwrap();
+    while old.tag_name().await.is_ok() {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let fresh = text(&client, "#secret").await;
+    stack.evidence.secret(&fresh);
+    assert!(fresh.starts_with("sk-shield-") && fresh != key, "{fresh}");
+    assert!(text(&client, "#keys tbody tr").await.contains("old secret works until"));
+    screenshot(&client, "22-key-rotated").await;
+    for secret in [&key, &fresh] {
+        let (status, _, _) = stack.chat(secret, chat_body("team-a"), &[]).await;
+        assert_eq!(status, reqwest::StatusCode::OK, "both secrets work during the hour of grace");
+    }
+}

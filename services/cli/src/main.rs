@@ -102,6 +102,21 @@ enum KeyCommand {
         agent: Option<String>,
         #[arg(long)]
         role: Option<String>,
+        /// A route name or pattern (`team-*`) the key may use; repeat for more. None: every route.
+        #[arg(long = "route")]
+        routes: Vec<String>,
+        /// When the key stops working (RFC 3339, e.g. 2027-01-31T00:00:00Z).
+        #[arg(long)]
+        expires_at: Option<String>,
+        /// A monthly spend budget in USD (e.g. 25 or 0.5).
+        #[arg(long)]
+        budget: Option<String>,
+        /// What the budget does at 100 %: block (refuse calls) or warn.
+        #[arg(long, default_value = "block")]
+        budget_action: String,
+        /// Metadata `key=value` (owner, team, purpose); repeat for more.
+        #[arg(long = "meta")]
+        metadata: Vec<String>,
     },
 }
 
@@ -226,7 +241,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{token}");
             Ok(())
         }
-        Command::Key { command: KeyCommand::Create { tenant, name, agent, role } } => {
+        Command::Key {
+            command:
+                KeyCommand::Create { tenant, name, agent, role, routes, expires_at, budget, budget_action, metadata },
+        } => {
+            // Parsed as the API parses them; `create_key` validates them as it does for the API.
+            let key = key_settings(routes, expires_at, budget, &budget_action, metadata)?;
             let settings = Settings::from_env_without_secrets()?;
             let db = stores::postgres(&settings.database_url).await?;
             stores::migrate(&db).await?;
@@ -238,17 +258,47 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 stores::redis(&settings.redis_url)?,
                 settings.redis_keys(),
             );
-            let spec = provision::KeySpec {
-                name: &name,
-                agent: agent.as_deref(),
-                role: role.as_deref(),
-                ..Default::default()
-            };
+            let spec =
+                provision::KeySpec { name: &name, agent: agent.as_deref(), role: role.as_deref(), settings: key };
             let created = provision::create_key(&db, &publisher, &tenant_row, spec, "cli").await?;
             println!("{}", created.key);
             Ok(())
         }
     }
+}
+
+/// `shield key create`'s settings flags as the key's settings (issue 32).
+fn key_settings(
+    routes: Vec<String>,
+    expires_at: Option<String>,
+    budget: Option<String>,
+    budget_action: &str,
+    metadata: Vec<String>,
+) -> anyhow::Result<shield_admin::repo::keys::KeySettings> {
+    let expires_at = expires_at
+        .map(|at| at.parse::<chrono::DateTime<chrono::Utc>>().map_err(|e| anyhow::anyhow!("--expires-at {at:?}: {e}")))
+        .transpose()?;
+    let budget = budget
+        .map(|monthly| {
+            let body = format!(r#"{{"monthly": {monthly}, "action": {budget_action:?}}}"#);
+            serde_json::from_str(&body)
+                .map_err(|e| anyhow::anyhow!("--budget {monthly:?} --budget-action {budget_action:?}: {e}"))
+        })
+        .transpose()?;
+    let metadata = metadata
+        .into_iter()
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) => Ok((k.to_string(), v.to_string())),
+            None => Err(anyhow::anyhow!("--meta {pair:?}: expected key=value")),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(shield_admin::repo::keys::KeySettings {
+        limits: Default::default(),
+        routes: (!routes.is_empty()).then_some(routes),
+        expires_at,
+        budget,
+        metadata,
+    })
 }
 
 fn chrono_now() -> i64 {

@@ -135,6 +135,9 @@ mod tests {
             stream_broken: 0,
             stream_resumed: 0,
             rate_limited: 0,
+            key_id: None,
+            key_name: None,
+            metadata: None,
         }
     }
 

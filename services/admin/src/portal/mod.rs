@@ -63,6 +63,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route("/routes", web::post().to(routes::save))
             .route("/keys", web::get().to(keys::list))
             .route("/keys/limits", web::post().to(keys::save_limits))
+            .route("/keys/create", web::post().to(keys::create))
+            .route("/keys/rotate", web::post().to(keys::rotate))
             .route("/limits", web::get().to(limits::page))
             .route("/limits", web::post().to(limits::save))
             .route("/simulate", web::get().to(simulate::page))
