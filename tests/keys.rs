@@ -394,12 +394,10 @@ async fn the_operator_caps_a_tenants_monthly_spend() {
     let (one, _) = stack.key(None).await;
     let (two, _) = stack.key(None).await;
     let path = format!("/v1/admin/tenants/{}/budget", stack.tenant);
-    let cap = json!({"budget": {"monthly": 0.0009, "action": "block"}});
+    let cap = json!({"monthly": 0.0009, "action": "block"});
     let (status, _) = stack.admin_call(Method::PUT, &path, Some(cap.clone())).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "a tenant's own admin cannot lift its cap");
-    for (bad, field) in
-        [(json!({"budget": {"monthly": 0}}), "budget.monthly"), (json!({"budget": {"monthly": 1}, "x": 1}), "x")]
-    {
+    for (bad, field) in [(json!({"monthly": 0}), "monthly"), (json!({"monthly": 1, "x": 1}), "x")] {
         let (status, answer) = stack.operator_call(Method::PUT, &path, Some(bad)).await;
         assert_eq!((status, answer["error"]["field"].clone()), (StatusCode::UNPROCESSABLE_ENTITY, json!(field)));
     }
@@ -430,8 +428,9 @@ async fn the_operator_caps_a_tenants_monthly_spend() {
     assert_eq!((events.len(), again.len()), (1, 1), "{again:?}");
     assert_eq!((events[0]["limit"].as_f64(), events[0]["spend"].as_f64()), (Some(0.0009), Some(0.0009)));
 
-    let (status, _) = stack.operator_call(Method::PUT, &path, Some(json!({"budget": null}))).await;
-    assert_eq!(status, StatusCode::OK);
+    let (status, _) = stack.operator_call(Method::DELETE, &path, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(stack.operator_call(Method::GET, &path, None).await.1, Value::Null, "lifted");
     let lifted = shield_e2e::eventually(5, "the lifted cap to reach the proxy", || async {
         let (status, _, _) = stack.chat(&one, chat_body("smart"), &[]).await;
         (status == StatusCode::OK).then_some(status)
@@ -443,4 +442,41 @@ async fn the_operator_caps_a_tenants_monthly_spend() {
         audit["entries"].as_array().unwrap().iter().filter(|e| e["action"] == "tenant_budget_set").collect();
     assert_eq!(set.len(), 2, "{audit}");
     assert_eq!(set[1]["actor"], "operator-test");
+}
+
+/// Publishes that overlap land in any order (a PATCH's publish late after a revocation's, a
+/// background republish from an older read): a key record of an earlier config version never
+/// replaces a later one, so a revoked key stays revoked.
+#[tokio::test]
+async fn a_late_publish_of_an_older_version_cannot_undo_a_revocation() {
+    let stack = Stack::start().await;
+    stack.mock_target("a", "", json!({})).await;
+    stack.put_route("smart", json!({"targets": ["a"]})).await;
+    let (key, id) = stack.key(None).await;
+    let (status, _) =
+        stack.admin_call(Method::PATCH, &format!("/v1/tenant/me/keys/{id}"), Some(json!({"routes": ["smart"]}))).await;
+    assert_eq!(status, StatusCode::OK);
+    let gw_key = format!("{}gw_key:{}", stack.prefix, shield_core::snapshot::key_hash(&key));
+    let mut conn = shield_e2e::redis_conn(&shield_e2e::redis_url()).await;
+    let patched = read_record(&mut conn, &gw_key).await;
+    let (status, _) = stack.admin_call(Method::DELETE, &format!("/v1/tenant/me/keys/{id}"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let revoked = read_record(&mut conn, &gw_key).await;
+    assert!(revoked.revoked && revoked.version > patched.version, "{revoked:?} after {patched:?}");
+
+    // The PATCH's publish, arriving late.
+    let db = sqlx::PgPool::connect(&stack.db.url).await.unwrap();
+    let redis = shield_store::Pool::open(&shield_e2e::redis_url(), 1).unwrap();
+    let publisher =
+        shield_admin::publish::Publisher::new(db, redis, shield_core::keys::RedisKeys::new(stack.prefix.clone()));
+    let hash = shield_core::snapshot::key_hash(&key);
+    publisher.set_records(vec![(hash, patched.clone())]).await.unwrap();
+    assert_eq!(read_record(&mut conn, &gw_key).await, revoked, "the older record did not replace the revocation");
+    let (status, _, _) = stack.chat(&key, chat_body("smart"), &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+async fn read_record(conn: &mut shield_store::Connection, gw_key: &str) -> shield_core::snapshot::ApiKeyRecord {
+    let text: String = redis::cmd("GET").arg(gw_key).query_async(conn).await.unwrap();
+    serde_json::from_str(&text).unwrap()
 }

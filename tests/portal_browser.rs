@@ -343,6 +343,19 @@ async fn keys_walk_through() {
     assert!(fresh.starts_with("sk-shield-") && fresh != key, "{fresh}");
     assert!(text(&client, "#keys tbody tr").await.contains("old secret works until"));
     screenshot(&client, "22-key-rotated").await;
+    // A reload re-posts the rotate form as it was, with the secret the page showed before:
+    // sent again here from the page (a browser's resubmit dialog is not WebDriver's to click),
+    // it is refused and nothing rotates again.
+    let old = client.find(Locator::Css("html")).await.unwrap();
+    let stale = "const f = document.querySelector('form.rotate'); f.querySelector('input[name=prefix]').value = arguments[0]; f.submit();";
+    client.execute(stale, vec![json!(&key[..14])]).await.unwrap();
+    while old.tag_name().await.is_ok() {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let refused = text(&client, "#form-errors").await;
+    assert!(refused.contains("rotated since the page was shown"), "{refused}");
+    assert!(client.find(Locator::Css("#secret")).await.is_err(), "no new secret");
+    assert!(text(&client, "#keys tbody tr").await.contains(&fresh[..14]), "the key still has the secret rotated to");
     for secret in [&key, &fresh] {
         let (status, _, _) = stack.chat(secret, chat_body("team-a"), &[]).await;
         assert_eq!(status, reqwest::StatusCode::OK, "both secrets work during the hour of grace");

@@ -12,7 +12,7 @@ use crate::api;
     paths(
         api::ops::healthz, api::ops::readyz,
         api::login::login,
-        api::tenants::create, api::tenants::list, api::tenants::get_budget, api::tenants::put_budget,
+        api::tenants::create, api::tenants::list, api::tenants::get_budget, api::tenants::put_budget, api::tenants::delete_budget,
         api::targets::list, api::targets::get, api::targets::put, api::targets::delete, api::targets::reset,
         api::routes::list, api::routes::get, api::routes::put, api::routes::delete,
         api::health::get, api::simulate::simulate, api::usage::get,

@@ -150,7 +150,8 @@ pub async fn create_key(
     let new = NewKey { name, agent, role, key_hash: &hash, prefix: &prefix, settings: &settings };
     let meta = keys::insert(write.conn(), tenant.id, new).await?;
     let after = Some(settings_digest(&settings));
+    let version = write.version();
     write.commit_with(Action::KeyCreated, &meta.id.to_string(), (None, after), Some(audit_details(&meta))).await?;
-    publisher.key_changed(tenant.id, &tenant.slug, &meta).await;
+    publisher.key_changed(tenant.id, &tenant.slug, &meta, version).await;
     Ok(CreatedKey { meta, key })
 }

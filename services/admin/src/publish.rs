@@ -47,17 +47,39 @@ redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 "#;
 
+/// SET a key record only when Redis holds none of a later version: publishes that overlap
+/// (a PATCH and a revocation, two rotations, a background republish) cannot land out of order.
+const PUBLISH_KEY: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, decoded = pcall(cjson.decode, current)
+  if ok and type(decoded) == 'table' and tonumber(decoded['version']) and tonumber(decoded['version']) > tonumber(ARGV[1]) then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"#;
+
 pub struct Publisher {
     db: PgPool,
     redis: RedisPool,
     keys: RedisKeys,
     script: redis::Script,
+    key_script: redis::Script,
     dirty: Mutex<BTreeSet<i64>>,
 }
 
 impl Publisher {
     pub fn new(db: PgPool, redis: RedisPool, keys: RedisKeys) -> Publisher {
-        Publisher { db, redis, keys, script: redis::Script::new(PUBLISH_SNAPSHOT), dirty: Mutex::new(BTreeSet::new()) }
+        Publisher {
+            db,
+            redis,
+            keys,
+            script: redis::Script::new(PUBLISH_SNAPSHOT),
+            key_script: redis::Script::new(PUBLISH_KEY),
+            dirty: Mutex::new(BTreeSet::new()),
+        }
     }
 
     /// Publishes after a committed write. Never fails the caller: on error the tenant is
@@ -72,29 +94,21 @@ impl Publisher {
     /// Publishes a key's records (its secret's, and a rotated key's previous secret's) after
     /// it was created, changed, rotated or revoked, so the change reaches proxies at once; on
     /// failure the tenant is fully republished in the background.
-    pub async fn key_changed(&self, tenant_id: i64, tenant_slug: &str, key: &keys::KeyMeta) {
-        self.set_records(tenant_id, key_records(tenant_slug, key)).await;
-    }
-
-    /// Publishes `records` (key hash → record), announcing each.
-    pub async fn set_records(&self, tenant_id: i64, records: Vec<(String, ApiKeyRecord)>) {
-        let published = match self.redis.get().await {
-            Ok(mut conn) => {
-                let mut result = Ok(());
-                for (hash, record) in &records {
-                    result = self.set_key(&mut conn, hash, record).await;
-                    if result.is_err() {
-                        break;
-                    }
-                }
-                result
-            }
-            Err(err) => Err(err.into()),
-        };
-        if let Err(err) = published {
+    /// `version` is the write's config version ([`crate::write::ConfigWrite::version`]).
+    pub async fn key_changed(&self, tenant_id: i64, tenant_slug: &str, key: &keys::KeyMeta, version: i64) {
+        if let Err(err) = self.set_records(key_records(tenant_slug, key, version)).await {
             tracing::warn!(tenant_id, error = %err, "key not published yet; will retry");
             self.dirty.lock().insert(tenant_id);
         }
+    }
+
+    /// Publishes `records` (key hash → record), announcing each; stops at the first failure.
+    pub async fn set_records(&self, records: Vec<(String, ApiKeyRecord)>) -> Result<(), PublishError> {
+        let mut conn = self.redis.get().await?;
+        for (hash, record) in &records {
+            self.set_key(&mut conn, hash, record).await?;
+        }
+        Ok(())
     }
 
     /// Publishes the tenant's snapshot; with `with_keys`, every API key record too (for
@@ -134,9 +148,12 @@ impl Publisher {
         let body = serde_json::to_string(record).expect("key record serialises");
         let message = serde_json::to_string(&ConfigMessage::Key { key_hash: key_hash.to_string() })
             .expect("config message serialises");
-        // Two commands, not one pipeline: the key and the channel hash to different cluster slots.
-        let _: () = conn.set(self.keys.api_key(key_hash), body).await?;
-        let _: i64 = conn.publish(self.keys.config_channel(), message).await?;
+        // Two commands, not one script: the key and the channel hash to different cluster slots.
+        let written: i64 =
+            self.key_script.key(self.keys.api_key(key_hash)).arg(record.version).arg(body).invoke_async(conn).await?;
+        if written == 1 {
+            let _: i64 = conn.publish(self.keys.config_channel(), message).await?;
+        }
         Ok(())
     }
 
@@ -164,7 +181,8 @@ impl Publisher {
             }
         }
         let all_keys = if with_keys { keys::list(&mut *tx, tenant_id).await? } else { Vec::new() };
-        let key_records = all_keys.iter().flat_map(|k| key_records(&tenant.slug, k)).collect();
+        let version = tenant.config_version;
+        let key_records = all_keys.iter().flat_map(|k| key_records(&tenant.slug, k, version)).collect();
         tx.commit().await?;
         let now = chrono::Utc::now().timestamp();
         let snapshot =
@@ -248,8 +266,8 @@ impl Publisher {
     }
 }
 
-/// What the proxy reads for a key's current secret.
-pub fn key_record(tenant_slug: &str, key: &keys::KeyMeta) -> ApiKeyRecord {
+/// What the proxy reads for a key's current secret, as of the tenant's config `version`.
+pub fn key_record(tenant_slug: &str, key: &keys::KeyMeta, version: i64) -> ApiKeyRecord {
     ApiKeyRecord {
         tenant: tenant_slug.to_string(),
         key_id: key.id.to_string(),
@@ -262,13 +280,14 @@ pub fn key_record(tenant_slug: &str, key: &keys::KeyMeta) -> ApiKeyRecord {
         expires_at: key.expires_at.map(|at| at.timestamp()),
         rotated: false,
         budget: key.budget,
+        version,
     }
 }
 
 /// Every record of a key, by secret hash: its current secret's and, after a rotation, its
 /// previous secret's — the same key (id, settings, spend) that stops at the grace's end.
-pub fn key_records(tenant_slug: &str, key: &keys::KeyMeta) -> Vec<(String, ApiKeyRecord)> {
-    let current = key_record(tenant_slug, key);
+pub fn key_records(tenant_slug: &str, key: &keys::KeyMeta, version: i64) -> Vec<(String, ApiKeyRecord)> {
+    let current = key_record(tenant_slug, key, version);
     let mut records = Vec::with_capacity(2);
     if let (Some(hash), Some(until)) = (&key.previous_key_hash, key.previous_until) {
         let until = until.timestamp();

@@ -15,6 +15,7 @@ pub struct ConfigWrite<'a> {
     publisher: &'a Publisher,
     tenant_id: i64,
     actor: String,
+    version: i64,
 }
 
 impl<'a> ConfigWrite<'a> {
@@ -25,8 +26,13 @@ impl<'a> ConfigWrite<'a> {
         actor: &str,
     ) -> ApiResult<ConfigWrite<'a>> {
         let mut tx = db.begin().await?;
-        tenants::begin_write(&mut tx, tenant.id).await?;
-        Ok(ConfigWrite { tx, publisher, tenant_id: tenant.id, actor: actor.to_string() })
+        let version = tenants::begin_write(&mut tx, tenant.id).await?;
+        Ok(ConfigWrite { tx, publisher, tenant_id: tenant.id, actor: actor.to_string(), version })
+    }
+
+    /// The tenant's config version this write makes (what key records are published at).
+    pub fn version(&self) -> i64 {
+        self.version
     }
 
     /// The transaction, for reads and writes that must see (and be part of) this change.

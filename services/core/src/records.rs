@@ -154,9 +154,11 @@ pub mod usage {
     /// name, `key:<id>`, `tenant:`; route names cannot hold `:`).
     ///
     /// ARGV[1] is JSON `{usage: [[key index, field, counters]], spend: [[spend key index,
-    /// field, micros, budget micros (0: none), alert key index, alert field, month]],
-    /// usage_ttl, spend_ttl, now}`; it returns `[[alert field, month total, month]]` for the
-    /// alerts it won.
+    /// field, micros, budget micros (0: none), alert key index, alert field, month, seed key
+    /// index?]], usage_ttl, spend_ttl, now}`; it returns `[[alert field, month total, month]]`
+    /// for the alerts it won. A total that does not exist yet is seeded from the sum of the
+    /// seed hash's fields less this entry's micros (the tenant's total from its route spend,
+    /// whose entries come first: a month's spend before totals were kept counts too).
     pub fn merge_script() -> String {
         let names: Vec<String> = COUNTERS.iter().map(|n| format!("\"{n}\"")).collect();
         MERGE_USAGE.replace("{{COUNTERS}}", &names.join(","))
@@ -180,6 +182,11 @@ end
 local winners = {}
 for _, s in ipairs(args.spend) do
   local key = KEYS[s[1]]
+  if s[8] and redis.call('HEXISTS', key, s[2]) == 0 then
+    local sum = 0
+    for _, v in ipairs(redis.call('HVALS', KEYS[s[8]])) do sum = sum + (tonumber(v) or 0) end
+    redis.call('HSET', key, s[2], string.format('%.0f', sum - s[3]))
+  end
   local total = redis.call('HINCRBY', key, s[2], string.format('%.0f', s[3]))
   redis.call('EXPIRE', key, args.spend_ttl)
   if s[4] > 0 and total >= s[4] then

@@ -200,6 +200,11 @@ pub struct ApiKeyRecord {
     /// The key's monthly spend budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<MonthlyBudget>,
+    /// The tenant's config version the record was written at: a publish never replaces a
+    /// record of a later version (a late PATCH cannot undo a revocation); 0 in records
+    /// published before versions.
+    #[serde(default)]
+    pub version: i64,
 }
 
 impl ApiKeyRecord {

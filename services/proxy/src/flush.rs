@@ -173,7 +173,9 @@ pub async fn flush_usage(
             }
         };
         let mut usage = Vec::new();
-        // (scope, month, name) → micros: a route's, a key's, the tenant's total.
+        // (scope, month, name) → micros: a route's, a key's, the tenant's total. Ordered by
+        // scope: every route entry precedes the tenant's total, which the script may seed from
+        // the route spend it has just added to.
         let mut spend: BTreeMap<(Scope, String, String), i64> = BTreeMap::new();
         for ((_, day, route, target), row) in &rows.routes {
             let counters = records::usage::counters(row);
@@ -207,7 +209,11 @@ pub async fn flush_usage(
                         records::spend::TENANT_ALERT.to_string(),
                     ),
                 };
-                json!([index(spend_key), field, cost, budget, alert_key, alert, month])
+                let mut entry = json!([index(spend_key), field, cost, budget, alert_key, alert, month]);
+                if let (Scope::Tenant, Some(entry)) = (scope, entry.as_array_mut()) {
+                    entry.push(json!(index(keys.spend(&tenant, &month))));
+                }
+                entry
             })
             .collect();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

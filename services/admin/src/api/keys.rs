@@ -224,15 +224,17 @@ pub async fn update(state: &AdminState, principal: &Principal, id: &str, body: &
         (Some(provision::settings_digest(&KeySettings::of(&before))), Some(provision::settings_digest(&settings)))
     };
     let action = if only_limits { Action::KeyLimitsSet } else { Action::KeyUpdated };
+    let version = write.version();
     write.commit_with(action, &id.to_string(), digests, Some(provision::audit_details(&meta))).await?;
-    state.publisher.key_changed(tenant.id, &tenant.slug, &meta).await;
+    state.publisher.key_changed(tenant.id, &tenant.slug, &meta, version).await;
     Ok(meta)
 }
 
 #[utoipa::path(post, path = "/v1/tenant/me/keys/{id}/rotate", tag = "keys", security(("bearer" = ["config:write"])),
     params(("id" = Uuid, Path)), request_body = RotateKey,
     responses((status = 200, body = KeyCreated, description = "the key with its new secret (shown only here); the old secret works until `previous_until`"),
-        (status = 404), (status = 409, description = "the key is revoked"), (status = 422, description = "grace_s out of range")))]
+        (status = 404), (status = 409, description = "the key is revoked or expired"),
+        (status = 503, description = "Redis cannot take the revocation of a secret kept from an earlier rotation; nothing changed"), (status = 422, description = "grace_s out of range")))]
 #[post("/v1/tenant/me/keys/{id}/rotate")]
 pub async fn rotate(state: State, principal: Principal, id: web::Path<String>, body: Body) -> ApiResult<HttpResponse> {
     Ok(HttpResponse::Ok().json(rotate_key(&state, &principal, &id, &body).await?))
@@ -254,6 +256,11 @@ pub async fn rotate_key(state: &AdminState, principal: &Principal, id: &str, bod
         let message = format!("key {id} is revoked; create a new key");
         return Err(ApiError::Conflict { message, key: "keys", names: vec![id.to_string()] });
     }
+    if before.expires_at.is_some_and(|at| at <= Utc::now()) {
+        // A new secret would inherit the passed expiry: dead on arrival.
+        let message = format!("key {id} has expired; give it a new expires_at first, or create a new key");
+        return Err(ApiError::Conflict { message, key: "keys", names: vec![id.to_string()] });
+    }
     let (key, hash, prefix) = provision::new_secret();
     let until = Utc::now() + chrono::Duration::seconds(request.grace_s);
     let meta = keys::rotate(write.conn(), tenant.id, id, (&hash, &prefix), until).await?.ok_or_else(not_found)?;
@@ -262,14 +269,20 @@ pub async fn rotate_key(state: &AdminState, principal: &Principal, id: &str, bod
     if let Some(details) = details.as_object_mut() {
         details.insert("grace_s".into(), request.grace_s.into());
     }
-    write.commit_with(Action::KeyRotated, &id.to_string(), digests, Some(details)).await?;
-    // The secret displaced from an earlier grace stops now.
+    let version = write.version();
+    // The secret displaced from an earlier grace stops now: revoked in Redis before the
+    // rotation commits (the database forgets its hash), so a store that cannot take that
+    // refuses the rotation rather than leave the secret working.
     if let Some(displaced) = before.previous_key_hash.filter(|h| Some(h) != meta.previous_key_hash.as_ref()) {
-        let mut record = crate::publish::key_record(&tenant.slug, &meta);
+        let mut record = crate::publish::key_record(&tenant.slug, &meta, version);
         record.revoked = true;
-        state.publisher.set_records(tenant.id, vec![(displaced, record)]).await;
+        state.publisher.set_records(vec![(displaced, record)]).await.map_err(|err| {
+            tracing::warn!(error = %err, "rotation refused: the displaced secret could not be revoked in Redis");
+            ApiError::RedisUnavailable
+        })?;
     }
-    state.publisher.key_changed(tenant.id, &tenant.slug, &meta).await;
+    write.commit_with(Action::KeyRotated, &id.to_string(), digests, Some(details)).await?;
+    state.publisher.key_changed(tenant.id, &tenant.slug, &meta, version).await;
     Ok(KeyCreated { key, meta })
 }
 #[utoipa::path(delete, path = "/v1/tenant/me/keys/{id}", tag = "keys", security(("bearer" = ["config:write"])),
@@ -286,7 +299,8 @@ pub async fn revoke(state: State, principal: Principal, id: web::Path<String>) -
         return Ok(HttpResponse::NoContent().finish()); // already revoked: nothing changes
     }
     let meta = keys::revoke(write.conn(), tenant.id, id).await?.ok_or_else(not_found)?;
+    let version = write.version();
     write.commit(Action::KeyRevoked, &id.to_string(), None, None).await?;
-    state.publisher.key_changed(tenant.id, &tenant.slug, &meta).await;
+    state.publisher.key_changed(tenant.id, &tenant.slug, &meta, version).await;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -60,6 +60,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(tenants::list)
         .service(tenants::get_budget)
         .service(tenants::put_budget)
+        .service(tenants::delete_budget)
         .service(targets::list)
         .service(targets::get)
         .service(targets::put)

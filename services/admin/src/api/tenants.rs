@@ -1,6 +1,6 @@
 //! Operator endpoints: create and list tenants, and cap a tenant's monthly spend.
 
-use actix_web::{HttpResponse, get, post, put, web};
+use actix_web::{HttpResponse, delete, get, post, put, web};
 use serde::{Deserialize, Serialize};
 use shield_core::key_access::MonthlyBudget;
 
@@ -57,41 +57,36 @@ pub async fn list(state: State, principal: Principal) -> ApiResult<HttpResponse>
     Ok(HttpResponse::Ok().json(TenantList { tenants: tenants::list(&state.db).await? }))
 }
 
-/// `PUT /v1/admin/tenants/{id}/budget`: the body, or `null` to remove the cap.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TenantBudget {
-    /// The platform operator's monthly cap on the tenant's spend over all its routes and keys;
-    /// `null` removes it.
-    pub budget: Option<MonthlyBudget>,
-}
-
-/// The tenant a path names: its slug, or its numeric id.
+/// The tenant a path names: its slug, else its numeric id (a slug may be all digits, and then
+/// it is the slug that is meant).
 async fn named_tenant(state: &crate::AdminState, id: &str) -> ApiResult<Tenant> {
-    let found = match id.parse::<i64>() {
-        Ok(n) => tenants::by_id(&state.db, n).await?,
-        Err(_) => tenants::by_slug(&state.db, id).await?,
-    };
+    let mut found = tenants::by_slug(&state.db, id).await?;
+    if found.is_none()
+        && let Ok(n) = id.parse::<i64>()
+    {
+        found = tenants::by_id(&state.db, n).await?;
+    }
     found.ok_or_else(|| ApiError::NotFound(format!("tenant {id} does not exist")))
 }
 
 #[utoipa::path(get, path = "/v1/admin/tenants/{id}/budget", tag = "operator", security(("bearer" = ["operator"])),
     params(("id" = String, Path, description = "the tenant's slug or numeric id")),
-    responses((status = 200, body = TenantBudget), (status = 404)))]
+    responses((status = 200, body = Option<MonthlyBudget>, description = "the cap; `null` when there is none"), (status = 404)))]
 #[get("/v1/admin/tenants/{id}/budget")]
 pub async fn get_budget(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
     principal.require(Scope::Operator)?;
     let tenant = named_tenant(&state, &id).await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({"budget": tenants::budget(&state.db, tenant.id).await?})))
+    Ok(HttpResponse::Ok().json(tenants::budget(&state.db, tenant.id).await?))
 }
 
-/// Issue 32: the SaaS operator's guard against one tenant's runaway spend, enforced by the
-/// data plane like a route budget (`block` refuses with 429 until the month ends, `warn` marks
-/// answers past 80 %) and alerted once a month by the `budget_exceeded` webhook (`scope:
-/// "tenant"`). Audited in the tenant's log and published at once.
+/// Issue 32: the SaaS operator's guard against one tenant's runaway spend, `{monthly, action}`
+/// in USD a calendar month over all the tenant's routes and keys, enforced by the data plane
+/// like a key budget (`block` refuses with 429 until the month ends, `warn` marks answers from
+/// 80 %) and alerted once a month by the `budget_exceeded` webhook (`scope: "tenant"`). A body
+/// of `null` (or `DELETE`) lifts it. Audited in the tenant's log and published at once.
 #[utoipa::path(put, path = "/v1/admin/tenants/{id}/budget", tag = "operator", security(("bearer" = ["operator"])),
-    params(("id" = String, Path, description = "the tenant's slug or numeric id")), request_body = TenantBudget,
-    responses((status = 200, body = TenantBudget), (status = 404), (status = 422, description = "validation error naming the field, e.g. budget.monthly")))]
+    params(("id" = String, Path, description = "the tenant's slug or numeric id")), request_body = Option<MonthlyBudget>,
+    responses((status = 200, body = Option<MonthlyBudget>), (status = 404), (status = 422, description = "validation error naming the field, e.g. monthly")))]
 #[put("/v1/admin/tenants/{id}/budget")]
 pub async fn put_budget(
     state: State,
@@ -100,17 +95,41 @@ pub async fn put_budget(
     body: Body,
 ) -> ApiResult<HttpResponse> {
     principal.require(Scope::Operator)?;
-    let tenant = named_tenant(&state, &id).await?;
-    let request: TenantBudget = decode(&body)?;
-    if let Some(budget) = &request.budget {
+    let budget: Option<MonthlyBudget> = decode(&body)?;
+    if let Some(budget) = &budget {
         let mut problems = shield_core::error::Problems::default();
         budget.check(&mut problems, "budget");
-        problems.into_result()?;
+        // Here the body is the budget: `budget.monthly` is `monthly`.
+        problems.into_result().map_err(|errors| {
+            errors
+                .into_iter()
+                .map(|e| shield_core::FieldError::new(e.field.trim_start_matches("budget."), e.message))
+                .collect::<Vec<_>>()
+        })?;
     }
+    Ok(HttpResponse::Ok().json(set_budget(&state, &principal, &id, budget).await?))
+}
+
+#[utoipa::path(delete, path = "/v1/admin/tenants/{id}/budget", tag = "operator", security(("bearer" = ["operator"])),
+    params(("id" = String, Path, description = "the tenant's slug or numeric id")), responses((status = 204), (status = 404)))]
+#[delete("/v1/admin/tenants/{id}/budget")]
+pub async fn delete_budget(state: State, principal: Principal, id: web::Path<String>) -> ApiResult<HttpResponse> {
+    set_budget(&state, &principal, &id, None).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn set_budget(
+    state: &crate::AdminState,
+    principal: &Principal,
+    id: &str,
+    budget: Option<MonthlyBudget>,
+) -> ApiResult<Option<MonthlyBudget>> {
+    principal.require(Scope::Operator)?;
+    let tenant = named_tenant(state, id).await?;
     let mut write = ConfigWrite::begin(&state.db, &state.publisher, &tenant, principal.actor()).await?;
     let before = tenants::budget(write.conn(), tenant.id).await?;
-    tenants::set_budget(write.conn(), tenant.id, request.budget).await?;
-    let digests = (before.map(|b| digest_of(&b)), request.budget.map(|b| digest_of(&b)));
+    tenants::set_budget(write.conn(), tenant.id, budget).await?;
+    let digests = (before.map(|b| digest_of(&b)), budget.map(|b| digest_of(&b)));
     write.commit(Action::TenantBudgetSet, "budget", digests.0, digests.1).await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({"budget": request.budget})))
+    Ok(budget)
 }

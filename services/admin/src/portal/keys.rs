@@ -213,7 +213,10 @@ pub async fn create(
     Ok(render(status, &page.ctx, &page))
 }
 
-/// A key's rotate button: `id`, `grace_s`. The page that answers shows the new secret once.
+/// A key's rotate button: `id`, `grace_s`, and `prefix`, the prefix of the secret the page
+/// showed: a reload of the answering page re-sends the form, and must not rotate again (that
+/// would end the grace of the secret callers still use), so a key whose secret changed since
+/// is refused. The page that answers shows the new secret once.
 pub async fn rotate(
     req: HttpRequest,
     state: web::Data<AdminState>,
@@ -224,6 +227,16 @@ pub async fn rotate(
     let id = form.get("id").trim().to_string();
     let grace = form.get("grace_s").trim();
     let body = format!("{{\"grace_s\": {}}}", if grace.is_empty() { "0" } else { grace });
+    let shown = form.get("prefix").trim().to_string();
+    let views = crate::api::keys::views(&state, &session.principal).await?;
+    let current = views.iter().find(|v| v.meta.id.to_string() == id).map(|v| v.meta.prefix.clone());
+    if current.as_ref().is_some_and(|prefix| *prefix != shown) {
+        let mut page = page(session.ctx(&req, "keys"), views.into_iter().map(row).collect());
+        page.general = vec![
+            "This key was rotated since the page was shown (a reload sends the form again): nothing was changed. Rotate it again from this page if you meant to.".to_string(),
+        ];
+        return Ok(render(StatusCode::CONFLICT, &page.ctx, &page));
+    }
     let result = crate::api::keys::rotate_key(&state, &session.principal, &id, body.as_bytes()).await;
     let (status, secret, problems) = match result {
         Ok(rotated) => (StatusCode::OK, Some((rotated.meta.name, rotated.key)), Problems::default()),

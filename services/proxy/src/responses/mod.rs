@@ -74,6 +74,10 @@ pub async fn responses(
         let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
         let tenant = state.tenant_config(&caller.key.tenant).await;
         let model = fields.get("model").and_then(Value::as_str).unwrap_or_default();
+        // Issue 32: the key's allow-list before anything (a stored conversation) is looked up.
+        if !caller.key.may_use(model) {
+            return Err(ProxyError::PermissionDenied(model.to_string()));
+        }
         let routed =
             tenant.as_deref().is_some_and(|t| state.config.routing_enabled && t.enabled_route(model).is_some());
         let mut keeper = match tenant.as_deref().filter(|_| routed) {
