@@ -480,3 +480,37 @@ async fn read_record(conn: &mut shield_store::Connection, gw_key: &str) -> shiel
     let text: String = redis::cmd("GET").arg(gw_key).query_async(conn).await.unwrap();
     serde_json::from_str(&text).unwrap()
 }
+
+/// The tenant's month total (what the operator's cap reads) starts from the route spend the
+/// month already had when totals began to be kept: the first flush seeds it from `gw_spend`.
+#[tokio::test]
+async fn the_tenant_total_starts_from_the_months_route_spend() {
+    let stack = Stack::start().await;
+    priced(&stack, "a").await;
+    stack.put_route("smart", json!({"targets": ["a"]})).await;
+    let (key, _) = stack.key(None).await;
+    let mut conn = shield_e2e::redis_conn(&shield_e2e::redis_url()).await;
+    let spend = format!("{}gw_spend:{{{}}}:{}", stack.prefix, stack.tenant, month());
+    let total = format!("{}gw_tenant_spend:{{{}}}:{}", stack.prefix, stack.tenant, month());
+    // Spend flushed before this release kept totals: route spend only.
+    let _: () = redis::cmd("HSET").arg(&spend).arg("earlier").arg(1_000).query_async(&mut conn).await.unwrap();
+    let (status, _, _) = stack.chat(&key, chat_body("smart"), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let flushed: Option<i64> = redis::cmd("HGET").arg(&total).arg("total").query_async(&mut conn).await.unwrap();
+        if let Some(flushed) = flushed {
+            assert_eq!(flushed, 1_225, "the month's earlier route spend, then this call's 225");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the first flush of a total");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _, _) = stack.chat(&key, chat_body("smart"), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis::cmd("HGET").arg(&total).arg("total").query_async::<i64>(&mut conn).await.unwrap() != 1_450 {
+        assert!(Instant::now() < deadline, "the next flush adds to the total, seeding nothing again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
