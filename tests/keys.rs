@@ -288,6 +288,12 @@ async fn bad_key_settings_are_refused_naming_the_field() {
 #[tokio::test]
 async fn key_budgets_block_and_warn_with_two_proxies_under_load() {
     let mut stack = Stack::start().await;
+    let (hook_url, delivered) = shield_e2e::webhook::receiver(0).await;
+    let hook = json!({"url": hook_url, "events": ["budget_exceeded"], "allow_private": true});
+    let (status, hook) = stack.admin_call(Method::POST, "/v1/tenant/me/webhooks", Some(hook)).await;
+    assert_eq!(status, StatusCode::CREATED, "{hook}");
+    let hook_secret = hook["secret"].as_str().unwrap().to_string();
+    stack.evidence.secret(&hook_secret);
     priced(&stack, "a").await;
     stack.put_route("smart", json!({"targets": ["a"]})).await;
     let second = stack.extra_proxy().await;
@@ -359,6 +365,22 @@ async fn key_budgets_block_and_warn_with_two_proxies_under_load() {
         assert_eq!(mine.len(), 1, "once per key and month: {events:?}");
         assert_eq!((mine[0]["scope"].as_str(), mine[0]["limit"].as_f64()), (Some("key"), Some(limit)));
         assert_eq!(mine[0]["month"], month());
+    }
+    // And the signed webhook: one delivery per key, with its scope and id.
+    let bodies = shield_e2e::eventually(20, "both key-scoped webhooks", || async {
+        let got = delivered.lock().unwrap().clone();
+        (got.len() >= 2).then_some(got)
+    })
+    .await;
+    assert_eq!(bodies.len(), 2, "{bodies:?}");
+    for id in [&blocked_id, &warned_id] {
+        let mine: Vec<_> = bodies.iter().filter(|r| r.body.contains(id.as_str())).collect();
+        assert_eq!(mine.len(), 1, "{bodies:?}");
+        let body: Value = serde_json::from_str(&mine[0].body).unwrap();
+        assert_eq!((body["type"].as_str(), body["data"]["scope"].as_str()), (Some("budget_exceeded"), Some("key")));
+        assert_eq!(body["data"]["key_id"], id.as_str());
+        let signed = mine[0].header("x-shield-signature");
+        assert_eq!(signed, shield_e2e::webhook::signature(&hook_secret, &mine[0].body), "signed");
     }
 
     let path = "/v1/tenant/me/gateway/usage?group_by=key";

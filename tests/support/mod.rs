@@ -10,6 +10,7 @@ pub mod evidence;
 pub mod logs;
 pub mod process;
 pub mod stack;
+pub mod webhook;
 
 use std::net::TcpListener;
 
