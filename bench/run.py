@@ -220,6 +220,10 @@ def print_c20(results, baseline):
     if "s-nginx2" in results and "s-shield" in results:
         print(f"s-backend: shield / nginx proxy in front of a backend in another process (s-nginx2) "
               f"{results['s-shield']['rps'] / results['s-nginx2']['rps']:.0%}")
+    if "s-keyed" in results and "s-shield" in results:
+        gov, plain = results["s-keyed"], results["s-shield"]
+        print(f"governed key on the static route (s-keyed vs s-shield): throughput {gov['rps'] / plain['rps']:.1%}, "
+              f"CPU us/req {gov['cpu_us']:.1f} vs {plain['cpu_us']:.1f} (issue 32: within noise)")
 
 
 def main():
@@ -441,9 +445,6 @@ http {{
         lim, unl = results["s-limits"], results["s-shield"]
         print(f"rate limits on the static route (s-limits vs s-shield): throughput {lim['rps'] / unl['rps']:.1%}, "
               f"CPU us/req {lim['cpu_us']:.1f} vs {unl['cpu_us']:.1f} (issue 18: drop <= 2 %)")
-        gov = results["s-keyed"]
-        print(f"governed key on the static route (s-keyed vs s-shield): throughput {gov['rps'] / unl['rps']:.1%}, "
-              f"CPU us/req {gov['cpu_us']:.1f} vs {unl['cpu_us']:.1f} (issue 32: within noise)")
         print(f"\nunloaded (wrk -t1 -c1): one request at a time")
         print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}")
         for name, r in serial.items():
