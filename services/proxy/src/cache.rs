@@ -161,12 +161,13 @@ impl Caches {
         self.api_keys.write().insert(hash.to_string(), KeyEntry::Known(record));
     }
 
-    /// Reads `f` of the tenant's flushed spend when it is of this month (else 0: a new month).
-    fn this_month(&self, tenant: &str, f: impl FnOnce(&MonthSpend) -> i64) -> i64 {
+    /// Reads `f` of the tenant's flushed spend when it is of this month (else nothing: a new
+    /// month).
+    fn this_month<T: Default>(&self, tenant: &str, f: impl FnOnce(&MonthSpend) -> T) -> T {
         let today = crate::calendar::today();
         match self.spend.read().get(tenant) {
             Some(spend) if spend.month == today.month() => f(spend),
-            _ => 0,
+            _ => T::default(),
         }
     }
 
@@ -177,8 +178,7 @@ impl Caches {
 
     /// The month spend of the key, and of its whole tenant, as last flushed by all processes.
     pub fn key_and_tenant_spend(&self, tenant: &str, key_id: &str) -> (i64, i64) {
-        let key = self.this_month(tenant, |spend| spend.keys.get(key_id).copied().unwrap_or(0));
-        (key, self.this_month(tenant, |spend| spend.total))
+        self.this_month(tenant, |spend| (spend.keys.get(key_id).copied().unwrap_or(0), spend.total))
     }
 
     async fn refresh_spend(&self, tenant: &str) {

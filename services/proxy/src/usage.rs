@@ -95,12 +95,19 @@ pub struct UsageBuffer {
 }
 
 /// Both ledgers under one lock: a call is recorded in both at once.
-#[derive(Default)]
 struct Ledgers {
-    /// `(tenant, day, route, target)`.
+    /// `(tenant, day, route, target)`; keeps the tenants' totals.
     routes: Rows,
     /// `(tenant, day, key id, route)`.
     keys: Rows,
+}
+
+impl Default for Ledgers {
+    fn default() -> Self {
+        // One ledger keeps the tenants' totals (both sum the same spend): the other would
+        // only pay for a second copy on every call.
+        Ledgers { routes: Rows { keeps_totals: true, ..Rows::default() }, keys: Rows::default() }
+    }
 }
 
 /// A tenant's rows: day → route → target → row.
@@ -180,8 +187,9 @@ struct Rows {
     /// month `yyyymm`: kept as rows change, so a budget check reads one entry instead of
     /// scanning up to 10,000 rows on every call.
     spend: HashMap<String, HashMap<String, (String, i64)>>,
-    /// Unflushed spend per tenant in month `yyyymm`, over all its rows.
+    /// Unflushed spend per tenant in month `yyyymm`, over all its rows (when `keeps_totals`).
     totals: HashMap<String, (String, i64)>,
+    keeps_totals: bool,
 }
 
 impl Rows {
@@ -191,14 +199,16 @@ impl Rows {
         if micros == 0 || !day.starts_with(month) {
             return;
         }
-        let total = match self.totals.get_mut(tenant) {
-            Some(total) => total,
-            None => self.totals.entry(tenant.to_string()).or_insert_with(|| (month.to_string(), 0)),
-        };
-        if total.0 != month {
-            *total = (month.to_string(), 0);
+        if self.keeps_totals {
+            let total = match self.totals.get_mut(tenant) {
+                Some(total) => total,
+                None => self.totals.entry(tenant.to_string()).or_insert_with(|| (month.to_string(), 0)),
+            };
+            if total.0 != month {
+                *total = (month.to_string(), 0);
+            }
+            total.1 += micros;
         }
-        total.1 += micros;
         // Keys are copied only for a (tenant, route) not seen since the last flush.
         let routes = match self.spend.get_mut(tenant) {
             Some(routes) => routes,
