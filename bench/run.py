@@ -37,8 +37,8 @@ its scheduled send (`--latency-correction`), so a stall is not hidden by the loa
 waiting (coordinated omission). Without oha it falls back to wrk with 2-6 ms pauses.
 
 The saturated (c20) figures are the median of SHIELD_BENCH_ROUNDS rounds (default 3), the paths
-taken in turn within each round, so a slow spell of a shared machine lands on every path alike
-rather than on whichever ran then.
+taken in turn within each round (in reverse order every other round), so a slow spell of a shared
+machine lands on every path alike rather than on whichever ran then.
 
 Usage: bench/run.sh [seconds per run, default 10]
 """
@@ -374,13 +374,14 @@ http {{
         bodies = {name: STATIC_BODY if name.startswith("s-") else MOCK_BODY for name in targets}
         bodies["s-limits"] = LIMITED_BODY
 
-        def each(measure):
+        def each(measure, backwards=False):
             global BODY
             out = {}
-            for name, (url, headers, pid) in targets.items():
+            order = list(targets.items())
+            for name, (url, headers, pid) in (reversed(order) if backwards else order):
                 BODY = bodies[name]
                 out[name] = measure(url, headers, pid)
-            return out
+            return {name: out[name] for name in targets}
 
         if os.environ.get("SHIELD_BENCH_HOLD") == "1":
             # For profiling by hand (perf, strace): the stack stays up until this is stopped.
@@ -400,7 +401,9 @@ http {{
             recorder.send_signal(signal.SIGINT)
             recorder.wait(timeout=120)
             print(f"profile of the proxy (s-shield, c{CONCURRENCY}) in {perf_out}")
-        rounds = [each(lambda url, headers, pid: wrk(url, headers, pid=pid)) for _ in range(ROUNDS)]
+        # Every other round takes the paths in reverse order: a path's place in a round (right
+        # after a heavy one, say, on a machine whose CPU credit varies) then favours none.
+        rounds = [each(lambda url, headers, pid: wrk(url, headers, pid=pid), backwards=i % 2 == 1) for i in range(ROUNDS)]
 
         def median(values):
             values = sorted(v for v in values if v is not None)
