@@ -290,10 +290,8 @@ async fn key_budgets_block_and_warn_with_two_proxies_under_load() {
     let mut stack = Stack::start().await;
     let (hook_url, delivered) = shield_e2e::webhook::receiver(0).await;
     let hook = json!({"url": hook_url, "events": ["budget_exceeded"], "allow_private": true});
-    let (status, hook) = stack.admin_call(Method::POST, "/v1/tenant/me/webhooks", Some(hook)).await;
-    assert_eq!(status, StatusCode::CREATED, "{hook}");
+    let hook = stack.create_webhook(hook).await;
     let hook_secret = hook["secret"].as_str().unwrap().to_string();
-    stack.evidence.secret(&hook_secret);
     priced(&stack, "a").await;
     stack.put_route("smart", json!({"targets": ["a"]})).await;
     let second = stack.extra_proxy().await;
