@@ -11,9 +11,10 @@ request. Kernel time is not counted, and `rep movs`/`rep stos` count once per by
 memset of large buffers look dearer than they are): compare binaries, and confirm with
 bench/run.py.
 
-Usage: python3 bench/instructions.py [-n N] [-r ROUTE] [-k KEY] BINARY [BINARY ...]
+Usage: python3 bench/instructions.py [-n N] [-r ROUTE] [-k KEY] [-a BYTES] BINARY [BINARY ...]
 (ROUTE: bench-static, the default; bench-limited, the same with rate limits; bench, the mock.
-KEY: plain, the default; governed, a key with an allow-list, an expiry and a budget, issue 32)
+KEY: plain, the default; governed, a key with an allow-list, an expiry and a budget, issue 32;
+-a BYTES: a Claude-Code-shaped request of about BYTES instead of the one-line prompt, issue 33)
 Needs valgrind and oha (`cargo install oha`).
 """
 import glob
@@ -38,7 +39,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def count(binary, hold, n, work, route, key):
+def count(binary, hold, n, work, route, key, agent):
     port = free_port()
     env = dict(os.environ, **hold["proxy_env"])
     env["SHIELD_PROXY_ADDR"] = f"127.0.0.1:{port}"
@@ -49,8 +50,16 @@ def count(binary, hold, n, work, route, key):
     try:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         body = hold["bodies"]["static"].replace('"bench-static"', json.dumps(route))
+        if agent:
+            # issue 33: a Claude-Code-shaped Chat Completions request of about `agent` bytes
+            sys.path.insert(0, os.path.join(ROOT, "bench"))
+            import agent_request
+            body = json.dumps({**agent_request.conversation(agent, seed=agent)[1], "model": route})
+        body_file = os.path.join(work, "body.json")
+        with open(body_file, "w") as f:
+            f.write(body)
         headers = {"content-type": "application/json", "authorization": f"Bearer {hold[key]}"}
-        args = [OHA, "--no-tui", "-c", "4", "-m", "POST", "-d", body]
+        args = [OHA, "--no-tui", "-c", "4", "-m", "POST", "-D", body_file]
         for name, value in headers.items():
             args += ["-H", f"{name}: {value}"]
         deadline = time.time() + 120
@@ -86,10 +95,12 @@ def count(binary, hold, n, work, route, key):
 
 def main():
     argv = sys.argv[1:]
-    n, route, key = 2000, "bench-static", "key"
-    while argv[:1] in (["-n"], ["-r"], ["-k"]):
+    n, route, key, agent = 2000, "bench-static", "key", None
+    while argv[:1] in (["-n"], ["-r"], ["-k"], ["-a"]):
         if argv[0] == "-n":
             n = int(argv[1])
+        elif argv[0] == "-a":
+            agent = int(argv[1])
         elif argv[0] == "-k":
             key = {"plain": "key", "governed": "governed_key"}[argv[1]]
         else:
@@ -106,7 +117,7 @@ def main():
     try:
         hold = json.loads(stack.stdout.readline())
         for binary in argv:
-            per_request, profile = count(os.path.abspath(binary), hold, n, work, route, key)
+            per_request, profile = count(os.path.abspath(binary), hold, n, work, route, key, agent)
             print(f"{binary}: {per_request:,.0f} instructions/request over {n} requests (profile: {profile})", flush=True)
     finally:
         stack.send_signal(signal.SIGTERM)

@@ -276,3 +276,75 @@ async fn an_upstream_field_is_never_taken_as_shields_own_blocks() {
     assert_eq!(body["content"][0]["type"], "text", "{body}");
     assert!(body["content"][0]["text"].as_str().unwrap().contains("hello"), "the completion's own text: {body}");
 }
+
+/// `shield_guardrail_units_total{result}` now.
+async fn units(stack: &Stack) -> (f64, f64) {
+    let rows = stack.metric("shield_guardrail_units_total").await;
+    (shield_e2e::stack::labelled(&rows, &["reused"]), shield_e2e::stack::labelled(&rows, &["scanned"]))
+}
+
+fn conversation(turns: &[&str]) -> Value {
+    let messages: Vec<Value> = turns
+        .iter()
+        .enumerate()
+        .map(|(i, text)| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": text}))
+        .collect();
+    json!({"model": "smart", "messages": messages})
+}
+
+/// Issue 33: an agent's resent history is judged from the tenant's memo, not scanned again; what
+/// is remembered still counts; a new message, or a detector switched on, is scanned; a mode
+/// change applies at once.
+#[tokio::test]
+async fn a_resent_history_is_read_back_and_still_counts() {
+    let stack = Stack::start().await;
+    guardrails(&stack, json!({"pii_detection": {"mode": "monitor"}})).await;
+    seed_route(&stack, "").await;
+    let (key, _) = stack.key(None).await;
+    let secret = "deploy with sk-proj-Zq8xWv2LmN4pR7tY1uI0oP3aS6dF9gHj";
+
+    let (status, headers, body) = stack.chat(&key, conversation(&[PII_PROMPT]), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(headers["x-shield-target"], "onprem-qwen");
+    assert_eq!(units(&stack).await, (0.0, 1.0));
+
+    // Turn 2: the flagged message comes back as history; only the two new ones are scanned,
+    // and the remembered finding still sends the call on-prem.
+    let turn2 = conversation(&[PII_PROMPT, "Done.", "Now list my open orders."]);
+    let (status, headers, body) = stack.chat(&key, turn2.clone(), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(headers["x-shield-target"], "onprem-qwen", "a remembered finding routes as a fresh one");
+    assert_eq!(units(&stack).await, (1.0, 3.0));
+    let input = &body["x_shield"]["guardrail_results"][0];
+    assert_eq!((input["phase"].as_str(), input["passed"].as_bool()), (Some("input"), Some(false)), "{body}");
+    assert_eq!(input["findings"], json!({"email": 1, "payment_card": 1}), "remembered counts are the counts");
+
+    // A history whose last message changed is scanned for that message.
+    let (_, headers, _) = stack.chat(&key, conversation(&["hello", "Hi!", "What is 2+2?"]), &[]).await;
+    assert_eq!(headers["x-shield-target"], "openai-4o");
+    let (_, headers, _) =
+        stack.chat(&key, conversation(&["hello", "Hi!", "Mail me at jane.doe@example.com"]), &[]).await;
+    assert_eq!(headers["x-shield-target"], "onprem-qwen", "the changed message was scanned");
+
+    // A secret sent while the secrets detector was off was never judged for secrets: switched
+    // on (in block mode), the same history is scanned again and refused.
+    let with_secret = conversation(&["hello", "Hi!", secret]);
+    let (_, headers, _) = stack.chat(&key, with_secret.clone(), &[]).await;
+    assert_eq!(headers["x-shield-target"], "openai-4o");
+    guardrails(&stack, json!({"pii_detection": {"mode": "monitor"}, "secrets_detection": {"mode": "block"}})).await;
+    let refused = |body: Value| (body["choices"][0]["finish_reason"] == "content_filter").then_some(body);
+    let blocked = shield_e2e::eventually(5, "the secrets detector to apply", || async {
+        refused(stack.chat(&key, with_secret.clone(), &[]).await.2)
+    })
+    .await;
+    assert_eq!(blocked["choices"][0]["message"]["content"], "Blocked by secrets detection (input)");
+    // block → monitor: the same findings, read back, now only flag.
+    let scanned = units(&stack).await.1;
+    guardrails(&stack, json!({"pii_detection": {"mode": "monitor"}, "secrets_detection": {"mode": "monitor"}})).await;
+    shield_e2e::eventually(5, "monitor mode to apply", || async {
+        let (_, _, body) = stack.chat(&key, with_secret.clone(), &[]).await;
+        refused(body.clone()).is_none().then_some(body)
+    })
+    .await;
+    assert_eq!(units(&stack).await.1, scanned, "a mode change needs no rescan");
+}

@@ -85,24 +85,84 @@ pub struct Verdict {
     pub blocked_by: Option<&'static str>,
 }
 
+/// The findings of the detectors a policy runs, for one text: `None` for a detector that is
+/// off. Kinds and counts only, never the text: this is what the verdict memo keeps
+/// ([`crate::verdicts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scanned {
+    pub pii: Option<crate::detect::Findings>,
+    pub secrets: Option<crate::detect::Findings>,
+}
+
+impl Scanned {
+    /// Whether no detector found anything.
+    pub fn is_clean(&self) -> bool {
+        [&self.pii, &self.secrets].into_iter().flatten().all(|found| found.is_empty())
+    }
+}
+
 impl GuardrailPolicy {
     /// Runs every enabled detector over `text`.
     pub fn check(&self, text: &str) -> Verdict {
-        let mut verdict = Verdict::default();
+        self.verdict([&self.scan(text)])
+    }
+
+    /// The verdict on a request: each system part and each message scanned on its own (a
+    /// finding never spans two messages), their findings summed. With `memo`, a text this
+    /// tenant sent before under the same detectors is not scanned again (issue 33).
+    pub fn check_request(&self, request: &crate::exchange::Request, memo: Option<&crate::verdicts::Memo>) -> Verdict {
+        if self.detectors() == 0 {
+            return Verdict::default();
+        }
+        let units = crate::verdicts::units(request);
+        let scans = match memo {
+            Some(memo) => memo.scan_all(self, &units),
+            None => units.iter().map(|unit| self.scan(&unit.joined())).collect(),
+        };
+        self.verdict(scans.iter())
+    }
+
+    /// Which detectors run, as bits (pii 1, secrets 2): what findings depend on besides the
+    /// text. The modes do not change what is found, only what a finding does.
+    pub fn detectors(&self) -> u8 {
+        u8::from(self.pii_detection.mode != Mode::Off) | (u8::from(self.secrets_detection.mode != Mode::Off) << 1)
+    }
+
+    /// Every enabled detector's findings on `text`.
+    pub fn scan(&self, text: &str) -> Scanned {
+        let detectors = self.detectors();
+        if detectors == 0 {
+            return Scanned::default();
+        }
         // One pass over clean text (nearly all of it) answers for every detector.
-        let mut clean = None;
-        for (name, detector, run) in [
-            ("pii_detection", &self.pii_detection, crate::detect::pii as fn(&str) -> crate::detect::Findings),
-            ("secrets_detection", &self.secrets_detection, crate::detect::secrets),
-        ] {
+        let clean = !crate::detect::may_find(text);
+        let run = |on: bool, detect: fn(&str) -> crate::detect::Findings| {
+            on.then(|| if clean { crate::detect::Findings::new() } else { detect(text) })
+        };
+        Scanned {
+            pii: run(detectors & 1 != 0, crate::detect::pii),
+            secrets: run(detectors & 2 != 0, crate::detect::secrets),
+        }
+    }
+
+    /// The modes applied to findings summed over `scans`.
+    pub fn verdict<'s>(&self, scans: impl IntoIterator<Item = &'s Scanned>) -> Verdict {
+        let mut pii = crate::detect::Findings::new();
+        let mut secrets = crate::detect::Findings::new();
+        for scan in scans {
+            for (total, found) in [(&mut pii, &scan.pii), (&mut secrets, &scan.secrets)] {
+                for (kind, n) in found.iter().flatten() {
+                    *total.entry(kind).or_insert(0) += n;
+                }
+            }
+        }
+        let mut verdict = Verdict::default();
+        for (name, detector, findings) in
+            [("pii_detection", &self.pii_detection, pii), ("secrets_detection", &self.secrets_detection, secrets)]
+        {
             if detector.mode == Mode::Off {
                 continue;
             }
-            let findings = if *clean.get_or_insert_with(|| !crate::detect::may_find(text)) {
-                crate::detect::Findings::new()
-            } else {
-                run(text)
-            };
             let passed = findings.is_empty();
             if !passed {
                 match detector.mode {

@@ -22,7 +22,8 @@
 //!   `ttfb:MS` before the first event, `chunkdelay:MS` between events, `errfirst` (the first
 //!   event is an error), `break:N` (drop the connection after N chunks), `stall:N` (go silent
 //!   after N chunks), `malformed:N` (the N-th event is not JSON), `nodone` (end without
-//!   `[DONE]`), `empty` (a 200 stream that ends cleanly with no event). `say:secret` or
+//!   `[DONE]`), `empty` (a 200 stream that ends cleanly with no event). `nolog`: the request is
+//!   not kept in `/_mock/requests` (the agent benchmark's large bodies). `say:secret` or
 //!   `say:card` answers (or streams) a canned sensitive text; `tool:NAME` answers a tool
 //!   call. `agent` answers as a coding agent's model: a `Read` call for a path the last user
 //!   turn names (`exec_command` with `cat PATH` when the tools offer it, as Codex's do),
@@ -135,6 +136,8 @@ pub(crate) struct Scenario {
     think: bool,
     malformed_at: Option<usize>,
     no_done: bool,
+    /// `nolog`: the request is not kept in the log (the benchmark's 600 KB bodies).
+    no_log: bool,
     empty: bool,
     say: Option<String>,
     tool: Option<String>,
@@ -196,6 +199,7 @@ impl Scenario {
                 "think" => s.think = true,
                 "malformed" => s.malformed_at = value.parse().ok(),
                 "nodone" => s.no_done = true,
+                "nolog" => s.no_log = true,
                 "empty" => s.empty = true,
                 "say" => s.say = Some(value.to_string()),
                 "tool" => s.tool = Some(value.to_string()),
@@ -428,8 +432,10 @@ async fn handle(req: HttpRequest, body: Bytes, state: web::Data<MockState>) -> H
             "inspect": ["/_mock/requests?id=TAG", "/_mock/calls?id=TAG", "/_mock/streams?id=TAG"],
         }));
     }
-    record(&state, &req, &body);
     let (mut scenario, spec, rest) = split_path(req.path());
+    if !scenario.no_log {
+        record(&state, &req, &body);
+    }
     let first_call = *state.first_call.lock().entry(spec.clone()).or_insert_with(std::time::Instant::now);
     let call = {
         let mut calls = state.calls.lock();

@@ -73,6 +73,8 @@ pub struct ProxyState {
     pub reasoning_keyring: Arc<shield_core::vault::Keyring>,
     /// Stored Responses-API responses (issue 29).
     pub responses: Arc<responses::store::ResponseStore>,
+    /// Per tenant, the input guardrails' findings on texts judged before (issue 33).
+    pub verdicts: Arc<shield_core::verdicts::Verdicts>,
     /// Unix second of the last "taking the default path because the config is unavailable"
     /// log line (seed §7: logged once per minute).
     default_path_logged: AtomicU64,
@@ -98,6 +100,7 @@ impl ProxyState {
             health: Arc::new(health::Health::new(events)),
             metrics,
             usage: Arc::default(),
+            verdicts: Arc::default(),
             default_path_logged: AtomicU64::new(0),
         }
     }
@@ -168,6 +171,7 @@ async fn metrics_text(state: web::Data<ProxyState>) -> HttpResponse {
         }
     }
     state.metrics.trace_counts();
+    state.metrics.guardrail_counts(&state.verdicts.counts);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     for (tenant, published_at) in state.caches.snapshot_times() {
         state.metrics.snapshot_age(&tenant, now - published_at);

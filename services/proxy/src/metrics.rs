@@ -47,6 +47,7 @@ pub struct Metrics {
     trace_dropped: IntCounterVec,
     trace_exported: IntCounter,
     trace_counts: parking_lot::Mutex<()>,
+    guardrail_units: IntCounterVec,
 }
 
 /// `gen_ai.client.token.usage` buckets: powers of 4 from 1 to 4^13 (the conventions').
@@ -190,6 +191,11 @@ impl Metrics {
             ),
             trace_exported: single("shield_trace_spans_exported_total", "Spans the trace collector accepted."),
             trace_counts: parking_lot::Mutex::new(()),
+            guardrail_units: counter(
+                "shield_guardrail_units_total",
+                "Input guardrail units (system parts and messages): scanned, or reused from the tenant's memo of texts judged before.",
+                &["result"],
+            ),
             registry,
             tenant_labels,
         }
@@ -280,6 +286,15 @@ impl Metrics {
             counter.inc_by(now.saturating_sub(counter.get()));
         }
         self.trace_exported.inc_by(exported.saturating_sub(self.trace_exported.get()));
+    }
+
+    /// The input guardrails' memo counts, brought up to date (at scrape time).
+    pub fn guardrail_counts(&self, counts: &shield_core::verdicts::Counts) {
+        let _one_at_a_time = self.trace_counts.lock();
+        for (result, now) in [("reused", &counts.reused), ("scanned", &counts.scanned)] {
+            let counter = self.guardrail_units.with_label_values(&[result]);
+            counter.inc_by(now.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(counter.get()));
+        }
     }
 
     pub fn render(&self) -> String {

@@ -205,7 +205,15 @@ pub async fn pipeline(
     let served = |outcome| Served { outcome, admission: admission.clone(), budgets };
 
     // Seed §5: input guardrails run once, before routing, whatever path the call takes.
-    let input = tenant.as_deref().map(|t| t.snapshot.guardrails.check(&request.prompt_text())).unwrap_or_default();
+    // Issue 33: what the tenant sent before (an agent's resent history) is read back, not rescanned.
+    let input = tenant
+        .as_deref()
+        .map(|t| {
+            let guardrails = &t.snapshot.guardrails;
+            let memo = (guardrails.detectors() != 0).then(|| state.verdicts.of(&caller.tenant));
+            guardrails.check_request(&request.exchange, memo.as_deref())
+        })
+        .unwrap_or_default();
     let mut guardrails = guard::results_json("input", &input.results);
     if let Some(name) = input.blocked_by {
         // Refused before any upstream: no tokens were used.

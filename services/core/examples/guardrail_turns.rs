@@ -1,0 +1,158 @@
+//! The input guardrails' cost per turn over a coding agent's session (issue 33): every turn
+//! resends the system prompt and the whole history and adds a user turn, a tool call and its
+//! ~3 KB result. Prints, for each turn, the median time of the guardrail stage (PII and secrets
+//! detectors on) over many independent sessions: `before` scans every text (the stage as it
+//! was), `after` reads the tenant's memo of texts judged before and scans only the new ones.
+//!
+//! `cargo run --release -p shield-core --example guardrail_turns [SESSIONS]` (default 40). A
+//! benchmark, not a test: it times on whatever the machine is doing, so compare the two columns
+//! of one run, and the curve's shape, not figures across machines.
+
+use std::time::Instant;
+
+use shield_core::exchange::{Message, Part, Request, Role};
+use shield_core::guardrails::{Detector, GuardrailPolicy, Mode};
+use shield_core::verdicts::Verdicts;
+
+const TURNS: usize = 50;
+
+/// A small deterministic generator (xorshift), so every run judges the same texts.
+struct Words(u64);
+
+const VOCABULARY: [&str; 40] = [
+    "the",
+    "function",
+    "returns",
+    "a",
+    "value",
+    "when",
+    "called",
+    "with",
+    "config",
+    "path",
+    "error",
+    "handler",
+    "request",
+    "struct",
+    "impl",
+    "let",
+    "match",
+    "Some",
+    "None",
+    "Ok",
+    "Err",
+    "self",
+    "async",
+    "await",
+    "fn",
+    "pub",
+    "use",
+    "crate",
+    "mod",
+    "test",
+    "assert_eq!",
+    "vec![1, 2, 3]",
+    "String::new()",
+    "{",
+    "}",
+    "=>",
+    "//",
+    "if",
+    "else",
+    "return",
+];
+
+impl Words {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// About `bytes` of code-like text, lines of 8-12 words.
+    fn text(&mut self, bytes: usize) -> String {
+        let mut out = String::with_capacity(bytes + 64);
+        while out.len() < bytes {
+            for _ in 0..8 + self.next() % 5 {
+                out.push_str(VOCABULARY[(self.next() % VOCABULARY.len() as u64) as usize]);
+                out.push(' ');
+            }
+            out.push_str(&format!("// line {}\n", self.next() % 10_000));
+        }
+        out
+    }
+}
+
+/// Session `seed` as it stands at `turn`: a 12 KB system prompt, then per turn a user message,
+/// an assistant tool call, its ~3 KB result and the assistant's reply.
+fn session(seed: u64, turns: usize) -> Request {
+    let mut words = Words(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut request = Request { system: vec![words.text(12_000)], ..Default::default() };
+    for turn in 0..turns {
+        let id = format!("toolu_{seed}_{turn}");
+        request.messages.push(Message { role: Role::User, content: vec![Part::Text(words.text(300))] });
+        request.messages.push(Message {
+            role: Role::Assistant,
+            content: vec![
+                Part::Text(words.text(200)),
+                Part::ToolUse {
+                    id: id.clone(),
+                    name: "Read".into(),
+                    input: format!(r#"{{"file_path":"src/m{turn}.rs"}}"#),
+                },
+            ],
+        });
+        request.messages.push(Message {
+            role: Role::User,
+            content: vec![Part::ToolResult { id, content: words.text(3_000), is_error: false }],
+        });
+        request.messages.push(Message { role: Role::Assistant, content: vec![Part::Text(words.text(400))] });
+    }
+    request
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    let sessions: u64 = std::env::args().nth(1).and_then(|n| n.parse().ok()).unwrap_or(40);
+    let policy = GuardrailPolicy {
+        pii_detection: Detector { mode: Mode::Monitor },
+        secrets_detection: Detector { mode: Mode::Monitor },
+        ..Default::default()
+    };
+    let verdicts = Verdicts::default();
+    let memo = verdicts.of("bench");
+    let mut rows = Vec::new();
+    for turn in 1..=TURNS {
+        let requests: Vec<Request> = (0..sessions).map(|s| session(s, turn)).collect();
+        let bytes = requests[0].text().len();
+        let mut before = Vec::new();
+        let mut after = Vec::new();
+        for request in &requests {
+            let started = Instant::now();
+            let fresh = policy.check_request(request, None);
+            before.push(started.elapsed().as_secs_f64() * 1e6);
+            let started = Instant::now();
+            let remembered = policy.check_request(request, Some(&memo));
+            after.push(started.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(fresh, remembered, "a remembered verdict is the fresh one");
+        }
+        rows.push((turn, bytes, median(before), median(after)));
+    }
+    println!("turn  text KB  before us  after us");
+    for (turn, bytes, before, after) in &rows {
+        println!("{turn:>4}{:>9.1}{before:>11.1}{after:>10.1}", *bytes as f64 / 1024.0);
+    }
+    let at = |turn: usize| rows[turn - 1];
+    let (b5, a5, b50, a50) = (at(5).2, at(5).3, at(50).2, at(50).3);
+    println!(
+        "turn 50 / turn 5: before {:.2}x, after {:.2}x (target: after within 1.20x); memo holds {} texts",
+        b50 / b5,
+        a50 / a5,
+        memo.len()
+    );
+}
