@@ -12,6 +12,8 @@ use std::sync::Arc;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
+pub use crate::verbatim::Verbatim;
+
 use crate::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Tool, ToolChoice};
 
 /// OpenAI's own limit on `messages`; a longer conversation is refused before any routing.
@@ -45,11 +47,40 @@ pub struct ChatRequest {
 #[derive(Clone)]
 pub enum Origin {
     /// OpenAI's Chat Completions: the body's fields.
-    OpenAi(Arc<Map<String, Value>>),
+    OpenAi(Arc<OpenAiBody>),
     /// Anthropic's Messages.
     Anthropic(Arc<AnthropicOrigin>),
     /// OpenAI's Responses: no provider speaks it yet, every target gets the typed request.
     Responses(Arc<Map<String, Value>>),
+}
+
+/// A Chat Completions body as the caller sent it.
+#[derive(Debug, Clone)]
+pub struct OpenAiBody {
+    fields: Map<String, Value>,
+    /// Each top-level field's JSON text as sent, while `fields` is unchanged: the same-shape
+    /// upstream body is written from these without serialising the parsed values again
+    /// (issue 33: re-escaping every string of a 150 KB agent history was 42 % of the
+    /// request's instructions). Dropped by [`OpenAiBody::fields_mut`].
+    verbatim: Option<Verbatim>,
+}
+
+impl OpenAiBody {
+    /// `fields` with the text each was sent as, when `body` reads as the same fields.
+    fn new(fields: Map<String, Value>, body: &[u8]) -> OpenAiBody {
+        let verbatim = Verbatim::of_large(body, &fields);
+        OpenAiBody { fields, verbatim }
+    }
+
+    pub fn fields(&self) -> &Map<String, Value> {
+        &self.fields
+    }
+
+    /// The fields, to change: what was sent no longer stands for them.
+    pub fn fields_mut(&mut self) -> &mut Map<String, Value> {
+        self.verbatim = None;
+        &mut self.fields
+    }
 }
 
 /// A request that arrived in Anthropic's Messages shape (`POST /v1/messages`): the caller's
@@ -73,6 +104,9 @@ pub struct AnthropicOrigin {
     pub unmapped: Vec<String>,
     /// Whether `messages` holds `role: "system"` messages (Claude Code's reminders).
     pub system_messages: bool,
+    /// Each top-level field's JSON text as sent, while `original` is unchanged (see
+    /// [`OpenAiBody`]); whoever changes `original` sets this to `None`.
+    pub verbatim: Option<Verbatim>,
 }
 
 impl ChatRequest {
@@ -93,13 +127,13 @@ impl ChatRequest {
             }
         };
         let exchange = Arc::new(typed_of_openai(&fields));
-        Ok(ChatRequest { model, exchange, origin: Origin::OpenAi(Arc::new(fields)) })
+        Ok(ChatRequest { model, exchange, origin: Origin::OpenAi(Arc::new(OpenAiBody::new(fields, body))) })
     }
 
     /// The caller's Chat Completions fields, when it spoke that shape.
     pub fn openai_fields(&self) -> Option<&Map<String, Value>> {
         match &self.origin {
-            Origin::OpenAi(fields) => Some(fields),
+            Origin::OpenAi(body) => Some(body.fields()),
             Origin::Anthropic(_) | Origin::Responses(_) => None,
         }
     }
@@ -179,13 +213,22 @@ impl ChatRequest {
         ask_usage: bool,
         added: &[(&str, Value)],
     ) -> Option<Vec<u8>> {
-        let fields = self.openai_fields()?;
+        let Origin::OpenAi(sent) = &self.origin else { return None };
+        let fields = sent.fields();
         let stream_options = ask_usage.then(|| {
             let mut options = fields.get("stream_options").and_then(Value::as_object).cloned().unwrap_or_default();
             options.insert("include_usage".into(), Value::Bool(true));
             Value::Object(options)
         });
         let body = UpstreamBody { fields, model, extra, stream_options: stream_options.as_ref(), added };
+        if let Some(verbatim) = &sent.verbatim {
+            let model = Value::String(model.to_string());
+            let mut set: Vec<(&str, &Value)> = vec![("model", &model)];
+            set.extend(body.stream_options.map(|options| ("stream_options", options)));
+            set.extend(added.iter().map(|(key, value)| (*key, value)));
+            set.extend(extra.into_iter().flatten().map(|(key, value)| (key.as_str(), value)));
+            return Some(verbatim.relay(|key| key == RAW_VALUE_TOKEN || SHIELD_ONLY.contains(&key), &set));
+        }
         Some(serde_json::to_vec(&body).unwrap_or_default())
     }
 }
@@ -367,6 +410,58 @@ mod tests {
             body,
             json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2, "provider": {"order": ["openai"]}})
         );
+    }
+
+    /// The body with its verbatim text dropped: what `upstream_body` writes from parsed values.
+    fn reparsed(request: &ChatRequest) -> ChatRequest {
+        let mut request = request.clone();
+        if let Origin::OpenAi(body) = &mut request.origin {
+            Arc::make_mut(body).fields_mut();
+        }
+        request
+    }
+
+    #[test]
+    fn unchanged_fields_are_relayed_as_sent() {
+        let sent = format!(
+            r#"{{"model":"m", "temperature": 1e0, "messages":[{{"role":"user","content":"line\nnext \u00e9"}}],
+            "x_shield": {{"a": 1}}, "n": 12345678901234567890123, "pad": "{}"}}"#,
+            "x".repeat(crate::verbatim::WORTH_IT)
+        );
+        let request = ChatRequest::parse(sent.as_bytes()).unwrap();
+        assert!(matches!(&request.origin, Origin::OpenAi(body) if body.verbatim.is_some()));
+        let body = String::from_utf8(request.upstream_body("t", None, false, &[]).unwrap()).unwrap();
+        assert!(body.contains(r#""content":"line\nnext \u00e9""#), "the text as sent: {body}");
+        assert!(body.contains("1e0") && body.contains("12345678901234567890123"), "numbers as sent: {body}");
+        assert!(!body.contains("x_shield") && body.contains(r#""model":"t""#), "{body}");
+        let changed = reparsed(&request);
+        let again = String::from_utf8(changed.upstream_body("t", None, false, &[]).unwrap()).unwrap();
+        assert!(again.contains(r#""content":"line\nnext é""#), "a changed body is written from its values: {again}");
+    }
+
+    proptest::proptest! {
+        /// Whatever the body, the verbatim upstream body reads as the one written from values.
+        #[test]
+        fn verbatim_and_parsed_bodies_agree(
+            fields in proptest::collection::btree_map("[a-z_]{1,8}", proptest::prelude::any::<(i32, String, bool)>(), 0..6),
+            extra in proptest::option::of(proptest::collection::btree_map("[a-z]{1,4}", proptest::prelude::any::<i16>(), 0..3)),
+            usage in proptest::prelude::any::<bool>(),
+        ) {
+            let pad = "p".repeat(crate::verbatim::WORTH_IT);
+            let mut body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "pad": pad});
+            for (key, (n, text, flag)) in &fields {
+                body[key] = serde_json::json!({"n": n, "text": text, "list": [flag, text]});
+            }
+            let request = ChatRequest::parse(body.to_string().as_bytes()).unwrap();
+            let extra: Option<Map<String, Value>> = extra.map(|e| e.into_iter().map(|(k, v)| (k, Value::from(v))).collect());
+            let added = [("reasoning_effort", Value::from("low"))];
+            let verbatim = request.upstream_body("t", extra.as_ref(), usage, &added).unwrap();
+            let parsed = reparsed(&request).upstream_body("t", extra.as_ref(), usage, &added).unwrap();
+            proptest::prop_assert_eq!(
+                serde_json::from_slice::<Value>(&verbatim).unwrap(),
+                serde_json::from_slice::<Value>(&parsed).unwrap()
+            );
+        }
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod url_safety;
 pub mod usage;
 pub mod validate;
 pub mod vault;
+pub mod verbatim;
 pub mod verdicts;
 
 pub use error::FieldError;

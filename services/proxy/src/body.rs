@@ -10,8 +10,16 @@ use crate::error::ProxyError;
 /// Chat requests with images can be large; beyond this a body is refused with 413.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
-pub async fn read(mut payload: web::Payload) -> Result<Bytes, ProxyError> {
-    let mut body = web::BytesMut::new();
+pub async fn read(req: &actix_web::HttpRequest, mut payload: web::Payload) -> Result<Bytes, ProxyError> {
+    // Sized once from Content-Length (within the limit): a 150 KB agent body read in chunks
+    // otherwise grows its buffer several times over, copying it each time (issue 33).
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = web::BytesMut::with_capacity(declared.min(MAX_BODY_BYTES));
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| ProxyError::BadRequest(format!("could not read the request body: {e}")))?;
         if body.len() + chunk.len() > MAX_BODY_BYTES {

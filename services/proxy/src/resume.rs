@@ -291,8 +291,12 @@ fn with_prefill(request: &ChatRequest, sent: &str) -> ChatRequest {
     // The caller's body as sent goes to targets of its own shape: there too.
     let prefill = json!({"role": "assistant", "content": sent});
     let messages = match &mut request.origin {
-        Origin::OpenAi(fields) => std::sync::Arc::make_mut(fields).get_mut("messages"),
-        Origin::Anthropic(origin) => std::sync::Arc::make_mut(origin).original.get_mut("messages"),
+        Origin::OpenAi(body) => std::sync::Arc::make_mut(body).fields_mut().get_mut("messages"),
+        Origin::Anthropic(origin) => {
+            let origin = std::sync::Arc::make_mut(origin);
+            origin.verbatim = None;
+            origin.original.get_mut("messages")
+        }
         // Not sent as such to any provider: the typed request carries it.
         Origin::Responses(_) => None,
     };

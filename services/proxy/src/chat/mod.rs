@@ -36,7 +36,7 @@ pub async fn chat_completions(
 ) -> HttpResponse {
     let result = async {
         let caller = admit(&req, &state).await?;
-        let raw = body::read(payload).await?;
+        let raw = body::read(&req, payload).await?;
         let request = ChatRequest::parse(&raw)?;
         let ingress = Ingress { stream: true, default_path: Some("chat/completions") };
         let served = pipeline(&req, caller, raw, &request, &state, &egress, ingress).await?;

@@ -32,7 +32,7 @@ pub async fn messages(
 ) -> HttpResponse {
     let result = async {
         let caller = admit(&req, &state).await?;
-        let raw = body::read(payload).await?;
+        let raw = body::read(&req, payload).await?;
         let request = request::normalise(&raw, request::Headers::of(req.headers()), false)?;
         let served = pipeline(&req, caller, raw, &request, &state, &egress, INGRESS).await?;
         Ok::<_, ProxyError>(served.render(|outcome| match outcome {
@@ -51,7 +51,7 @@ pub async fn messages(
 pub async fn count_tokens(req: HttpRequest, payload: web::Payload, state: web::Data<ProxyState>) -> HttpResponse {
     let result = async {
         let caller = admit(&req, &state).await?;
-        let raw = body::read(payload).await?;
+        let raw = body::read(&req, payload).await?;
         let request = request::normalise(&raw, request::Headers::default(), true)?;
         if !caller.key.may_use(&request.model) {
             return Err(ProxyError::PermissionDenied(request.model.clone()));

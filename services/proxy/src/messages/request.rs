@@ -166,6 +166,7 @@ pub fn normalise(body: &[u8], headers: Headers, count_only: bool) -> Result<Chat
         user: original.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str).map(str::to_string),
     };
     let origin = AnthropicOrigin {
+        verbatim: shield_core::verbatim::Verbatim::of_large(body, &original),
         original,
         beta: headers.beta,
         version: headers.version,

@@ -67,6 +67,29 @@ impl Anthropic {
     }
 }
 
+impl Anthropic {
+    /// [`Anthropic::request_body`] for the common same-shape call, written from the caller's
+    /// text as sent (issue 33: no tree of a 150 KB body cloned and serialised again). `None`
+    /// when the body must change beyond its top-level fields (system messages to fold,
+    /// thinking to drop) or was not kept.
+    fn relayed_as_sent(&self, request: &ChatRequest, target: &Target, stream: bool) -> Option<Vec<u8>> {
+        let origin = request.anthropic()?;
+        let sent = origin.verbatim.as_ref()?;
+        let takes_system = target.capabilities.as_ref().and_then(|c| c.system_messages).unwrap_or(false);
+        if (origin.system_messages && !takes_system) || thinking_breaks_history(&origin.original) {
+            return None;
+        }
+        let model = Value::String(target.model.clone());
+        let streams = Value::Bool(true);
+        let mut set: Vec<(&str, &Value)> = vec![("model", &model)];
+        if stream {
+            set.push(("stream", &streams));
+        }
+        set.extend(target.extra_body.iter().flatten().map(|(key, value)| (key.as_str(), value)));
+        Some(sent.relay(|key| key == "stream", &set))
+    }
+}
+
 impl Provider for Anthropic {
     fn endpoint(&self, target: &Target) -> Result<Url, &'static str> {
         join(target, "/messages")
@@ -90,6 +113,9 @@ impl Provider for Anthropic {
     }
 
     fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
+        if let Some(body) = self.relayed_as_sent(request, target, stream) {
+            return body;
+        }
         serde_json::to_vec(&self.request_body(request, target, stream)).unwrap_or_default()
     }
 

@@ -436,3 +436,36 @@ fn thinking_anthropic_did_not_sign_is_not_sent() {
     assert_eq!(body["messages"][1]["content"], json!([{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]));
     assert!(body.get("thinking").is_none(), "the tool-calling turn has no thinking Anthropic signed");
 }
+
+/// Issue 33: a same-shape body relayed from its text as sent reads exactly as the one written
+/// from its parsed fields, whatever the target sets; bodies that must change inside
+/// `messages` take the parsed path.
+#[test]
+fn a_messages_body_is_relayed_as_sent_and_reads_the_same() {
+    let normalised = |body: Value| {
+        crate::messages::request::normalise(body.to_string().as_bytes(), Default::default(), false).unwrap()
+    };
+    let sent = json!({"model": "team", "max_tokens": 64, "stream": false, "top_k": 5,
+        "system": [{"type": "text", "text": "Line one\nline \"two\" é", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi\tthere"}]}],
+        "metadata": {"user_id": "u"}, "pad": "p".repeat(shield_core::verbatim::WORTH_IT)});
+    let request = normalised(sent.clone());
+    assert!(request.anthropic().unwrap().verbatim.is_some());
+    for (extra, stream) in
+        [(json!({}), false), (json!({}), true), (json!({"extra_body": {"top_k": 9, "stream": false}}), true)]
+    {
+        let target = target(extra);
+        let relayed = ANTHROPIC.relayed_as_sent(&request, &target, stream).unwrap();
+        let written = serde_json::to_vec(&ANTHROPIC.request_body(&request, &target, stream)).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&relayed).unwrap(),
+            serde_json::from_slice::<Value>(&written).unwrap(),
+            "{}",
+            String::from_utf8_lossy(&relayed)
+        );
+        assert!(String::from_utf8_lossy(&relayed).contains(r#""text":"hi\tthere""#), "text as sent");
+    }
+    let mut with_reminder = sent.clone();
+    with_reminder["messages"] = json!([{"role": "system", "content": "reminder"}, {"role": "user", "content": "hi"}]);
+    assert!(ANTHROPIC.relayed_as_sent(&normalised(with_reminder), &target(json!({})), false).is_none(), "folded");
+}
