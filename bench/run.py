@@ -67,6 +67,8 @@ ROUNDS = int(os.environ.get("SHIELD_BENCH_ROUNDS", "3"))
 # SHIELD_BENCH_HOLD=1: start the stack, print its pids, paths and key as JSON, and wait (for perf or
 # strace by hand). SHIELD_BENCH_QUICK=1: only the static backend's saturated paths (nginx floor, shield, base).
 QUICK = os.environ.get("SHIELD_BENCH_QUICK") == "1"
+# SHIELD_BENCH_PACED_ROUNDS=1: also the paced run of the static paths in every round (issue 33).
+PACED_EVERY_ROUND = os.environ.get("SHIELD_BENCH_PACED_ROUNDS") == "1"
 OHA = shutil.which("oha") or (os.path.expanduser("~/.cargo/bin/oha") if os.path.exists(os.path.expanduser("~/.cargo/bin/oha")) else None)
 BODY = MOCK_BODY
 # What the static backend answers to every request: a fixed chat completion of ~700 bytes.
@@ -403,7 +405,22 @@ http {{
             print(f"profile of the proxy (s-shield, c{CONCURRENCY}) in {perf_out}")
         # Every other round takes the paths in reverse order: a path's place in a round (right
         # after a heavy one, say, on a machine whose CPU credit varies) then favours none.
-        rounds = [each(lambda url, headers, pid: wrk(url, headers, pid=pid), backwards=i % 2 == 1) for i in range(ROUNDS)]
+        rounds = []
+        paced_rounds = []
+        for i in range(ROUNDS):
+            rounds.append(each(lambda url, headers, pid: wrk(url, headers, pid=pid), backwards=i % 2 == 1))
+            if PACED_EVERY_ROUND:
+                # Issue 33: a stall shows in one round's paced p99, not in a median of rounds.
+                paced_round = {}
+                for name in (n for n in ("s-nginx", "s-shield", "s-base") if n in targets):
+                    BODY = bodies[name]
+                    paced_round[name] = paced(targets[name][0], targets[name][1])
+                paced_rounds.append(paced_round)
+        if paced_rounds:
+            print(f"\npaced p99 ms in every round (oha -q {RATE} --latency-correction):")
+            for name in paced_rounds[0]:
+                print(f"{name:<10}" + "".join(f"{r[name]['p99']:>9.3f}" for r in paced_rounds)
+                      + f"   (non-2xx {sum(r[name]['non_2xx'] for r in paced_rounds)})")
 
         def median(values):
             values = sorted(v for v in values if v is not None)
