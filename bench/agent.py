@@ -298,16 +298,7 @@ def main():
             print(f"{n:>8}{len(out):>8}{rss_before / 1024:>15.1f}{rss_open / 1024:>13.1f}{(rss_open - rss_before) / n:>11.1f}"
                   f"{others['p99']:>15.3f}{completed:>11}  ({time.time() - started:.0f} s)")
     finally:
-        for child in children:
-            child.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                child.kill()
-        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'],
-                       capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+        base.stop(children, db, work)
 
 
 if __name__ == "__main__":

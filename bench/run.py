@@ -503,16 +503,21 @@ http {{
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         print(json.dumps({"date": time.strftime("%Y-%m-%d"), "commit": commit, "c20": results, "c1": serial, "paced": fixed, "ttft": streaming}))
     finally:
-        for child in children:
-            child.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                child.kill()
-        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'],
-                       capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+        stop(children, db, work)
+
+
+def stop(children, db, work):
+    """Stops every child, drops the bench's database and removes its directory."""
+    for child in children:
+        child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'],
+                   capture_output=True)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

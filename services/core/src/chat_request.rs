@@ -220,15 +220,17 @@ impl ChatRequest {
             options.insert("include_usage".into(), Value::Bool(true));
             Value::Object(options)
         });
-        let body = UpstreamBody { fields, model, extra, stream_options: stream_options.as_ref(), added };
         if let Some(verbatim) = &sent.verbatim {
+            // Written in the order the parsed path gives precedence: the adapter's fields, then
+            // `extra_body` over them (the last write of a key wins).
             let model = Value::String(model.to_string());
             let mut set: Vec<(&str, &Value)> = vec![("model", &model)];
-            set.extend(body.stream_options.map(|options| ("stream_options", options)));
+            set.extend(stream_options.as_ref().map(|options| ("stream_options", options)));
             set.extend(added.iter().map(|(key, value)| (*key, value)));
             set.extend(extra.into_iter().flatten().map(|(key, value)| (key.as_str(), value)));
             return Some(verbatim.relay(|key| key == RAW_VALUE_TOKEN || SHIELD_ONLY.contains(&key), &set));
         }
+        let body = UpstreamBody { fields, model, extra, stream_options: stream_options.as_ref(), added };
         Some(serde_json::to_vec(&body).unwrap_or_default())
     }
 }
