@@ -13,6 +13,9 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
 pub use crate::verbatim::Verbatim;
+pub use direct::Shape;
+
+mod direct;
 
 use crate::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Tool, ToolChoice};
 
@@ -57,28 +60,34 @@ pub enum Origin {
 /// A Chat Completions body as the caller sent it.
 #[derive(Debug, Clone)]
 pub struct OpenAiBody {
+    /// The top-level fields; while `verbatim` holds the body's text, all but `messages` and
+    /// `tools`, which only the typed request and the text hold.
     fields: Map<String, Value>,
-    /// Each top-level field's JSON text as sent, while `fields` is unchanged: the same-shape
-    /// upstream body is written from these without serialising the parsed values again
+    /// A large body's top-level fields as the JSON text they were sent as, while unchanged: the
+    /// same-shape upstream body is written from these without serialising parsed values again
     /// (issue 33: re-escaping every string of a 150 KB agent history was 42 % of the
-    /// request's instructions). Dropped by [`OpenAiBody::fields_mut`].
+    /// request's instructions), and `messages` and `tools` are never parsed into values
+    /// ([`direct`]). Dropped by [`OpenAiBody::fields_mut`].
     verbatim: Option<Verbatim>,
+    /// What `messages` was, as sent.
+    shape: Shape,
 }
 
 impl OpenAiBody {
-    /// `fields` with the text each was sent as, when `body` reads as the same fields.
-    fn new(fields: Map<String, Value>, body: &[u8]) -> OpenAiBody {
-        let verbatim = Verbatim::of_large(body, &fields);
-        OpenAiBody { fields, verbatim }
-    }
-
+    /// The top-level fields but `messages` and `tools` (read those from the typed request).
     pub fn fields(&self) -> &Map<String, Value> {
         &self.fields
     }
 
-    /// The fields, to change: what was sent no longer stands for them.
+    /// Every top-level field, to change: what was sent no longer stands for them.
     pub fn fields_mut(&mut self) -> &mut Map<String, Value> {
-        self.verbatim = None;
+        if let Some(verbatim) = self.verbatim.take() {
+            for key in direct::TYPED_ONLY {
+                if let Some(value) = verbatim.value(key) {
+                    self.fields.insert(key.to_string(), value);
+                }
+            }
+        }
         &mut self.fields
     }
 }
@@ -112,22 +121,37 @@ pub struct AnthropicOrigin {
 impl ChatRequest {
     /// A Chat Completions body: a JSON object with a string `model`. What the pipeline reads
     /// is typed from it leniently; [`Self::check_routable`] checks what a routed call needs.
+    ///
+    /// A large body whose top-level keys are plain and distinct is read directly (its history
+    /// never becomes a tree, see [`direct`]); any other body is parsed into values and typed
+    /// from them. The two readings agree (the property test `reads_as_the_tree_does`).
     pub fn parse(body: &[u8]) -> Result<ChatRequest, BadRequest> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| BadRequest(format!("malformed JSON body: {e}")))?;
+        let malformed = |e: serde_json::Error| BadRequest(format!("malformed JSON body: {e}"));
+        let large = (body.len() >= crate::verbatim::WORTH_IT).then(|| Verbatim::of_distinct(body)).flatten();
+        if let Some(verbatim) = large {
+            match direct::read(body) {
+                Ok(read) => {
+                    let model = model_of(&read.fields)?;
+                    let exchange = Arc::new(typed(&read.fields, read.messages, read.tools));
+                    let body = OpenAiBody { fields: read.fields, verbatim: Some(verbatim), shape: read.shape };
+                    return Ok(ChatRequest { model, exchange, origin: Origin::OpenAi(Arc::new(body)) });
+                }
+                Err(direct::Unread::Malformed(e)) => return Err(malformed(e)),
+                Err(direct::Unread::RawValueKey) => {}
+            }
+        }
+        let value: Value = serde_json::from_slice(body).map_err(malformed)?;
         let Value::Object(fields) = value else {
             return Err(BadRequest("the body must be a JSON object".into()));
         };
-        let model = match fields.get("model") {
-            Some(Value::String(model)) if !model.is_empty() => model.clone(),
-            Some(_) => {
-                return Err(BadRequest("`model` must be a non-empty string".into()));
-            }
-            None => {
-                return Err(BadRequest("missing required field `model`".into()));
-            }
-        };
+        let model = model_of(&fields)?;
         let exchange = Arc::new(typed_of_openai(&fields));
-        Ok(ChatRequest { model, exchange, origin: Origin::OpenAi(Arc::new(OpenAiBody::new(fields, body))) })
+        let shape = Shape::of(fields.get("messages"));
+        Ok(ChatRequest {
+            model,
+            exchange,
+            origin: Origin::OpenAi(Arc::new(OpenAiBody { fields, verbatim: None, shape })),
+        })
     }
 
     /// The caller's Chat Completions fields, when it spoke that shape.
@@ -163,15 +187,14 @@ impl ChatRequest {
 
     /// Checks what a routed call needs beyond `model` (a Messages body was checked on parse).
     pub fn check_routable(&self) -> Result<(), BadRequest> {
-        let Some(fields) = self.openai_fields() else { return Ok(()) };
-        match fields.get("messages") {
-            Some(Value::Array(messages)) if messages.len() > MAX_MESSAGES => Err(BadRequest(format!(
-                "`messages` has {} entries; at most {MAX_MESSAGES} are accepted",
-                messages.len()
-            ))),
-            Some(Value::Array(messages)) if !messages.is_empty() => Ok(()),
-            Some(_) => Err(BadRequest("`messages` must be a non-empty array".into())),
-            None => Err(BadRequest("missing required field `messages`".into())),
+        let Origin::OpenAi(body) = &self.origin else { return Ok(()) };
+        match body.shape {
+            Shape::Array(entries) if entries > MAX_MESSAGES => {
+                Err(BadRequest(format!("`messages` has {entries} entries; at most {MAX_MESSAGES} are accepted")))
+            }
+            Shape::Array(entries) if entries > 0 => Ok(()),
+            Shape::Array(_) | Shape::Other => Err(BadRequest("`messages` must be a non-empty array".into())),
+            Shape::Absent => Err(BadRequest("missing required field `messages`".into())),
         }
     }
 
@@ -235,17 +258,26 @@ impl ChatRequest {
     }
 }
 
+/// `model`: a non-empty string.
+fn model_of(fields: &Map<String, Value>) -> Result<String, BadRequest> {
+    match fields.get("model") {
+        Some(Value::String(model)) if !model.is_empty() => Ok(model.clone()),
+        Some(_) => Err(BadRequest("`model` must be a non-empty string".into())),
+        None => Err(BadRequest("missing required field `model`".into())),
+    }
+}
+
 /// A Chat Completions body, typed. Lenient: what it cannot read is left out (the body as sent
 /// still goes to OpenAI-flavour targets); system and developer messages stay where they stand.
 fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
     let text = |v: &Value| v.as_str().map(str::to_string);
     let messages = fields.get("messages").and_then(Value::as_array);
-    let mut typed: Vec<Message> = Vec::with_capacity(messages.map_or(0, Vec::len));
+    let mut typed_messages: Vec<Message> = Vec::with_capacity(messages.map_or(0, Vec::len));
     for message in messages.into_iter().flatten() {
         let content = message.get("content");
         match message.get("role").and_then(Value::as_str) {
             Some("system" | "developer") => {
-                typed.push(Message { role: Role::System, content: parts_of(content) });
+                typed_messages.push(Message { role: Role::System, content: parts_of(content) });
             }
             Some("assistant") => {
                 let mut parts = parts_of(content);
@@ -257,21 +289,17 @@ fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
                         input: function.and_then(|f| f.get("arguments")).and_then(text).unwrap_or_else(|| "{}".into()),
                     });
                 }
-                typed.push(Message { role: Role::Assistant, content: parts });
+                typed_messages.push(Message { role: Role::Assistant, content: parts });
             }
             Some("tool") => {
-                let content = parts_of(content)
-                    .into_iter()
-                    .filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None })
-                    .collect::<Vec<_>>()
-                    .join("\n");
+                let content = tool_result_text(parts_of(content));
                 let id = message.get("tool_call_id").and_then(text).unwrap_or_default();
-                typed.push(Message {
+                typed_messages.push(Message {
                     role: Role::User,
                     content: vec![Part::ToolResult { id, content, is_error: false }],
                 });
             }
-            _ => typed.push(Message { role: Role::User, content: parts_of(content) }),
+            _ => typed_messages.push(Message { role: Role::User, content: parts_of(content) }),
         }
     }
     let tools = fields.get("tools").and_then(Value::as_array).into_iter().flatten();
@@ -281,13 +309,28 @@ fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
             Some(Tool {
                 name: function.get("name").and_then(text)?,
                 description: function.get("description").and_then(text).unwrap_or_default(),
-                schema: function
-                    .get("parameters")
-                    .cloned()
-                    .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+                schema: function.get("parameters").cloned().unwrap_or_else(empty_schema),
             })
         })
         .collect();
+    typed(fields, typed_messages, tools)
+}
+
+/// A tool's schema when it gives none.
+fn empty_schema() -> Value {
+    serde_json::json!({"type": "object", "properties": {}})
+}
+
+/// A `tool` message's result: its text parts, one per line.
+fn tool_result_text(content: Vec<Part>) -> String {
+    let texts: Vec<String> =
+        content.into_iter().filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None }).collect();
+    texts.join("\n")
+}
+
+/// The typed request: `messages` and `tools` as read, the rest from `fields`.
+fn typed(fields: &Map<String, Value>, messages: Vec<Message>, tools: Vec<Tool>) -> exchange::Request {
+    let text = |v: &Value| v.as_str().map(str::to_string);
     let tool_choice = match fields.get("tool_choice") {
         Some(Value::String(choice)) if choice == "auto" => Some(ToolChoice::Auto),
         Some(Value::String(choice)) if choice == "none" => Some(ToolChoice::None),
@@ -309,7 +352,7 @@ fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
     .map(|effort| Reasoning { effort: Some(effort), fields: vec!["reasoning_effort"] });
     exchange::Request {
         system: Vec::new(),
-        messages: typed,
+        messages,
         tools,
         tool_choice,
         parallel_tool_calls: fields.get("parallel_tool_calls").and_then(Value::as_bool),

@@ -42,6 +42,23 @@ impl Verbatim {
         Some(Verbatim { text: body.into(), fields })
     }
 
+    /// `body`'s fields, when `body` is an object whose keys are written without escapes and
+    /// distinct (not yet parsed: a caller that finds the body malformed drops this).
+    pub fn of_distinct(body: &[u8]) -> Option<Verbatim> {
+        let spans = spans(body)?;
+        let distinct = spans.iter().enumerate().all(|(i, (key, _))| spans.iter().take(i).all(|(k, _)| k != key));
+        distinct.then(|| Verbatim {
+            text: body.into(),
+            fields: spans.into_iter().map(|(k, s)| (k.to_string(), s)).collect(),
+        })
+    }
+
+    /// The value of field `key`, parsed.
+    pub fn value(&self, key: &str) -> Option<Value> {
+        let (_, span) = self.fields.iter().rev().find(|(k, _)| k == key)?;
+        serde_json::from_slice(self.text.get(span.clone())?).ok()
+    }
+
     /// A JSON object: every field as sent but those `replaced` names, then `set` (a later entry
     /// of a key wins, as with a map's insert).
     pub fn relay(&self, replaced: impl Fn(&str) -> bool, set: &[(&str, &Value)]) -> Vec<u8> {

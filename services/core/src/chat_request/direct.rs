@@ -1,0 +1,702 @@
+//! A large Chat Completions body read without a tree of its history (issue 33, "parsing in
+//! proportion"). `messages` and `tools` go straight from the body's text into the typed
+//! request; only the few other top-level fields become `serde_json` values. Building a tree of
+//! a 150 KB agent history (a map node and a key string for every object), copying its text into
+//! the typed request and freeing the tree was most of such a request's instructions, and on the
+//! same-shape path the tree served nothing: the body is relayed from its text ([`Verbatim`]).
+//!
+//! Lenient exactly as [`super::typed_of_openai`] is over a tree: a field of the wrong type reads
+//! as absent, a message that is not an object as an empty user turn, a repeated key as its last
+//! value. The property test `reads_as_the_tree_does` holds the two readings to one result.
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+use crate::exchange::{Message, Part, Role, Tool};
+
+/// What `messages` was, as sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Shape {
+    #[default]
+    Absent,
+    /// Not an array.
+    Other,
+    /// An array of this many entries.
+    Array(usize),
+}
+
+impl Shape {
+    pub(super) fn of(messages: Option<&Value>) -> Shape {
+        match messages {
+            None => Shape::Absent,
+            Some(Value::Array(messages)) => Shape::Array(messages.len()),
+            Some(_) => Shape::Other,
+        }
+    }
+}
+
+/// A body read directly: every top-level field but `messages` and `tools` as values, those two
+/// typed.
+#[derive(Debug, Default)]
+pub(super) struct Read {
+    pub fields: Map<String, Value>,
+    pub messages: Vec<Message>,
+    pub shape: Shape,
+    pub tools: Vec<Tool>,
+}
+
+/// The fields [`Read`] holds only typed (and the body's text holds as sent).
+pub(super) const TYPED_ONLY: [&str; 2] = ["messages", "tools"];
+
+/// Why a body was not read directly.
+#[derive(Debug)]
+pub(super) enum Unread {
+    Malformed(serde_json::Error),
+    /// An object keyed by serde_json's raw-value token, which a tree reads as the JSON in its
+    /// string: only the tree reads it alike.
+    RawValueKey,
+}
+
+/// Stops a read at the raw-value token (no API's key).
+const RAW_VALUE_KEY: &str = "shield: raw-value key";
+
+/// Reads `body`, a JSON object.
+pub(super) fn read(body: &[u8]) -> Result<Read, Unread> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let read = Lenient(Body).deserialize(&mut deserializer).and_then(|read| deserializer.end().map(|()| read));
+    read.map_err(|e| if e.to_string().starts_with(RAW_VALUE_KEY) { Unread::RawValueKey } else { Unread::Malformed(e) })
+}
+
+/// What a reader makes of each JSON type; a type it does not expect reads as `Out::default()`
+/// (consumed and ignored).
+trait Reader<'de>: Sized {
+    type Out: Default;
+
+    fn str(self, _: &str) -> Self::Out {
+        Self::Out::default()
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Out, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Self::Out::default())
+    }
+
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Self::Out::default())
+    }
+}
+
+/// A [`Reader`] as a serde seed and visitor.
+struct Lenient<R>(R);
+
+impl<'de, R: Reader<'de>> DeserializeSeed<'de> for Lenient<R> {
+    type Value = R::Out;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<R::Out, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de, R: Reader<'de>> Visitor<'de> for Lenient<R> {
+    type Value = R::Out;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<R::Out, E> {
+        Ok(R::Out::default())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<R::Out, E> {
+        Ok(R::Out::default())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<R::Out, E> {
+        Ok(R::Out::default())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<R::Out, E> {
+        Ok(R::Out::default())
+    }
+
+    fn visit_unit<E>(self) -> Result<R::Out, E> {
+        Ok(R::Out::default())
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<R::Out, E> {
+        Ok(self.0.str(text))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<R::Out, A::Error> {
+        self.0.seq(seq)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<R::Out, A::Error> {
+        self.0.map(map)
+    }
+}
+
+/// Reads a map's entries: `field` is called with each key, and reads that key's value.
+fn entries<'de, A: MapAccess<'de>>(
+    mut map: A,
+    mut field: impl FnMut(&str, &mut A) -> Result<(), A::Error>,
+) -> Result<(), A::Error> {
+    while let Some(Key(key)) = map.next_key()? {
+        if key == super::RAW_VALUE_TOKEN {
+            return Err(serde::de::Error::custom(RAW_VALUE_KEY));
+        }
+        field(&key, &mut map)?;
+    }
+    Ok(())
+}
+
+/// A key, borrowed from the body unless it was written with escapes (serde's own `Cow<str>`
+/// always copies).
+struct Key<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Key<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+
+            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Borrowed(key)))
+            }
+
+            fn visit_str<E>(self, key: &str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(key.to_string())))
+            }
+        }
+        deserializer.deserialize_str(Visit)
+    }
+}
+
+/// The top-level object.
+struct Body;
+
+impl<'de> Reader<'de> for Body {
+    type Out = Read;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Read, A::Error> {
+        let mut read = Read::default();
+        entries(map, |key, map| {
+            match key {
+                "messages" => {
+                    let messages = map.next_value_seed(Lenient(Messages))?;
+                    read.shape = messages.as_ref().map_or(Shape::Other, |m| Shape::Array(m.len()));
+                    read.messages = messages.unwrap_or_default();
+                }
+                "tools" => read.tools = map.next_value_seed(Lenient(Tools))?.unwrap_or_default(),
+                _ => {
+                    read.fields.insert(key.to_string(), map.next_value()?);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(read)
+    }
+}
+
+/// A string, or nothing.
+struct Text;
+
+impl<'de> Reader<'de> for Text {
+    type Out = Option<String>;
+
+    fn str(self, text: &str) -> Option<String> {
+        Some(text.to_string())
+    }
+}
+
+/// Each entry of an array, read by `R` (`None` when not an array).
+struct Each<R>(R);
+
+impl<'de, R: Reader<'de> + Copy> Reader<'de> for Each<R> {
+    type Out = Option<Vec<R::Out>>;
+
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Out, A::Error> {
+        let mut all = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(one) = seq.next_element_seed(Lenient(self.0))? {
+            all.push(one);
+        }
+        Ok(Some(all))
+    }
+}
+
+/// `messages`: each entry as a typed message.
+struct Messages;
+
+impl<'de> Reader<'de> for Messages {
+    type Out = Option<Vec<Message>>;
+
+    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
+        let sent = Each(OneMessage).seq(seq)?;
+        Ok(sent.map(|all| all.into_iter().map(SentMessage::typed).collect()))
+    }
+}
+
+/// One Chat Completions message's fields, as sent.
+#[derive(Default)]
+struct SentMessage {
+    role: Option<String>,
+    content: Option<Vec<Part>>,
+    tool_calls: Option<Vec<SentCall>>,
+    tool_call_id: Option<String>,
+}
+
+impl SentMessage {
+    /// As [`super::typed_of_openai`] types a message.
+    fn typed(self) -> Message {
+        let content = self.content.unwrap_or_default();
+        match self.role.as_deref() {
+            Some("system" | "developer") => Message { role: Role::System, content },
+            Some("assistant") => {
+                let mut parts = content;
+                parts.extend(self.tool_calls.into_iter().flatten().map(|call| Part::ToolUse {
+                    id: call.id.unwrap_or_default(),
+                    name: call.name.unwrap_or_default(),
+                    input: call.arguments.unwrap_or_else(|| "{}".into()),
+                }));
+                Message { role: Role::Assistant, content: parts }
+            }
+            Some("tool") => {
+                let content = super::tool_result_text(content);
+                let id = self.tool_call_id.unwrap_or_default();
+                Message { role: Role::User, content: vec![Part::ToolResult { id, content, is_error: false }] }
+            }
+            _ => Message { role: Role::User, content },
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct OneMessage;
+
+impl<'de> Reader<'de> for OneMessage {
+    type Out = SentMessage;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<SentMessage, A::Error> {
+        let mut message = SentMessage::default();
+        entries(map, |key, map| {
+            match key {
+                "role" => message.role = map.next_value_seed(Lenient(Text))?,
+                "content" => message.content = Some(map.next_value_seed(Lenient(Content))?),
+                "tool_calls" => message.tool_calls = map.next_value_seed(Lenient(Each(OneCall)))?,
+                "tool_call_id" => message.tool_call_id = map.next_value_seed(Lenient(Text))?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(message)
+    }
+}
+
+/// Content: a string, or parts (as [`super::parts_of`] reads them).
+struct Content;
+
+impl<'de> Reader<'de> for Content {
+    type Out = Vec<Part>;
+
+    fn str(self, text: &str) -> Vec<Part> {
+        vec![Part::Text(text.to_string())]
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Vec<Part>, A::Error> {
+        Ok(Each(OnePart).seq(seq)?.into_iter().flatten().flat_map(SentPart::typed).collect())
+    }
+}
+
+#[derive(Default)]
+struct SentPart {
+    kind: Option<String>,
+    text: Option<String>,
+    image_url: Option<String>,
+}
+
+impl SentPart {
+    fn typed(self) -> Option<Part> {
+        match self.kind.as_deref() {
+            Some("text") | None => self.text.map(Part::Text),
+            Some("image_url") => self.image_url.as_deref().and_then(super::image_of),
+            Some(_) => Some(Part::Opaque { kind: self.kind.unwrap_or_default(), text: self.text.unwrap_or_default() }),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct OnePart;
+
+impl<'de> Reader<'de> for OnePart {
+    type Out = SentPart;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<SentPart, A::Error> {
+        let mut part = SentPart::default();
+        entries(map, |key, map| {
+            match key {
+                "type" => part.kind = map.next_value_seed(Lenient(Text))?,
+                "text" => part.text = map.next_value_seed(Lenient(Text))?,
+                "image_url" => part.image_url = map.next_value_seed(Lenient(Field("url")))?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(part)
+    }
+}
+
+/// One string field of an object.
+#[derive(Clone, Copy)]
+struct Field(&'static str);
+
+impl<'de> Reader<'de> for Field {
+    type Out = Option<String>;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Option<String>, A::Error> {
+        let mut found = None;
+        entries(map, |key, map| {
+            if key == self.0 {
+                found = map.next_value_seed(Lenient(Text))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        })?;
+        Ok(found)
+    }
+}
+
+/// A tool call an assistant message made.
+#[derive(Default)]
+struct SentCall {
+    id: Option<String>,
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+#[derive(Clone, Copy)]
+struct OneCall;
+
+impl<'de> Reader<'de> for OneCall {
+    type Out = SentCall;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<SentCall, A::Error> {
+        let mut call = SentCall::default();
+        entries(map, |key, map| {
+            match key {
+                "id" => call.id = map.next_value_seed(Lenient(Text))?,
+                "function" => {
+                    let function = map.next_value_seed(Lenient(Function))?;
+                    (call.name, call.arguments) = function.map(|f| (f.name, f.arguments)).unwrap_or_default();
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(call)
+    }
+}
+
+/// A `function` object: a call's (`name`, `arguments`) or a tool's (`name`, `description`,
+/// `parameters`).
+#[derive(Default)]
+struct SentFunction {
+    name: Option<String>,
+    arguments: Option<String>,
+    description: Option<String>,
+    parameters: Option<Value>,
+}
+
+#[derive(Clone, Copy)]
+struct Function;
+
+impl<'de> Reader<'de> for Function {
+    type Out = Option<SentFunction>;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
+        let mut function = SentFunction::default();
+        entries(map, |key, map| {
+            match key {
+                "name" => function.name = map.next_value_seed(Lenient(Text))?,
+                "arguments" => function.arguments = map.next_value_seed(Lenient(Text))?,
+                "description" => function.description = map.next_value_seed(Lenient(Text))?,
+                "parameters" => function.parameters = Some(map.next_value()?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(Some(function))
+    }
+}
+
+/// `tools`: each function tool with a name.
+struct Tools;
+
+impl<'de> Reader<'de> for Tools {
+    type Out = Option<Vec<Tool>>;
+
+    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
+        let sent = Each(OneTool).seq(seq)?;
+        Ok(sent.map(|all| {
+            all.into_iter()
+                .flatten()
+                .filter_map(|function| {
+                    Some(Tool {
+                        name: function.name?,
+                        description: function.description.unwrap_or_default(),
+                        schema: function.parameters.unwrap_or_else(super::empty_schema),
+                    })
+                })
+                .collect()
+        }))
+    }
+}
+
+#[derive(Clone, Copy)]
+struct OneTool;
+
+impl<'de> Reader<'de> for OneTool {
+    type Out = Option<SentFunction>;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
+        let mut function = None;
+        entries(map, |key, map| {
+            if key == "function" {
+                function = map.next_value_seed(Lenient(Function))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        })?;
+        Ok(function)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// JSON with repeated keys allowed (serde_json's own values cannot hold them).
+    #[derive(Debug, Clone)]
+    enum Json {
+        Null,
+        Bool(bool),
+        Number(f64),
+        Text(String),
+        Array(Vec<Json>),
+        Object(Vec<(String, Json)>),
+    }
+
+    impl Json {
+        fn write(&self, out: &mut String) {
+            match self {
+                Json::Null => out.push_str("null"),
+                Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+                Json::Number(n) => out.push_str(&serde_json::to_string(n).unwrap()),
+                Json::Text(t) => out.push_str(&serde_json::to_string(t).unwrap()),
+                Json::Array(all) => {
+                    out.push('[');
+                    for (i, one) in all.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        one.write(out);
+                    }
+                    out.push(']');
+                }
+                Json::Object(fields) => {
+                    out.push('{');
+                    for (i, (key, value)) in fields.iter().enumerate() {
+                        if i > 0 {
+                            out.push_str(", ");
+                        }
+                        if key.contains("\\u") {
+                            // Written with an escape, as some clients do.
+                            out.push_str(&format!("\"{key}\""));
+                        } else {
+                            out.push_str(&serde_json::to_string(key).unwrap());
+                        }
+                        out.push(':');
+                        value.write(out);
+                    }
+                    out.push('}');
+                }
+            }
+        }
+    }
+
+    const KEYS: [&str; 16] = [
+        "role",
+        "content",
+        "tool_calls",
+        "tool_call_id",
+        "type",
+        "text",
+        "image_url",
+        "url",
+        "function",
+        "name",
+        "arguments",
+        "description",
+        "parameters",
+        "id",
+        "x",
+        "rol\\u0065",
+    ];
+    const TEXTS: [&str; 14] = [
+        "system",
+        "developer",
+        "assistant",
+        "tool",
+        "user",
+        "text",
+        "image_url",
+        "input_audio",
+        "data:image/png;base64,AAA",
+        "https://x.test/y.png",
+        "a\nb",
+        "é \"q\" \\",
+        "",
+        "{}",
+    ];
+
+    fn json() -> BoxedStrategy<Json> {
+        let leaf = prop_oneof![
+            Just(Json::Null),
+            any::<bool>().prop_map(Json::Bool),
+            (-5i32..5).prop_map(|n| Json::Number(f64::from(n) / 2.0)),
+            prop::sample::select(&TEXTS[..]).prop_map(|t| Json::Text(t.to_string())),
+        ];
+        leaf.prop_recursive(5, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Json::Array),
+                // `rol\u0065` is written with its escape: it reads as `role`.
+                prop::collection::vec((prop::sample::select(&KEYS[..]), inner), 0..6)
+                    .prop_map(|fields| Json::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
+            ]
+        })
+        .boxed()
+    }
+
+    /// An object with some of `fields` (each value as given, or any JSON), now and then a key
+    /// repeated with another value.
+    fn object(fields: Vec<(&'static str, BoxedStrategy<Json>)>) -> BoxedStrategy<Json> {
+        let each: Vec<_> = fields
+            .into_iter()
+            .map(|(key, value)| {
+                prop::option::weighted(0.75, prop_oneof![6 => value, 1 => json()])
+                    .prop_map(move |value| value.map(|value| (key.to_string(), value)))
+            })
+            .collect();
+        (each, prop::bool::weighted(0.15), json())
+            .prop_map(|(fields, repeat, other)| {
+                let mut fields: Vec<_> = fields.into_iter().flatten().collect();
+                if let Some((key, _)) = fields.first().filter(|_| repeat).cloned() {
+                    fields.push((key, other));
+                }
+                Json::Object(fields)
+            })
+            .boxed()
+    }
+
+    fn one_of(texts: &'static [&'static str]) -> BoxedStrategy<Json> {
+        prop::sample::select(texts).prop_map(|t| Json::Text(t.to_string())).boxed()
+    }
+
+    fn text() -> BoxedStrategy<Json> {
+        one_of(&TEXTS)
+    }
+
+    fn array(of: BoxedStrategy<Json>) -> BoxedStrategy<Json> {
+        prop_oneof![8 => prop::collection::vec(of, 0..5).prop_map(Json::Array), 1 => json()].boxed()
+    }
+
+    /// Mostly message-shaped: roles, content as text or parts, tool calls.
+    fn messages() -> BoxedStrategy<Json> {
+        const ROLES: [&str; 6] = ["system", "developer", "assistant", "tool", "user", "other"];
+        let url = object(vec![("url", one_of(&["data:image/png;base64,AAA", "https://x.test/y.png", "ftp://x"]))]);
+        let part =
+            object(vec![("type", one_of(&["text", "image_url", "input_audio"])), ("text", text()), ("image_url", url)]);
+        let function = object(vec![("name", text()), ("arguments", text())]);
+        let call = object(vec![("id", text()), ("function", function), ("type", text())]);
+        array(object(vec![
+            ("role", one_of(&ROLES)),
+            ("content", prop_oneof![text(), array(part)].boxed()),
+            ("tool_calls", array(call)),
+            ("tool_call_id", text()),
+            // Written with its escape: it reads as `role`.
+            ("rol\\u0065", one_of(&ROLES)),
+        ]))
+    }
+
+    fn tools() -> BoxedStrategy<Json> {
+        let function = object(vec![("name", text()), ("description", text()), ("parameters", json())]);
+        array(object(vec![("type", text()), ("function", function)]))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// Read directly or as a tree, a body gives the same typed request, the same `messages`
+        /// shape and the same upstream body.
+        #[test]
+        fn reads_as_the_tree_does(messages in messages(), tools in tools(), pretty in any::<bool>()) {
+            let mut body = String::from(if pretty { "{ \"model\": \"m\",\n \"temperature\": 0.5, " } else { "{\"model\":\"m\"," });
+            body.push_str("\"messages\": ");
+            messages.write(&mut body);
+            body.push_str(", \"tools\" :");
+            tools.write(&mut body);
+            body.push_str(&format!(", \"pad\": \"{}\" }}", "p".repeat(crate::verbatim::WORTH_IT)));
+
+            let Ok(read) = read(body.as_bytes()) else { panic!("unread") };
+            let Value::Object(tree) = serde_json::from_str::<Value>(&body).unwrap() else { unreachable!() };
+            prop_assert_eq!(read.shape, Shape::of(tree.get("messages")));
+            let direct = super::super::typed(&read.fields, read.messages, read.tools);
+            prop_assert_eq!(&direct, &super::super::typed_of_openai(&tree));
+
+            let request = super::super::ChatRequest::parse(body.as_bytes()).unwrap();
+            prop_assert!(request.openai_fields().is_some_and(|f| !f.contains_key("messages")), "read directly");
+            prop_assert_eq!(request.exchange.as_ref(), &direct);
+            let relayed: Value = serde_json::from_slice(&request.upstream_body("t", None, true, &[]).unwrap()).unwrap();
+            let mut changed = request.clone();
+            if let super::super::Origin::OpenAi(sent) = &mut changed.origin {
+                let every = std::sync::Arc::make_mut(sent).fields_mut().clone();
+                prop_assert_eq!(every, tree.clone());
+            }
+            let from_tree: Value = serde_json::from_slice(&changed.upstream_body("t", None, true, &[]).unwrap()).unwrap();
+            prop_assert_eq!(relayed, from_tree);
+        }
+    }
+
+    #[test]
+    fn a_raw_value_key_is_read_as_a_tree_reads_it() {
+        let hidden = serde_json::json!({"role": "user", "content": "AKIA in hiding"}).to_string();
+        let body = serde_json::json!({"model": "m", "messages": [{"$serde_json::private::RawValue": hidden}], "pad": "p".repeat(4096)});
+        let request = super::super::ChatRequest::parse(body.to_string().as_bytes()).unwrap();
+        assert_eq!(request.prompt_text(), "AKIA in hiding\n", "the guardrails read what a serde_json server would");
+    }
+
+    #[test]
+    fn a_malformed_large_body_is_refused_with_serde_json_s_reason() {
+        let body = format!(r#"{{"model": "m", "messages": [{{"role": "user", "content": "{}"]}}"#, "x".repeat(4096));
+        let Err(refused) = super::super::ChatRequest::parse(body.as_bytes()) else { panic!("accepted") };
+        assert!(refused.0.starts_with("malformed JSON body: "), "{refused}");
+        let trailing = format!(r#"{{"model": "m", "messages": [], "pad": "{}"}} x"#, "x".repeat(4096));
+        assert!(super::super::ChatRequest::parse(trailing.as_bytes()).is_err());
+    }
+}
