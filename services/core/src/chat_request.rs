@@ -119,13 +119,19 @@ pub struct AnthropicOrigin {
 }
 
 impl ChatRequest {
+    /// [`Self::parse_shared`] of a body not already in shared memory (tests, fuzzing): copied
+    /// once.
+    pub fn parse(body: &[u8]) -> Result<ChatRequest, BadRequest> {
+        Self::parse_shared(&bytes::Bytes::copy_from_slice(body))
+    }
+
     /// A Chat Completions body: a JSON object with a string `model`. What the pipeline reads
     /// is typed from it leniently; [`Self::check_routable`] checks what a routed call needs.
     ///
     /// A large body whose top-level keys are plain and distinct is read directly (its history
     /// never becomes a tree, see [`direct`]); any other body is parsed into values and typed
     /// from them. The two readings agree (the property test `reads_as_the_tree_does`).
-    pub fn parse(body: &[u8]) -> Result<ChatRequest, BadRequest> {
+    pub fn parse_shared(body: &bytes::Bytes) -> Result<ChatRequest, BadRequest> {
         let malformed = |e: serde_json::Error| BadRequest(format!("malformed JSON body: {e}"));
         let large = (body.len() >= crate::verbatim::WORTH_IT).then(|| Verbatim::of_distinct(body)).flatten();
         if let Some(verbatim) = large {

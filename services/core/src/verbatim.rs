@@ -12,12 +12,14 @@
 
 use std::ops::Range;
 
+use bytes::Bytes;
 use serde_json::{Map, Value};
 
 /// The top-level fields of an object body, each with the bytes of its value as sent.
 #[derive(Debug, Clone)]
 pub struct Verbatim {
-    text: Box<[u8]>,
+    /// The body as read: shared with the request, not copied.
+    text: Bytes,
     fields: Vec<(String, Range<usize>)>,
 }
 
@@ -28,27 +30,27 @@ pub const WORTH_IT: usize = 2048;
 
 impl Verbatim {
     /// [`Verbatim::of`] for a body of at least [`WORTH_IT`] bytes.
-    pub fn of_large(body: &[u8], fields: &Map<String, Value>) -> Option<Verbatim> {
+    pub fn of_large(body: &Bytes, fields: &Map<String, Value>) -> Option<Verbatim> {
         (body.len() >= WORTH_IT).then(|| Verbatim::of(body, fields)).flatten()
     }
 
     /// `body`'s fields, when `body` is an object whose keys are `fields`' keys.
-    pub fn of(body: &[u8], fields: &Map<String, Value>) -> Option<Verbatim> {
+    pub fn of(body: &Bytes, fields: &Map<String, Value>) -> Option<Verbatim> {
         let spans = spans(body)?;
         if spans.len() != fields.len() || !spans.iter().all(|(key, _)| fields.contains_key(*key)) {
             return None; // a duplicate key, or a key written with escapes
         }
         let fields = spans.into_iter().map(|(key, span)| (key.to_string(), span)).collect();
-        Some(Verbatim { text: body.into(), fields })
+        Some(Verbatim { text: body.clone(), fields })
     }
 
     /// `body`'s fields, when `body` is an object whose keys are written without escapes and
     /// distinct (not yet parsed: a caller that finds the body malformed drops this).
-    pub fn of_distinct(body: &[u8]) -> Option<Verbatim> {
+    pub fn of_distinct(body: &Bytes) -> Option<Verbatim> {
         let spans = spans(body)?;
         let distinct = spans.iter().enumerate().all(|(i, (key, _))| spans.iter().take(i).all(|(k, _)| k != key));
         distinct.then(|| Verbatim {
-            text: body.into(),
+            text: body.clone(),
             fields: spans.into_iter().map(|(k, s)| (k.to_string(), s)).collect(),
         })
     }
@@ -174,7 +176,7 @@ mod tests {
 
     fn verbatim(body: &str) -> Option<Verbatim> {
         let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(body) else { return None };
-        Verbatim::of(body.as_bytes(), &fields)
+        Verbatim::of(&Bytes::copy_from_slice(body.as_bytes()), &fields)
     }
 
     #[test]

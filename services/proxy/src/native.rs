@@ -28,7 +28,7 @@ pub async fn chat(
         let raw = body::read(&req, payload).await?;
         let fields = native_to_messages(&raw)?;
         let raw = web::Bytes::from(serde_json::to_vec(&fields).unwrap_or_default());
-        let request = ChatRequest::parse(&raw)?;
+        let request = ChatRequest::parse_shared(&raw)?;
         let served = pipeline(&req, caller, raw.clone(), &request, &state, &egress, INGRESS).await?;
         Ok::<_, ProxyError>(served.render(render))
     };

@@ -9,7 +9,7 @@
 //! as absent, a message that is not an object as an empty user turn, a repeated key as its last
 //! value. The property test `reads_as_the_tree_does` holds the two readings to one result.
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
 use crate::exchange::{Message, Part, Role, Tool};
@@ -77,14 +77,32 @@ trait Reader<'de>: Sized {
     }
 
     fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Out, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        while seq.next_element::<Skip>()?.is_some() {}
         Ok(Self::Out::default())
     }
 
     fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        while map.next_entry::<Skip, Skip>()?.is_some() {}
         Ok(Self::Out::default())
     }
+}
+
+/// A value read and dropped. Unlike serde's `IgnoredAny`, which serde_json skips without its
+/// recursion limit, this nests as the value does, so a body nested past the limit is refused
+/// here as the tree reading refuses it.
+struct Skip;
+
+impl<'de> serde::Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Skip, D::Error> {
+        Lenient(Dropped).deserialize(deserializer).map(|()| Skip)
+    }
+}
+
+/// Reads anything into nothing.
+struct Dropped;
+
+impl<'de> Reader<'de> for Dropped {
+    type Out = ();
 }
 
 /// A [`Reader`] as a serde seed and visitor.
@@ -291,7 +309,7 @@ impl<'de> Reader<'de> for OneMessage {
                 "tool_calls" => message.tool_calls = map.next_value_seed(Lenient(Each(OneCall)))?,
                 "tool_call_id" => message.tool_call_id = map.next_value_seed(Lenient(Text))?,
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<Skip>()?;
                 }
             }
             Ok(())
@@ -346,7 +364,7 @@ impl<'de> Reader<'de> for OnePart {
                 "text" => part.text = map.next_value_seed(Lenient(Text))?,
                 "image_url" => part.image_url = map.next_value_seed(Lenient(Field("url")))?,
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<Skip>()?;
                 }
             }
             Ok(())
@@ -368,7 +386,7 @@ impl<'de> Reader<'de> for Field {
             if key == self.0 {
                 found = map.next_value_seed(Lenient(Text))?;
             } else {
-                map.next_value::<IgnoredAny>()?;
+                map.next_value::<Skip>()?;
             }
             Ok(())
         })?;
@@ -400,7 +418,7 @@ impl<'de> Reader<'de> for OneCall {
                     (call.name, call.arguments) = function.map(|f| (f.name, f.arguments)).unwrap_or_default();
                 }
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<Skip>()?;
                 }
             }
             Ok(())
@@ -434,7 +452,7 @@ impl<'de> Reader<'de> for Function {
                 "description" => function.description = map.next_value_seed(Lenient(Text))?,
                 "parameters" => function.parameters = Some(map.next_value()?),
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<Skip>()?;
                 }
             }
             Ok(())
@@ -478,7 +496,7 @@ impl<'de> Reader<'de> for OneTool {
             if key == "function" {
                 function = map.next_value_seed(Lenient(Function))?;
             } else {
-                map.next_value::<IgnoredAny>()?;
+                map.next_value::<Skip>()?;
             }
             Ok(())
         })?;
@@ -689,6 +707,30 @@ mod tests {
         let body = serde_json::json!({"model": "m", "messages": [{"$serde_json::private::RawValue": hidden}], "pad": "p".repeat(4096)});
         let request = super::super::ChatRequest::parse(body.to_string().as_bytes()).unwrap();
         assert_eq!(request.prompt_text(), "AKIA in hiding\n", "the guardrails read what a serde_json server would");
+    }
+
+    #[test]
+    fn nesting_is_refused_past_the_tree_s_recursion_limit_wherever_it_is() {
+        let parse = |depth: usize, at: &str| {
+            let nested = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+            let body = match at {
+                "message" => format!(r#"{{"model": "m", "messages": {nested}, "pad": "{}"}}"#, "p".repeat(4096)),
+                "ignored" => format!(
+                    r#"{{"model": "m", "messages": [{{"role": "user", "x": {nested}}}], "pad": "{}"}}"#,
+                    "p".repeat(4096)
+                ),
+                _ => format!(r#"{{"model": "m", "tools": [{{"function": {nested}}}], "pad": "{}"}}"#, "p".repeat(4096)),
+            };
+            let tree = serde_json::from_str::<Value>(&body).is_ok();
+            let direct = super::super::ChatRequest::parse(body.as_bytes());
+            assert_eq!(direct.is_ok(), tree, "depth {depth} in {at}: {:?}", direct.err());
+            direct.err().map(|e| e.0)
+        };
+        for at in ["message", "ignored", "tool"] {
+            assert_eq!(parse(100, at), None);
+            let refused = parse(100_000, at).unwrap();
+            assert!(refused.contains("recursion limit"), "{refused}");
+        }
     }
 
     #[test]

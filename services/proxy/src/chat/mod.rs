@@ -37,7 +37,7 @@ pub async fn chat_completions(
     let result = async {
         let caller = admit(&req, &state).await?;
         let raw = body::read(&req, payload).await?;
-        let request = ChatRequest::parse(&raw)?;
+        let request = ChatRequest::parse_shared(&raw)?;
         let ingress = Ingress { stream: true, default_path: Some("chat/completions") };
         let served = pipeline(&req, caller, raw, &request, &state, &egress, ingress).await?;
         Ok::<_, ProxyError>(served.render(|outcome| match outcome {

@@ -49,7 +49,7 @@ struct Found {
 
 /// Checks a Messages body the way Anthropic's API does and types it. `count_only` is the
 /// token-counting endpoint's body, which has no `max_tokens`.
-pub fn normalise(body: &[u8], headers: Headers, count_only: bool) -> Result<ChatRequest, BadRequest> {
+pub fn normalise(body: &bytes::Bytes, headers: Headers, count_only: bool) -> Result<ChatRequest, BadRequest> {
     let value: Value = serde_json::from_slice(body).map_err(|e| bad(format!("malformed JSON body: {e}")))?;
     let Value::Object(original) = value else { return Err(bad("the body must be a JSON object")) };
     let model = match original.get("model") {
@@ -312,7 +312,7 @@ mod tests {
     use serde_json::json;
 
     fn normalised(body: Value) -> ChatRequest {
-        normalise(body.to_string().as_bytes(), Headers::default(), false).unwrap()
+        normalise(&body.to_string().into(), Headers::default(), false).unwrap()
     }
 
     #[test]
@@ -414,7 +414,7 @@ mod tests {
             both.exchange.reasoning,
             Some(Reasoning { effort: Some(Effort::High), fields: vec!["thinking", "output_config.effort"] })
         );
-        let refused = |body: Value| normalise(body.to_string().as_bytes(), Headers::default(), false).err().unwrap().0;
+        let refused = |body: Value| normalise(&body.to_string().into(), Headers::default(), false).err().unwrap().0;
         let base = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
         let mut body = base.clone();
         body["thinking"] = json!({"type": "sometimes"});
@@ -438,7 +438,7 @@ mod tests {
 
     #[test]
     fn requests_anthropic_would_refuse_are_refused_by_name() {
-        let refused = |body: Value| normalise(body.to_string().as_bytes(), Headers::default(), false).err().unwrap().0;
+        let refused = |body: Value| normalise(&body.to_string().into(), Headers::default(), false).err().unwrap().0;
         assert!(
             refused(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]})).starts_with("max_tokens")
         );
@@ -448,9 +448,10 @@ mod tests {
                 .starts_with("messages.0.role")
         );
         assert!(refused(json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).starts_with("model"));
-        assert!(normalise(b"{nope", Headers::default(), false).err().unwrap().0.starts_with("malformed JSON"));
+        assert!(normalise(&"{nope".into(), Headers::default(), false).err().unwrap().0.starts_with("malformed JSON"));
         assert!(
-            normalise(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#, Headers::default(), true).is_ok(),
+            normalise(&r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#.into(), Headers::default(), true)
+                .is_ok(),
             "count_tokens needs no max_tokens"
         );
     }

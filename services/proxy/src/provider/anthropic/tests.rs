@@ -442,9 +442,8 @@ fn thinking_anthropic_did_not_sign_is_not_sent() {
 /// `messages` take the parsed path.
 #[test]
 fn a_messages_body_is_relayed_as_sent_and_reads_the_same() {
-    let normalised = |body: Value| {
-        crate::messages::request::normalise(body.to_string().as_bytes(), Default::default(), false).unwrap()
-    };
+    let normalised =
+        |body: Value| crate::messages::request::normalise(&body.to_string().into(), Default::default(), false).unwrap();
     let sent = json!({"model": "team", "max_tokens": 64, "stream": false, "top_k": 5,
         "system": [{"type": "text", "text": "Line one\nline \"two\" é", "cache_control": {"type": "ephemeral"}}],
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi\tthere"}]}],

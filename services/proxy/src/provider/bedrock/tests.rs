@@ -138,7 +138,7 @@ fn thinking_goes_back_signed_and_an_effort_becomes_claude_thinking_on_a_reasonin
         {"role": "user", "content": "go on"}],
         "thinking": {"type": "enabled", "budget_tokens": 8000}});
     let request = crate::messages::request::normalise(
-        caller.to_string().as_bytes(),
+        &caller.to_string().into(),
         crate::messages::request::Headers::default(),
         false,
     )

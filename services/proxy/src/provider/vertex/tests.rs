@@ -34,7 +34,7 @@ fn urls_name_the_publisher_the_model_and_the_method() {
 fn claude_gets_the_messages_body_with_vertex_version_and_no_model() {
     let claude = target("anthropic", "claude-sonnet-4@20250514");
     let request = crate::messages::request::normalise(
-        br#"{"model": "r", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}"#,
+        &r#"{"model": "r", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}"#.into(),
         crate::messages::request::Headers {
             beta: Some("context-1m-2025-08-07".into()),
             version: Some("2023-06-01".into()),
