@@ -55,7 +55,8 @@ impl Verbatim {
         })
     }
 
-    /// The value of field `key`, parsed.
+    /// The value of field `key`, parsed (`None` too for text that is not JSON, which a body read
+    /// whole never holds).
     pub fn value(&self, key: &str) -> Option<Value> {
         let (_, span) = self.fields.iter().rev().find(|(k, _)| k == key)?;
         serde_json::from_slice(self.text.get(span.clone())?).ok()

@@ -81,8 +81,9 @@ trait Reader<'de>: Sized {
         Ok(Self::Out::default())
     }
 
-    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
-        while map.next_entry::<Skip, Skip>()?.is_some() {}
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
+        // Through `entries`, as every object here, so that its keys are checked.
+        entries(map, |_, map| map.next_value::<Skip>().map(drop))?;
         Ok(Self::Out::default())
     }
 }
@@ -156,7 +157,10 @@ impl<'de, R: Reader<'de>> Visitor<'de> for Lenient<R> {
     }
 }
 
-/// Reads a map's entries: `field` is called with each key, and reads that key's value.
+/// Reads a map's entries: `field` is called with each key, and reads that key's value. Every
+/// object the direct reading does not parse into a `Value` goes through here: an object keyed
+/// by serde_json's raw-value token (which a tree reads as the JSON in its string, in any
+/// position it may take there) stops the read, and the body is read as a tree.
 fn entries<'de, A: MapAccess<'de>>(
     mut map: A,
     mut field: impl FnMut(&str, &mut A) -> Result<(), A::Error>,
@@ -703,10 +707,27 @@ mod tests {
 
     #[test]
     fn a_raw_value_key_is_read_as_a_tree_reads_it() {
+        const TOKEN: &str = "$serde_json::private::RawValue";
+        let parse = |messages: Value| {
+            let body = serde_json::json!({"model": "m", "messages": messages, "pad": "p".repeat(4096)}).to_string();
+            let tree = serde_json::from_str::<Value>(&body);
+            let request = super::super::ChatRequest::parse(body.as_bytes());
+            assert_eq!(request.is_ok(), tree.is_ok(), "{body:.200}");
+            request.ok()
+        };
         let hidden = serde_json::json!({"role": "user", "content": "AKIA in hiding"}).to_string();
-        let body = serde_json::json!({"model": "m", "messages": [{"$serde_json::private::RawValue": hidden}], "pad": "p".repeat(4096)});
-        let request = super::super::ChatRequest::parse(body.to_string().as_bytes()).unwrap();
+        let request = parse(serde_json::json!([{TOKEN: hidden}])).unwrap();
         assert_eq!(request.prompt_text(), "AKIA in hiding\n", "the guardrails read what a serde_json server would");
+        // Wherever the object stands: as content, as a role, as `messages` itself.
+        let request = parse(serde_json::json!([{"role": "user", "content": {TOKEN: "\"AKIA deeper\""}}])).unwrap();
+        assert_eq!(request.prompt_text(), "AKIA deeper\n");
+        let request = parse(serde_json::json!([{"role": {TOKEN: "\"assistant\""}, "content": "x"}])).unwrap();
+        assert_eq!(request.exchange.messages[0].role, Role::Assistant);
+        let request = parse(serde_json::json!({TOKEN: r#"[{"role": "user", "content": "hi"}]"#})).unwrap();
+        assert!(request.check_routable().is_ok());
+        // What a tree refuses is refused: a value that is not JSON text, or another key beside it.
+        assert!(parse(serde_json::json!([{"role": "user", "content": "hi", "x": {TOKEN: "nope"}}])).is_none());
+        assert!(parse(serde_json::json!([{"role": "user", "content": "hi", "x": {TOKEN: "1", "y": 2}}])).is_none());
     }
 
     #[test]
