@@ -47,6 +47,8 @@ import run as base  # noqa: E402
 SIZES = [int(s) for s in os.environ.get("SHIELD_BENCH_AGENT_SIZES", "150000,600000").split(",")]
 STREAM_RATE = float(os.environ.get("SHIELD_BENCH_STREAM_RATE", "10"))
 IDLE = [int(n) for n in os.environ.get("SHIELD_BENCH_IDLE", "1000,10000").split(",") if n]
+# Which of the three measurements run (all by default): "piece", "streams", "idle".
+PARTS = set(os.environ.get("SHIELD_BENCH_PARTS", "piece,streams,idle").split(","))
 STREAM_SCENARIO = "chunks:300;chunkdelay:7;nolog"
 IDLE_SCENARIO = "ttfb:20000;chunks:20;chunkdelay:100;nolog"
 
@@ -215,7 +217,7 @@ def main():
         if baseline:
             paths["base"] = (ports["base"], keyed, pids["base"])
         rounds = []
-        for i in range(base.ROUNDS):
+        for i in range(base.ROUNDS if "piece" in PARTS else 0):
             measured = {}
             order = [(c, p) for c in cases for p in paths]
             for (label, path, body), name in (reversed(order) if i % 2 else order):
@@ -223,10 +225,11 @@ def main():
                 base.BODY = json.dumps(body)
                 measured[(label, name)] = base.wrk(f"http://127.0.0.1:{port}{path}", headers, pid=pid)
             rounds.append(measured)
-        print(f"\none piece (static backend), c{base.CONCURRENCY}")
-        print(f"{'request':<16}{'path':<8}{'KB':>6}{'RPS':>9}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}{'CPU us/req':>12}{'us/KB':>8}")
+        if rounds:
+            print(f"\none piece (static backend), c{base.CONCURRENCY}")
+            print(f"{'request':<16}{'path':<8}{'KB':>6}{'RPS':>9}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}{'CPU us/req':>12}{'us/KB':>8}")
         one_piece = {}
-        for label, path, body in cases:
+        for label, path, body in (cases if rounds else ()):
             kb = len(json.dumps(body)) / 1024
             for name in paths:
                 r = {f: sorted(x[(label, name)][f] for x in rounds if x[(label, name)][f] is not None) for f in ("rps", "p50", "p99", "non_2xx", "cpu_us")}
@@ -244,12 +247,14 @@ def main():
         stream_paths = {"direct": (ports["mock"], f"/mock/{STREAM_SCENARIO}/v1/chat/completions", direct_body, plain, None),
                         "nginx": (ports["nginx"], f"/mock/{STREAM_SCENARIO}/v1/chat/completions", direct_body, plain, nginx_worker),
                         "shield": (ports["proxy"], "/v1/chat/completions", stream_body, keyed, pids["shield"])}
-        print(f"\nstreams: ~300 events over ~2 s each, {STREAM_RATE:g} started a second for {base.DURATION} s, "
-              f"{len(stream_body) // 1024} KB chat request; time to first token from each scheduled start")
-        print(f"{'path':<8}{'streams':>9}{'failed':>8}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}{'events':>9}{'CPU us/event':>14}")
+        if "streams" in PARTS:
+            print(f"\nstreams: ~300 events over ~2 s each, {STREAM_RATE:g} started a second for {base.DURATION} s, "
+                  f"{len(stream_body) // 1024} KB chat request; time to first token from each scheduled start")
+            print(f"{'path':<8}{'streams':>9}{'failed':>8}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}{'events':>9}{'CPU us/event':>14}")
         ttft = {}
-        per_request = one_piece[(cases[0][0], "shield")]["cpu_us"]
-        for name, (port, path, body, headers, pid) in stream_paths.items():
+        # Without the one-piece run the relay's CPU per event keeps the request's own handling.
+        per_request = one_piece[(cases[0][0], "shield")]["cpu_us"] if rounds else 0
+        for name, (port, path, body, headers, pid) in (stream_paths.items() if "streams" in PARTS else ()):
             before = base.cpu_ticks(pid) if pid else None
             out = asyncio.run(paced_streams(port, path, body, headers, STREAM_RATE, base.DURATION))
             ok = [o for o in out if o["status"] == 200 and o["ttft"] is not None]
@@ -263,7 +268,7 @@ def main():
                 per_event = f"{used / max(events, 1):>14.2f}"
             ttft[name] = times
             print(f"{name:<8}{len(out):>9}{len(out) - len(ok):>8}{base.pct(times, 50):>13.2f}{base.pct(times, 99):>13.2f}{events:>9}{per_event}")
-        for name in ("nginx", "shield"):
+        for name in (("nginx", "shield") if ttft else ()):
             print(f"{name} added TTFT: p50 {base.pct(ttft[name], 50) - base.pct(ttft['direct'], 50):+.3f} ms, "
                   f"p99 {base.pct(ttft[name], 99) - base.pct(ttft['direct'], 99):+.3f} ms (target <= 1 ms p99)")
 
@@ -271,14 +276,24 @@ def main():
         small = json.dumps({"model": "small", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]})
         idle_body = json.dumps({"model": "agent-idle", "stream": True,
                                 "messages": [{"role": "user", "content": "Think about it for a while."}]}).encode()
-        if IDLE:
+        idle = IDLE if "idle" in PARTS else []
+        if idle:
             base.BODY = small
             quiet = base.paced(f"http://127.0.0.1:{ports['proxy']}/v1/chat/completions", keyed)
             print(f"\nidle-then-streaming connections (first event after 20 s, then 20 events); others: paced small requests "
                   f"(p99 {quiet['p99']:.3f} ms with no idle streams)")
             print(f"{'streams':>8}{'opened':>8}{'RSS before MB':>15}{'RSS open MB':>13}{'KB/stream':>11}{'others p99 ms':>15}{'completed':>11}")
-        for n in IDLE:
+        for n in idle:
             rss_before = rss_kb(pids["shield"])
+            # SHIELD_BENCH_IDLE_PERF=FILE: where the open streams' memory is first touched (a
+            # `perf record` of the proxy's page faults while they open, DWARF call graphs).
+            perf = os.environ.get("SHIELD_BENCH_IDLE_PERF")
+            recorder = subprocess.Popen(["perf", "record", "-q", "-e", "page-faults", "-c", "1", "--call-graph", "dwarf,16384",
+                                         "-p", str(pids["shield"]), "-o", f"{perf}.{n}"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if perf else None
+            if recorder:
+                time.sleep(1)
+
             async def hold():
                 out = []
                 tasks = []
@@ -288,6 +303,12 @@ def main():
                         await asyncio.sleep(0.05)  # within the listen backlog
                 await asyncio.sleep(2)
                 rss_open = rss_kb(pids["shield"])
+                if os.environ.get("SHIELD_BENCH_IDLE_SMAPS"):
+                    print(open(f"/proc/{pids['shield']}/smaps_rollup").read(), flush=True)
+                    subprocess.run(f"grep -B1 -A22 '^Size: *[0-9]\\{{5,\\}}' /proc/{pids['shield']}/smaps | grep -E '^[0-9a-f]|^Size|^Rss|AnonHuge' | head -60", shell=True)
+                if recorder:
+                    recorder.send_signal(signal.SIGINT)
+                    await asyncio.to_thread(recorder.wait)
                 others = await asyncio.to_thread(base.paced, f"http://127.0.0.1:{ports['proxy']}/v1/chat/completions", keyed)
                 await asyncio.gather(*tasks)
                 return out, rss_open, others

@@ -129,12 +129,30 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[actix_web::main]
 async fn main() -> ExitCode {
     init_logging();
+    no_huge_pages();
     match run(Cli::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Transparent huge pages off for this process (issue 33). mimalloc advises the kernel to back
+/// its arena with 2 MB pages (its `allow_thp` option, on by default), so resident memory grew
+/// 2 MB at a time, mostly untouched: a proxy holding 1,000 idle streams read 85–89 KB resident
+/// per stream with them and 63 KB without (`bench/agent.py`, `SHIELD_BENCH_PARTS=idle`). The
+/// prctl covers mappings already made (mimalloc reserves its arena at the first allocation,
+/// before `main`), and costs the hot path nothing measurable (README, Performance).
+/// `SHIELD_HUGE_PAGES=on` leaves the kernel's and mimalloc's defaults. Where the call is refused
+/// (a seccomp filter, a kernel without it), the process runs as before and says so.
+fn no_huge_pages() {
+    if std::env::var("SHIELD_HUGE_PAGES").is_ok_and(|v| v.eq_ignore_ascii_case("on")) {
+        return;
+    }
+    if let Err(err) = nix::sys::prctl::set_thp_disable(true) {
+        tracing::warn!(error = %err, "transparent huge pages could not be turned off; resident memory may read high");
     }
 }
 
