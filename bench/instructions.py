@@ -11,10 +11,11 @@ request. Kernel time is not counted, and `rep movs`/`rep stos` count once per by
 memset of large buffers look dearer than they are): compare binaries, and confirm with
 bench/run.py.
 
-Usage: python3 bench/instructions.py [-n N] [-r ROUTE] [-k KEY] [-a BYTES] BINARY [BINARY ...]
+Usage: python3 bench/instructions.py [-n N] [-r ROUTE] [-k KEY] [-a BYTES [-m]] BINARY [BINARY ...]
 (ROUTE: bench-static, the default; bench-limited, the same with rate limits; bench, the mock.
 KEY: plain, the default; governed, a key with an allow-list, an expiry and a budget, issue 32;
--a BYTES: a Claude-Code-shaped request of about BYTES instead of the one-line prompt, issue 33)
+-a BYTES: a Claude-Code-shaped request of about BYTES instead of the one-line prompt, issue 33;
+-m: that request in Messages' shape, to /v1/messages)
 Needs valgrind and oha (`cargo install oha`).
 """
 import glob
@@ -39,7 +40,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def count(binary, hold, n, work, route, key, agent):
+def count(binary, hold, n, work, route, key, agent, shape):
     port = free_port()
     env = dict(os.environ, **hold["proxy_env"])
     env["SHIELD_PROXY_ADDR"] = f"127.0.0.1:{port}"
@@ -51,14 +52,20 @@ def count(binary, hold, n, work, route, key, agent):
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         body = hold["bodies"]["static"].replace('"bench-static"', json.dumps(route))
         if agent:
-            # issue 33: a Claude-Code-shaped Chat Completions request of about `agent` bytes
+            # issue 33: a Claude-Code-shaped request of about `agent` bytes, in Chat Completions'
+            # shape or (-m) Messages' (answered by the route's OpenAI-shaped target, converted)
             sys.path.insert(0, os.path.join(ROOT, "bench"))
             import agent_request
-            body = json.dumps({**agent_request.conversation(agent, seed=agent)[1], "model": route})
+            anthropic, openai = agent_request.conversation(agent, seed=agent)
+            body = json.dumps({**(anthropic if shape == "messages" else openai), "model": route})
+            if shape == "messages":
+                url = f"http://127.0.0.1:{port}/v1/messages"
         body_file = os.path.join(work, "body.json")
         with open(body_file, "w") as f:
             f.write(body)
         headers = {"content-type": "application/json", "authorization": f"Bearer {hold[key]}"}
+        if shape == "messages":
+            headers["anthropic-version"] = "2023-06-01"
         args = [OHA, "--no-tui", "-c", "4", "-m", "POST", "-D", body_file]
         for name, value in headers.items():
             args += ["-H", f"{name}: {value}"]
@@ -95,8 +102,11 @@ def count(binary, hold, n, work, route, key, agent):
 
 def main():
     argv = sys.argv[1:]
-    n, route, key, agent = 2000, "bench-static", "key", None
-    while argv[:1] in (["-n"], ["-r"], ["-k"], ["-a"]):
+    n, route, key, agent, shape = 2000, "bench-static", "key", None, "chat"
+    while argv[:1] in (["-n"], ["-r"], ["-k"], ["-a"], ["-m"]):
+        if argv[0] == "-m":
+            shape, argv = "messages", argv[1:]
+            continue
         if argv[0] == "-n":
             n = int(argv[1])
         elif argv[0] == "-a":
@@ -117,7 +127,7 @@ def main():
     try:
         hold = json.loads(stack.stdout.readline())
         for binary in argv:
-            per_request, profile = count(os.path.abspath(binary), hold, n, work, route, key, agent)
+            per_request, profile = count(os.path.abspath(binary), hold, n, work, route, key, agent, shape)
             print(f"{binary}: {per_request:,.0f} instructions/request over {n} requests (profile: {profile})", flush=True)
     finally:
         stack.send_signal(signal.SIGTERM)

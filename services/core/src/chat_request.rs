@@ -28,7 +28,7 @@ const SHIELD_ONLY: [&str; 4] = ["x_shield", "prompt", "system", "run_id"];
 /// The key serde_json uses internally for raw values: no API's field, and a body whose first
 /// key it is reads back as something else in serde_json-based servers (found by the
 /// `request_body` fuzz target). Never sent upstream.
-const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+pub(crate) const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 /// Why a request body is refused (answered 400 with this text).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,7 +97,10 @@ impl OpenAiBody {
 /// caller asked for is lost on the same-shape path, and what other flavors cannot take.
 #[derive(Debug, Clone, Default)]
 pub struct AnthropicOrigin {
-    /// The Messages body as the caller sent it.
+    /// The Messages body as the caller sent it; a large body read directly (the proxy's
+    /// `messages::direct`) holds all but [`AnthropicOrigin::TYPED_ONLY`] here, which the typed
+    /// request and `verbatim` hold. [`AnthropicOrigin::full`] reads every field,
+    /// [`AnthropicOrigin::original_mut`] changes them.
     pub original: Map<String, Value>,
     /// `anthropic-beta` as the caller sent it (forwarded verbatim to Anthropic targets, less
     /// the flags a target strips).
@@ -116,6 +119,42 @@ pub struct AnthropicOrigin {
     /// Each top-level field's JSON text as sent, while `original` is unchanged (see
     /// [`OpenAiBody`]); whoever changes `original` sets this to `None`.
     pub verbatim: Option<Verbatim>,
+}
+
+impl AnthropicOrigin {
+    /// The fields a directly read Messages body keeps only typed and as sent (issue 33: a
+    /// 150 KB agent history never becomes a tree).
+    pub const TYPED_ONLY: [&'static str; 3] = ["messages", "system", "tools"];
+
+    /// Every field of the body as sent: `original`, with what only its text holds parsed back.
+    pub fn full(&self) -> std::borrow::Cow<'_, Map<String, Value>> {
+        let missing = |key: &&str| !self.original.contains_key(*key);
+        let Some(verbatim) = self.verbatim.as_ref().filter(|_| Self::TYPED_ONLY.iter().any(missing)) else {
+            return std::borrow::Cow::Borrowed(&self.original);
+        };
+        let mut full = self.original.clone();
+        Self::restore(&mut full, verbatim);
+        std::borrow::Cow::Owned(full)
+    }
+
+    /// Every field, to change: what was sent no longer stands for them.
+    pub fn original_mut(&mut self) -> &mut Map<String, Value> {
+        if let Some(verbatim) = self.verbatim.take() {
+            Self::restore(&mut self.original, &verbatim);
+        }
+        &mut self.original
+    }
+
+    /// The typed-only fields `fields` lacks, parsed from the text.
+    fn restore(fields: &mut Map<String, Value>, verbatim: &Verbatim) {
+        for key in Self::TYPED_ONLY {
+            if !fields.contains_key(key)
+                && let Some(value) = verbatim.value(key)
+            {
+                fields.insert(key.to_string(), value);
+            }
+        }
+    }
 }
 
 impl ChatRequest {

@@ -16,6 +16,7 @@ pub mod detect;
 pub mod error;
 pub mod exchange;
 pub mod guardrails;
+pub mod json_read;
 pub mod key_access;
 pub mod keys;
 pub mod limits;

@@ -292,11 +292,7 @@ fn with_prefill(request: &ChatRequest, sent: &str) -> ChatRequest {
     let prefill = json!({"role": "assistant", "content": sent});
     let messages = match &mut request.origin {
         Origin::OpenAi(body) => std::sync::Arc::make_mut(body).fields_mut().get_mut("messages"),
-        Origin::Anthropic(origin) => {
-            let origin = std::sync::Arc::make_mut(origin);
-            origin.verbatim = None;
-            origin.original.get_mut("messages")
-        }
+        Origin::Anthropic(origin) => std::sync::Arc::make_mut(origin).original_mut().get_mut("messages"),
         // Not sent as such to any provider: the typed request carries it.
         Origin::Responses(_) => None,
     };

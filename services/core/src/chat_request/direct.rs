@@ -9,10 +9,11 @@
 //! as absent, a message that is not an object as an empty user turn, a repeated key as its last
 //! value. The property test `reads_as_the_tree_does` holds the two readings to one result.
 
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 
 use crate::exchange::{Message, Part, Role, Tool};
+use crate::json_read::{Each, Lenient, RAW_VALUE_KEY, Reader, Skip, Text, entries};
 
 /// What `messages` was, as sent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,147 +58,11 @@ pub(super) enum Unread {
     RawValueKey,
 }
 
-/// Stops a read at the raw-value token (no API's key).
-const RAW_VALUE_KEY: &str = "shield: raw-value key";
-
 /// Reads `body`, a JSON object.
 pub(super) fn read(body: &[u8]) -> Result<Read, Unread> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let read = Lenient(Body).deserialize(&mut deserializer).and_then(|read| deserializer.end().map(|()| read));
     read.map_err(|e| if e.to_string().starts_with(RAW_VALUE_KEY) { Unread::RawValueKey } else { Unread::Malformed(e) })
-}
-
-/// What a reader makes of each JSON type; a type it does not expect reads as `Out::default()`
-/// (consumed and ignored).
-trait Reader<'de>: Sized {
-    type Out: Default;
-
-    fn str(self, _: &str) -> Self::Out {
-        Self::Out::default()
-    }
-
-    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Out, A::Error> {
-        while seq.next_element::<Skip>()?.is_some() {}
-        Ok(Self::Out::default())
-    }
-
-    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
-        // Through `entries`, as every object here, so that its keys are checked.
-        entries(map, |_, map| map.next_value::<Skip>().map(drop))?;
-        Ok(Self::Out::default())
-    }
-}
-
-/// A value read and dropped. Unlike serde's `IgnoredAny`, which serde_json skips without its
-/// recursion limit, this nests as the value does, so a body nested past the limit is refused
-/// here as the tree reading refuses it.
-struct Skip;
-
-impl<'de> serde::Deserialize<'de> for Skip {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Skip, D::Error> {
-        Lenient(Dropped).deserialize(deserializer).map(|()| Skip)
-    }
-}
-
-/// Reads anything into nothing.
-struct Dropped;
-
-impl<'de> Reader<'de> for Dropped {
-    type Out = ();
-}
-
-/// A [`Reader`] as a serde seed and visitor.
-struct Lenient<R>(R);
-
-impl<'de, R: Reader<'de>> DeserializeSeed<'de> for Lenient<R> {
-    type Value = R::Out;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<R::Out, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de, R: Reader<'de>> Visitor<'de> for Lenient<R> {
-    type Value = R::Out;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<R::Out, E> {
-        Ok(R::Out::default())
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<R::Out, E> {
-        Ok(R::Out::default())
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<R::Out, E> {
-        Ok(R::Out::default())
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<R::Out, E> {
-        Ok(R::Out::default())
-    }
-
-    fn visit_unit<E>(self) -> Result<R::Out, E> {
-        Ok(R::Out::default())
-    }
-
-    fn visit_str<E>(self, text: &str) -> Result<R::Out, E> {
-        Ok(self.0.str(text))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<R::Out, A::Error> {
-        self.0.seq(seq)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<R::Out, A::Error> {
-        self.0.map(map)
-    }
-}
-
-/// Reads a map's entries: `field` is called with each key, and reads that key's value. Every
-/// object the direct reading does not parse into a `Value` goes through here: an object keyed
-/// by serde_json's raw-value token (which a tree reads as the JSON in its string, in any
-/// position it may take there) stops the read, and the body is read as a tree.
-fn entries<'de, A: MapAccess<'de>>(
-    mut map: A,
-    mut field: impl FnMut(&str, &mut A) -> Result<(), A::Error>,
-) -> Result<(), A::Error> {
-    while let Some(Key(key)) = map.next_key()? {
-        if key == super::RAW_VALUE_TOKEN {
-            return Err(serde::de::Error::custom(RAW_VALUE_KEY));
-        }
-        field(&key, &mut map)?;
-    }
-    Ok(())
-}
-
-/// A key, borrowed from the body unless it was written with escapes (serde's own `Cow<str>`
-/// always copies).
-struct Key<'de>(std::borrow::Cow<'de, str>);
-
-impl<'de> serde::Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> Visitor<'de> for Visit {
-            type Value = Key<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a key")
-            }
-
-            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(std::borrow::Cow::Borrowed(key)))
-            }
-
-            fn visit_str<E>(self, key: &str) -> Result<Key<'de>, E> {
-                Ok(Key(std::borrow::Cow::Owned(key.to_string())))
-            }
-        }
-        deserializer.deserialize_str(Visit)
-    }
 }
 
 /// The top-level object.
@@ -223,32 +88,6 @@ impl<'de> Reader<'de> for Body {
             Ok(())
         })?;
         Ok(read)
-    }
-}
-
-/// A string, or nothing.
-struct Text;
-
-impl<'de> Reader<'de> for Text {
-    type Out = Option<String>;
-
-    fn str(self, text: &str) -> Option<String> {
-        Some(text.to_string())
-    }
-}
-
-/// Each entry of an array, read by `R` (`None` when not an array).
-struct Each<R>(R);
-
-impl<'de, R: Reader<'de> + Copy> Reader<'de> for Each<R> {
-    type Out = Option<Vec<R::Out>>;
-
-    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Out, A::Error> {
-        let mut all = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(one) = seq.next_element_seed(Lenient(self.0))? {
-            all.push(one);
-        }
-        Ok(Some(all))
     }
 }
 

@@ -6,6 +6,7 @@
 //! Anthropic's shape ([`response`], and [`wire`] for streams). `model` is a route name; there
 //! is no default path here (its upstream speaks OpenAI's shape).
 
+mod direct;
 pub(crate) mod request;
 mod response;
 mod wire;

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use shield_core::chat_request::{AnthropicOrigin, BadRequest, ChatRequest, MAX_MESSAGES, Origin};
 use shield_core::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Tool, ToolChoice};
+use shield_core::verbatim::Verbatim;
 
 /// The caller's Anthropic headers, forwarded as sent to Anthropic targets.
 #[derive(Default)]
@@ -49,9 +50,51 @@ struct Found {
 
 /// Checks a Messages body the way Anthropic's API does and types it. `count_only` is the
 /// token-counting endpoint's body, which has no `max_tokens`.
+///
+/// A large body whose top-level keys are plain and distinct is read directly (its history never
+/// becomes a tree, see [`super::direct`]) when it is well formed and holds nothing only a tree
+/// reading types; any other body is parsed into values and typed from them, and every error is
+/// that reading's.
 pub fn normalise(body: &bytes::Bytes, headers: Headers, count_only: bool) -> Result<ChatRequest, BadRequest> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| bad(format!("malformed JSON body: {e}")))?;
-    let Value::Object(original) = value else { return Err(bad("the body must be a JSON object")) };
+    let large = (body.len() >= shield_core::verbatim::WORTH_IT).then(|| Verbatim::of_distinct(body)).flatten();
+    let direct = large.and_then(|verbatim| Some((Sent::read(body, count_only)?, verbatim)));
+    let (sent, verbatim) = match direct {
+        Some((sent, verbatim)) => (sent, Some(verbatim)),
+        None => {
+            let sent = Sent::parse(body, count_only)?;
+            let verbatim = Verbatim::of_large(body, &sent.original);
+            (sent, verbatim)
+        }
+    };
+    sent.typed(verbatim, headers)
+}
+
+/// [`normalise`] read as a tree whatever its size: what the direct reading is held to.
+#[cfg(test)]
+pub(super) fn normalise_as_a_tree(
+    body: &bytes::Bytes,
+    headers: Headers,
+    count_only: bool,
+) -> Result<ChatRequest, BadRequest> {
+    let sent = Sent::parse(body, count_only)?;
+    let verbatim = Verbatim::of_large(body, &sent.original);
+    sent.typed(verbatim, headers)
+}
+
+/// A Messages body, its history typed.
+struct Sent {
+    /// Every field as sent; read directly, all but [`AnthropicOrigin::TYPED_ONLY`].
+    original: Map<String, Value>,
+    model: String,
+    system: Vec<String>,
+    messages: Vec<Message>,
+    system_messages: bool,
+    tools: Vec<Tool>,
+    found: Found,
+}
+
+/// `model` and `max_tokens`, checked.
+fn model_of(original: &Map<String, Value>, count_only: bool) -> Result<String, BadRequest> {
     let model = match original.get("model") {
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
         Some(_) => return Err(bad("model: must be a non-empty string")),
@@ -61,120 +104,153 @@ pub fn normalise(body: &bytes::Bytes, headers: Headers, count_only: bool) -> Res
     if !count_only && max_tokens.and_then(Value::as_u64).is_none_or(|n| n < 1) {
         return Err(bad("max_tokens: Field required (a positive integer)"));
     }
-    let messages = match original.get("messages") {
-        Some(Value::Array(messages)) if messages.is_empty() => {
-            return Err(bad("messages: at least one message is required"));
-        }
-        Some(Value::Array(messages)) if messages.len() > MAX_MESSAGES => {
-            return Err(bad(format!("messages: at most {MAX_MESSAGES} messages are accepted")));
-        }
-        Some(Value::Array(messages)) => messages,
-        _ => return Err(bad("messages: Field required (an array of messages)")),
-    };
-    let mut found = Found::default();
-    let system = match original.get("system") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(system) => texts_of(system).ok_or_else(|| bad("system: must be a string or an array of text blocks"))?,
-    };
-    let system = system.into_iter().filter(|part| !part.is_empty()).collect();
-    let mut typed = Vec::with_capacity(messages.len());
-    let mut system_messages = false;
-    for (i, message) in messages.iter().enumerate() {
-        let content = message.get("content").ok_or_else(|| bad(format!("messages.{i}.content: Field required")))?;
-        let blocks = blocks_of(content)
-            .ok_or_else(|| bad(format!("messages.{i}.content: must be a string or an array of content blocks")))?;
-        let role = match message.get("role").and_then(Value::as_str) {
-            Some("user") => Role::User,
-            Some("assistant") => Role::Assistant,
-            // Mid-conversation system messages (Claude Code's reminders): kept where they stand.
-            Some("system") => {
-                let texts = texts_of(content)
-                    .ok_or_else(|| bad(format!("messages.{i}.content: must be a string or text blocks")))?;
-                system_messages = true;
-                typed.push(Message { role: Role::System, content: texts.into_iter().map(Part::Text).collect() });
-                continue;
+    Ok(model)
+}
+
+impl Sent {
+    /// Read directly ([`super::direct`]); `None`: read it as a tree.
+    fn read(body: &[u8], count_only: bool) -> Option<Sent> {
+        let read = super::direct::read(body)?;
+        let model = model_of(&read.fields, count_only).ok()?;
+        Some(Sent {
+            original: read.fields,
+            model,
+            system: read.system,
+            messages: read.messages,
+            system_messages: read.system_messages,
+            tools: read.tools,
+            found: Found { requires: Vec::new(), unmapped: read.server_tools },
+        })
+    }
+
+    /// Parsed into values, and typed from them.
+    fn parse(body: &[u8], count_only: bool) -> Result<Sent, BadRequest> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| bad(format!("malformed JSON body: {e}")))?;
+        let Value::Object(original) = value else { return Err(bad("the body must be a JSON object")) };
+        let model = model_of(&original, count_only)?;
+        let messages = match original.get("messages") {
+            Some(Value::Array(messages)) if messages.is_empty() => {
+                return Err(bad("messages: at least one message is required"));
             }
-            _ => return Err(bad(format!("messages.{i}.role: must be \"user\", \"assistant\" or \"system\""))),
+            Some(Value::Array(messages)) if messages.len() > MAX_MESSAGES => {
+                return Err(bad(format!("messages: at most {MAX_MESSAGES} messages are accepted")));
+            }
+            Some(Value::Array(messages)) => messages,
+            _ => return Err(bad("messages: Field required (an array of messages)")),
         };
-        let content = blocks.iter().enumerate().filter_map(|(j, block)| part_of(i, j, block, &mut found)).collect();
-        typed.push(Message { role, content });
-    }
-    let mut tools = Vec::new();
-    for tool in original.get("tools").and_then(Value::as_array).into_iter().flatten() {
-        match tool.get("type").and_then(Value::as_str) {
-            None | Some("custom") => tools.push(Tool {
-                name: string(tool, "name"),
-                description: string(tool, "description"),
-                schema: tool.get("input_schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
-            }),
-            // Server tools (web search, code execution, …) run at Anthropic: other flavors
-            // answer without them.
-            Some(kind) => found.unmapped.push(format!("tools ({kind})")),
-        }
-    }
-    let (tool_choice, parallel_tool_calls) = match original.get("tool_choice") {
-        None | Some(Value::Null) => (None, None),
-        Some(choice) => {
-            let typed = match choice.get("type").and_then(Value::as_str) {
-                Some("auto") => ToolChoice::Auto,
-                Some("any") => ToolChoice::Any,
-                Some("none") => ToolChoice::None,
-                Some("tool") => ToolChoice::Tool(string(choice, "name")),
-                _ => return Err(bad("tool_choice.type: must be auto, any, tool or none")),
+        let mut found = Found::default();
+        let system = match original.get("system") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(system) => {
+                texts_of(system).ok_or_else(|| bad("system: must be a string or an array of text blocks"))?
+            }
+        };
+        let system = system.into_iter().filter(|part| !part.is_empty()).collect();
+        let mut typed = Vec::with_capacity(messages.len());
+        let mut system_messages = false;
+        for (i, message) in messages.iter().enumerate() {
+            let content = message.get("content").ok_or_else(|| bad(format!("messages.{i}.content: Field required")))?;
+            let blocks = blocks_of(content)
+                .ok_or_else(|| bad(format!("messages.{i}.content: must be a string or an array of content blocks")))?;
+            let role = match message.get("role").and_then(Value::as_str) {
+                Some("user") => Role::User,
+                Some("assistant") => Role::Assistant,
+                // Mid-conversation system messages (Claude Code's reminders): kept where they stand.
+                Some("system") => {
+                    let texts = texts_of(content)
+                        .ok_or_else(|| bad(format!("messages.{i}.content: must be a string or text blocks")))?;
+                    system_messages = true;
+                    typed.push(Message { role: Role::System, content: texts.into_iter().map(Part::Text).collect() });
+                    continue;
+                }
+                _ => return Err(bad(format!("messages.{i}.role: must be \"user\", \"assistant\" or \"system\""))),
             };
-            let serial = choice.get("disable_parallel_tool_use").and_then(Value::as_bool) == Some(true);
-            (Some(typed), serial.then_some(false))
+            let content = blocks.iter().enumerate().filter_map(|(j, block)| part_of(i, j, block, &mut found)).collect();
+            typed.push(Message { role, content });
         }
-    };
-    if original.get("mcp_servers").is_some_and(|m| m.as_array().is_some_and(|m| !m.is_empty())) {
-        found.unmapped.push("mcp_servers".into());
+        let mut tools = Vec::new();
+        for tool in original.get("tools").and_then(Value::as_array).into_iter().flatten() {
+            match tool.get("type").and_then(Value::as_str) {
+                None | Some("custom") => tools.push(Tool {
+                    name: string(tool, "name"),
+                    description: string(tool, "description"),
+                    schema: tool.get("input_schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                }),
+                // Server tools (web search, code execution, …) run at Anthropic: other flavors
+                // answer without them.
+                Some(kind) => found.unmapped.push(format!("tools ({kind})")),
+            }
+        }
+        Ok(Sent { original, model, system, messages: typed, system_messages, tools, found })
     }
-    for key in ["context_management", "top_k"] {
-        if original.get(key).is_some_and(|v| !v.is_null()) {
-            found.unmapped.push(key.into());
+
+    /// The rest of the body typed beside the history, and the request.
+    fn typed(self, verbatim: Option<Verbatim>, headers: Headers) -> Result<ChatRequest, BadRequest> {
+        let Sent { original, model, system, messages: typed, system_messages, tools, mut found } = self;
+        let (tool_choice, parallel_tool_calls) = match original.get("tool_choice") {
+            None | Some(Value::Null) => (None, None),
+            Some(choice) => {
+                let typed = match choice.get("type").and_then(Value::as_str) {
+                    Some("auto") => ToolChoice::Auto,
+                    Some("any") => ToolChoice::Any,
+                    Some("none") => ToolChoice::None,
+                    Some("tool") => ToolChoice::Tool(string(choice, "name")),
+                    _ => return Err(bad("tool_choice.type: must be auto, any, tool or none")),
+                };
+                let serial = choice.get("disable_parallel_tool_use").and_then(Value::as_bool) == Some(true);
+                (Some(typed), serial.then_some(false))
+            }
+        };
+        if original.get("mcp_servers").is_some_and(|m| m.as_array().is_some_and(|m| !m.is_empty())) {
+            found.unmapped.push("mcp_servers".into());
         }
+        for key in ["context_management", "top_k"] {
+            if original.get(key).is_some_and(|v| !v.is_null()) {
+                found.unmapped.push(key.into());
+            }
+        }
+        // `output_config.format`: `{type: "json_schema", schema}`, the one kind Anthropic has.
+        let format = original.get("output_config").and_then(|c| c.get("format")).filter(|f| !f.is_null()).map(|f| {
+            exchange::Format::JsonSchema {
+                name: "output".into(),
+                schema: f.get("schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                // Not `strict`: OpenAI's strict mode wants every property required, which a schema
+                // valid for Anthropic need not say.
+                strict: None,
+            }
+        });
+        let exchange = exchange::Request {
+            system,
+            messages: typed,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            max_tokens: original.get("max_tokens").and_then(Value::as_u64),
+            temperature: original.get("temperature").and_then(Value::as_f64),
+            top_p: original.get("top_p").and_then(Value::as_f64),
+            stop: original
+                .get("stop_sequences")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect(),
+            reasoning: reasoning(&original)?,
+            format,
+            stream: original.get("stream").and_then(Value::as_bool) == Some(true),
+            user: original.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str).map(str::to_string),
+        };
+        let origin = AnthropicOrigin {
+            verbatim,
+            original,
+            beta: headers.beta,
+            version: headers.version,
+            requires: found.requires,
+            unmapped: found.unmapped,
+            system_messages,
+        };
+        Ok(ChatRequest { model, exchange: Arc::new(exchange), origin: Origin::Anthropic(Arc::new(origin)) })
     }
-    // `output_config.format`: `{type: "json_schema", schema}`, the one kind Anthropic has.
-    let format = original.get("output_config").and_then(|c| c.get("format")).filter(|f| !f.is_null()).map(|f| {
-        exchange::Format::JsonSchema {
-            name: "output".into(),
-            schema: f.get("schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
-            // Not `strict`: OpenAI's strict mode wants every property required, which a schema
-            // valid for Anthropic need not say.
-            strict: None,
-        }
-    });
-    let exchange = exchange::Request {
-        system,
-        messages: typed,
-        tools,
-        tool_choice,
-        parallel_tool_calls,
-        max_tokens: max_tokens.and_then(Value::as_u64),
-        temperature: original.get("temperature").and_then(Value::as_f64),
-        top_p: original.get("top_p").and_then(Value::as_f64),
-        stop: original
-            .get("stop_sequences")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|s| s.as_str().map(str::to_string))
-            .collect(),
-        reasoning: reasoning(&original)?,
-        format,
-        stream: original.get("stream").and_then(Value::as_bool) == Some(true),
-        user: original.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str).map(str::to_string),
-    };
-    let origin = AnthropicOrigin {
-        verbatim: shield_core::verbatim::Verbatim::of_large(body, &original),
-        original,
-        beta: headers.beta,
-        version: headers.version,
-        requires: found.requires,
-        unmapped: found.unmapped,
-        system_messages,
-    };
-    Ok(ChatRequest { model, exchange: Arc::new(exchange), origin: Origin::Anthropic(Arc::new(origin)) })
 }
 
 fn string(value: &Value, key: &str) -> String {
@@ -295,7 +371,7 @@ fn blocks_of(content: &Value) -> Option<Vec<Value>> {
 }
 
 /// An image source, typed (`None` for a file id, which only Anthropic resolves).
-fn image_of(source: &Value) -> Option<Image> {
+pub(super) fn image_of(source: &Value) -> Option<Image> {
     match source.get("type").and_then(Value::as_str)? {
         "base64" => {
             let media_type = source.get("media_type").and_then(Value::as_str).filter(|m| !m.is_empty())?;

@@ -43,14 +43,14 @@ impl Anthropic {
     pub(super) fn request_body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Map<String, Value> {
         let mut body = match request.anthropic() {
             Some(origin) => {
-                let mut body = origin.original.clone();
+                let mut body = origin.full().into_owned();
                 body.insert("model".into(), Value::String(target.model.clone()));
                 body.remove("stream");
                 let takes_system = target.capabilities.as_ref().and_then(|c| c.system_messages).unwrap_or(false);
                 if origin.system_messages && !takes_system {
                     fold_system_messages(&mut body);
                 }
-                if thinking_breaks_history(&body) {
+                if thinking_breaks_history(&origin.original, &request.exchange.messages) {
                     body.remove("thinking");
                 }
                 body
@@ -76,7 +76,9 @@ impl Anthropic {
         let origin = request.anthropic()?;
         let sent = origin.verbatim.as_ref()?;
         let takes_system = target.capabilities.as_ref().and_then(|c| c.system_messages).unwrap_or(false);
-        if (origin.system_messages && !takes_system) || thinking_breaks_history(&origin.original) {
+        if (origin.system_messages && !takes_system)
+            || thinking_breaks_history(&origin.original, &request.exchange.messages)
+        {
             return None;
         }
         let model = Value::String(target.model.clone());
@@ -122,7 +124,8 @@ impl Provider for Anthropic {
     /// An OpenAI-shaped caller's fields the Messages API has no place for.
     fn dropped(&self, request: &ChatRequest, target: &Target) -> Vec<String> {
         if let Some(origin) = request.anthropic() {
-            return if thinking_breaks_history(&origin.original) { vec!["thinking".into()] } else { Vec::new() };
+            let breaks = thinking_breaks_history(&origin.original, &request.exchange.messages);
+            return if breaks { vec!["thinking".into()] } else { Vec::new() };
         }
         // A JSON schema is rendered as `output_config.format`; JSON mode has no equivalent.
         // An effort is rendered as thinking when the target reasons.
@@ -225,15 +228,16 @@ fn forwarded_beta(beta: &str, strip: &[String]) -> Option<HeaderValue> {
 /// starting with thinking: Anthropic refuses that ("a final assistant message must start with
 /// a thinking block"). It happens when a turn was answered by a target of another flavor (a
 /// failover on a mixed route): such a request goes without `thinking`, and the caller is told.
-fn thinking_breaks_history(body: &Map<String, Value>) -> bool {
+fn thinking_breaks_history(original: &Map<String, Value>, messages: &[exchange::Message]) -> bool {
+    use exchange::{Part, Role};
     let thinks =
-        body.get("thinking").and_then(|t| t.get("type")).and_then(Value::as_str).is_some_and(|t| t != "disabled");
-    let messages = body.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    let last_assistant = messages.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
-    let Some(blocks) = last_assistant.and_then(|m| m.get("content")).and_then(Value::as_array) else { return false };
-    let kind = |block: &Value| block.get("type").and_then(Value::as_str).map(str::to_string);
-    let calls_tools = blocks.iter().any(|b| kind(b).as_deref() == Some("tool_use"));
-    let starts_thinking = blocks.first().and_then(kind).is_some_and(|k| k == "thinking" || k == "redacted_thinking");
+        original.get("thinking").and_then(|t| t.get("type")).and_then(Value::as_str).is_some_and(|t| t != "disabled");
+    // The typed turns hold every block's kind where it stood (a directly read body has no tree
+    // of them; a string content is one text part, as it is one text block).
+    let Some(last_assistant) = messages.iter().rev().find(|m| m.role == Role::Assistant) else { return false };
+    let calls_tools = last_assistant.content.iter().any(|part| matches!(part, Part::ToolUse { .. }));
+    let starts_thinking =
+        matches!(last_assistant.content.first(), Some(Part::Thinking { .. } | Part::RedactedThinking(_)));
     thinks && calls_tools && !starts_thinking
 }
 

@@ -257,18 +257,9 @@ fn openai_temperatures_above_one_are_clamped() {
 
 /// A request as the Anthropic ingress makes it, with the caller's headers.
 fn from_anthropic(body: Value, beta: Option<&str>) -> ChatRequest {
-    let mut request = ChatRequest::parse(br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#).unwrap();
-    let original = body.as_object().unwrap().clone();
-    let system_messages = original["messages"].as_array().unwrap().iter().any(|m| m["role"] == "system");
-    request.origin =
-        shield_core::chat_request::Origin::Anthropic(std::sync::Arc::new(shield_core::chat_request::AnthropicOrigin {
-            original,
-            beta: beta.map(str::to_string),
-            version: Some("2023-06-01".into()),
-            system_messages,
-            ..Default::default()
-        }));
-    request
+    let headers =
+        crate::messages::request::Headers { beta: beta.map(str::to_string), version: Some("2023-06-01".into()) };
+    crate::messages::request::normalise(&bytes::Bytes::from(body.to_string()), headers, false).unwrap()
 }
 
 #[test]

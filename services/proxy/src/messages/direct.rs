@@ -1,0 +1,331 @@
+//! A large Messages body read without a tree of its history (issue 33, "parsing in
+//! proportion"): `messages`, `system` and `tools` go straight from the body's text into the
+//! typed request; only the other top-level fields become `serde_json` values. Claude Code
+//! resends a 150 KB conversation every turn; building a tree of it, copying its strings into the
+//! typed request and freeing the tree was most of such a request's cost, and on the same-shape
+//! path the tree served nothing (the body is relayed from its text).
+//!
+//! Only the common, well-formed body is read here: anything the tree reading would refuse
+//! (with its own error text), or that needs the tree (content only Anthropic reads, which is
+//! kept whole as an opaque part; an image without a usable source; a value of a type no
+//! request has), makes [`read`] answer `None`, and the body is read as a tree. So this reading
+//! never decides an error, and where it answers it answers as the tree reading does (the
+//! property test `reads_as_the_tree_does`).
+
+use serde::de::{DeserializeSeed, MapAccess, SeqAccess};
+use serde_json::{Map, Value};
+use shield_core::chat_request::MAX_MESSAGES;
+use shield_core::exchange::{Message, Part, Role, Tool};
+use shield_core::json_read::{Each, Lenient, Reader, Skip, Text, entries};
+
+/// A body read directly: every top-level field but `messages`, `system` and `tools` as values,
+/// those three typed.
+#[derive(Debug, Default)]
+pub(super) struct Read {
+    pub fields: Map<String, Value>,
+    pub system: Vec<String>,
+    pub messages: Vec<Message>,
+    pub system_messages: bool,
+    pub tools: Vec<Tool>,
+    /// `tools ({kind})` for each server tool, in order.
+    pub server_tools: Vec<String>,
+}
+
+/// The error that sends a body to the tree reading.
+const AS_A_TREE: &str = "shield: read as a tree";
+
+fn as_a_tree<E: serde::de::Error>() -> E {
+    E::custom(AS_A_TREE)
+}
+
+/// Reads `body`, a JSON object with distinct, plainly written top-level keys; `None`: read it
+/// as a tree.
+pub(super) fn read(body: &[u8]) -> Option<Read> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let read = Lenient(Body).deserialize(&mut deserializer).and_then(|read| deserializer.end().map(|()| read));
+    let read = read.ok()??;
+    (1..=MAX_MESSAGES).contains(&read.messages.len()).then_some(read)
+}
+
+/// The top-level object (`None`: not an object, or no `messages` array).
+struct Body;
+
+impl<'de> Reader<'de> for Body {
+    type Out = Option<Read>;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Option<Read>, A::Error> {
+        let mut read = Read::default();
+        let mut messages = None;
+        entries(map, |key, map| {
+            match key {
+                "messages" => {
+                    let sent = map.next_value_seed(Lenient(Each(OneMessage)))?.ok_or_else(as_a_tree)?;
+                    messages = Some(sent.into_iter().collect::<Option<Vec<Typed>>>().ok_or_else(as_a_tree)?);
+                }
+                "system" => read.system = map.next_value_seed(Lenient(System))?.ok_or_else(as_a_tree)?,
+                "tools" => {
+                    for tool in map.next_value_seed(Lenient(Each(OneTool)))?.into_iter().flatten() {
+                        match tool.kind.as_deref() {
+                            None | Some("custom") => read.tools.push(Tool {
+                                name: tool.name.unwrap_or_default(),
+                                description: tool.description.unwrap_or_default(),
+                                schema: tool.schema.unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                            }),
+                            Some(kind) => read.server_tools.push(format!("tools ({kind})")),
+                        }
+                    }
+                }
+                _ => {
+                    read.fields.insert(key.to_string(), map.next_value()?);
+                }
+            }
+            Ok(())
+        })?;
+        let Some(messages) = messages else { return Ok(None) };
+        read.system_messages = messages.iter().any(|typed| typed.0.role == Role::System);
+        read.messages = messages.into_iter().map(|typed| typed.0).collect();
+        // Empty system parts are dropped, as the tree reading drops them.
+        read.system.retain(|part| !part.is_empty());
+        Ok(Some(read))
+    }
+}
+
+/// `system`: a string, or the texts of its blocks; `null` is none (`None`: another type).
+struct System;
+
+impl<'de> Reader<'de> for System {
+    type Out = Option<Vec<String>>;
+
+    fn str(self, text: &str) -> Self::Out {
+        Some(vec![text.to_string()])
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
+        Ok(Each(TextOf).seq(seq)?.map(|texts| texts.into_iter().flatten().collect()))
+    }
+
+    fn null(self) -> Self::Out {
+        Some(Vec::new())
+    }
+}
+
+/// A block's `text`, when it is a string (anything else has none).
+#[derive(Clone, Copy)]
+struct TextOf;
+
+impl<'de> Reader<'de> for TextOf {
+    type Out = Option<String>;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Option<String>, A::Error> {
+        let mut text = None;
+        entries(map, |key, map| {
+            if key == "text" {
+                text = map.next_value_seed(Lenient(Text))?;
+            } else {
+                map.next_value::<Skip>()?;
+            }
+            Ok(())
+        })?;
+        Ok(text)
+    }
+}
+
+/// A string, or the texts of an array's blocks (a tool result's `content`); `None`: another
+/// type.
+#[derive(Clone, Copy)]
+struct Texts;
+
+impl<'de> Reader<'de> for Texts {
+    type Out = Option<Vec<String>>;
+
+    fn str(self, text: &str) -> Self::Out {
+        Some(vec![text.to_string()])
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
+        Ok(Each(TextOf).seq(seq)?.map(|texts| texts.into_iter().flatten().collect()))
+    }
+}
+
+/// A message, typed.
+struct Typed(Message);
+
+/// One message (`None`: anything the tree reading refuses or reads as a tree only).
+#[derive(Clone, Copy)]
+struct OneMessage;
+
+impl<'de> Reader<'de> for OneMessage {
+    type Out = Option<Typed>;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Option<Typed>, A::Error> {
+        let (mut role, mut content) = (None, None);
+        entries(map, |key, map| {
+            match key {
+                "role" => role = map.next_value_seed(Lenient(Text))?,
+                "content" => content = Some(map.next_value_seed(Lenient(Content))?),
+                _ => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+            Ok(())
+        })?;
+        let Some(Some(blocks)) = content else { return Ok(None) };
+        let message = match role.as_deref() {
+            // Mid-conversation system messages (Claude Code's reminders): their texts.
+            Some("system") => Message {
+                role: Role::System,
+                content: blocks.into_iter().filter_map(|block| block.text).map(Part::Text).collect(),
+            },
+            Some(sent @ ("user" | "assistant")) => {
+                let role = if sent == "user" { Role::User } else { Role::Assistant };
+                let content = blocks.into_iter().map(Block::typed).collect::<Option<Vec<Part>>>();
+                let Some(content) = content else { return Ok(None) };
+                Message { role, content }
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(Typed(message)))
+    }
+}
+
+/// Content: a string (one text block), or blocks that each have a string `type` (`None`:
+/// anything else).
+struct Content;
+
+impl<'de> Reader<'de> for Content {
+    type Out = Option<Vec<Block>>;
+
+    fn str(self, text: &str) -> Self::Out {
+        Some(vec![Block { kind: Some("text".into()), text: Some(text.to_string()), ..Block::default() }])
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
+        let blocks = Each(OneBlock).seq(seq)?;
+        Ok(blocks.filter(|blocks| blocks.iter().all(|block| block.kind.is_some())))
+    }
+}
+
+/// One content block's fields, as sent: each the last string (or value) given for its key, as
+/// a map keeps it.
+#[derive(Debug, Default)]
+struct Block {
+    kind: Option<String>,
+    text: Option<String>,
+    id: Option<String>,
+    name: Option<String>,
+    input: Option<Value>,
+    tool_use_id: Option<String>,
+    content: Option<Vec<String>>,
+    is_error: Option<bool>,
+    thinking: Option<String>,
+    signature: Option<String>,
+    data: Option<String>,
+    source: Option<Value>,
+}
+
+impl Block {
+    /// As the tree reading types a block (`messages::request::part_of`); `None` for the kinds
+    /// it keeps opaque, which need the whole block.
+    fn typed(self) -> Option<Part> {
+        let part = match self.kind.as_deref()? {
+            "text" => Part::Text(self.text.unwrap_or_default()),
+            "image" => Part::Image(super::request::image_of(self.source.as_ref().unwrap_or(&Value::Null))?),
+            "tool_use" => Part::ToolUse {
+                id: self.id.unwrap_or_default(),
+                name: self.name.unwrap_or_default(),
+                input: self.input.map_or_else(|| "{}".to_string(), |input| input.to_string()),
+            },
+            "tool_result" => Part::ToolResult {
+                id: self.tool_use_id.unwrap_or_default(),
+                content: self.content.unwrap_or_default().join("\n"),
+                is_error: self.is_error.unwrap_or(false),
+            },
+            "thinking" => Part::Thinking {
+                thinking: self.thinking.unwrap_or_default(),
+                signature: self.signature.unwrap_or_default(),
+            },
+            "redacted_thinking" => Part::RedactedThinking(self.data.unwrap_or_default()),
+            _ => return None,
+        };
+        Some(part)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct OneBlock;
+
+impl<'de> Reader<'de> for OneBlock {
+    type Out = Block;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Block, A::Error> {
+        let mut block = Block::default();
+        entries(map, |key, map| {
+            match key {
+                "type" => block.kind = map.next_value_seed(Lenient(Text))?,
+                "text" => block.text = map.next_value_seed(Lenient(Text))?,
+                "id" => block.id = map.next_value_seed(Lenient(Text))?,
+                "name" => block.name = map.next_value_seed(Lenient(Text))?,
+                "input" => block.input = Some(map.next_value()?),
+                "tool_use_id" => block.tool_use_id = map.next_value_seed(Lenient(Text))?,
+                "content" => block.content = map.next_value_seed(Lenient(Texts))?,
+                "is_error" => block.is_error = map.next_value_seed(Lenient(Flag))?,
+                "thinking" => block.thinking = map.next_value_seed(Lenient(Text))?,
+                "signature" => block.signature = map.next_value_seed(Lenient(Text))?,
+                "data" => block.data = map.next_value_seed(Lenient(Text))?,
+                "source" => block.source = Some(map.next_value()?),
+                _ => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(block)
+    }
+}
+
+/// A boolean, or nothing.
+struct Flag;
+
+impl<'de> Reader<'de> for Flag {
+    type Out = Option<bool>;
+
+    fn bool(self, value: bool) -> Option<bool> {
+        Some(value)
+    }
+}
+
+/// One tool's fields, as sent.
+#[derive(Default)]
+struct SentTool {
+    kind: Option<String>,
+    name: Option<String>,
+    description: Option<String>,
+    schema: Option<Value>,
+}
+
+#[derive(Clone, Copy)]
+struct OneTool;
+
+impl<'de> Reader<'de> for OneTool {
+    type Out = SentTool;
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<SentTool, A::Error> {
+        let mut tool = SentTool::default();
+        entries(map, |key, map| {
+            match key {
+                "type" => tool.kind = map.next_value_seed(Lenient(Text))?,
+                "name" => tool.name = map.next_value_seed(Lenient(Text))?,
+                "description" => tool.description = map.next_value_seed(Lenient(Text))?,
+                "input_schema" => tool.schema = Some(map.next_value()?),
+                _ => {
+                    map.next_value::<Skip>()?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(tool)
+    }
+}
+
+#[cfg(test)]
+mod tests;

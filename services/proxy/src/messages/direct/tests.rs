@@ -1,0 +1,359 @@
+//! The direct reading of a Messages body answers as the tree reading does, or not at all.
+
+use super::*;
+use crate::messages::request::{Headers, normalise, normalise_as_a_tree};
+use proptest::prelude::*;
+use shield_core::chat_request::ChatRequest;
+use shield_core::target::Target;
+
+/// JSON with repeated keys allowed (serde_json's own values cannot hold them).
+#[derive(Debug, Clone)]
+enum Json {
+    Null,
+    Bool(bool),
+    Number(i32),
+    Text(String),
+    Array(Vec<Json>),
+    Object(Vec<(String, Json)>),
+}
+
+impl Json {
+    fn write(&self, out: &mut String) {
+        match self {
+            Json::Null => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Number(n) => out.push_str(&n.to_string()),
+            Json::Text(t) => out.push_str(&serde_json::to_string(t).unwrap()),
+            Json::Array(all) => {
+                out.push('[');
+                for (i, one) in all.iter().enumerate() {
+                    out.push_str(if i > 0 { "," } else { "" });
+                    one.write(out);
+                }
+                out.push(']');
+            }
+            Json::Object(fields) => {
+                out.push('{');
+                for (i, (key, value)) in fields.iter().enumerate() {
+                    out.push_str(if i > 0 { ", " } else { "" });
+                    if key.contains("\\u") {
+                        // Written with an escape, as some clients do.
+                        out.push_str(&format!("\"{key}\""));
+                    } else {
+                        out.push_str(&serde_json::to_string(key).unwrap());
+                    }
+                    out.push(':');
+                    value.write(out);
+                }
+                out.push('}');
+            }
+        }
+    }
+}
+
+const KEYS: [&str; 14] = [
+    "type",
+    "text",
+    "role",
+    "content",
+    "id",
+    "name",
+    "input",
+    "source",
+    "media_type",
+    "data",
+    "url",
+    "x",
+    "cache_control",
+    "typ\\u0065",
+];
+const TEXTS: [&str; 12] = [
+    "text",
+    "user",
+    "assistant",
+    "system",
+    "tool_use",
+    "image/png",
+    "https://x.test/y.png",
+    "a\nb",
+    "é \"q\" \\",
+    "",
+    "{}",
+    "AKIA",
+];
+
+fn json() -> BoxedStrategy<Json> {
+    let leaf = prop_oneof![
+        Just(Json::Null),
+        any::<bool>().prop_map(Json::Bool),
+        (-3i32..3).prop_map(Json::Number),
+        prop::sample::select(&TEXTS[..]).prop_map(|t| Json::Text(t.to_string())),
+    ];
+    leaf.prop_recursive(4, 48, 5, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Json::Array),
+            prop::collection::vec((prop::sample::select(&KEYS[..]), inner), 0..5)
+                .prop_map(|fields| Json::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
+        ]
+    })
+    .boxed()
+}
+
+/// An object with some of `fields` (each value as given, or now and then any JSON), now and
+/// then a key repeated with another value.
+fn object(fields: Vec<(&'static str, BoxedStrategy<Json>)>) -> BoxedStrategy<Json> {
+    let each: Vec<_> = fields
+        .into_iter()
+        .map(|(key, value)| {
+            prop::option::weighted(0.8, prop_oneof![12 => value, 1 => json()])
+                .prop_map(move |value| value.map(|value| (key.to_string(), value)))
+        })
+        .collect();
+    (each, prop::bool::weighted(0.1), json())
+        .prop_map(|(fields, repeat, other)| {
+            let mut fields: Vec<_> = fields.into_iter().flatten().collect();
+            if let Some((key, _)) = fields.first().filter(|_| repeat).cloned() {
+                fields.push((key, other));
+            }
+            Json::Object(fields)
+        })
+        .boxed()
+}
+
+fn one_of(texts: &'static [&'static str]) -> BoxedStrategy<Json> {
+    prop::sample::select(texts).prop_map(|t| Json::Text(t.to_string())).boxed()
+}
+
+fn text() -> BoxedStrategy<Json> {
+    one_of(&TEXTS)
+}
+
+fn array(of: BoxedStrategy<Json>) -> BoxedStrategy<Json> {
+    prop_oneof![12 => prop::collection::vec(of, 0..4).prop_map(Json::Array), 1 => json()].boxed()
+}
+
+/// Mostly Messages-shaped: text, images, tool use and results, thinking, and now and then a
+/// block only Anthropic reads.
+fn messages() -> BoxedStrategy<Json> {
+    const KINDS: [&str; 8] =
+        ["text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking", "document", "text"];
+    let source = object(vec![
+        ("type", one_of(&["base64", "url", "file"])),
+        ("media_type", one_of(&["image/png", ""])),
+        ("data", text()),
+        ("url", text()),
+    ]);
+    let text_block = object(vec![("type", one_of(&["text"])), ("text", text())]);
+    let block = object(vec![
+        ("type", one_of(&KINDS)),
+        ("text", text()),
+        ("id", text()),
+        ("name", text()),
+        ("input", json()),
+        ("tool_use_id", text()),
+        ("content", prop_oneof![text(), array(text_block)].boxed()),
+        ("is_error", any::<bool>().prop_map(Json::Bool).boxed()),
+        ("thinking", text()),
+        ("signature", text()),
+        ("data", text()),
+        ("source", source),
+        ("cache_control", json()),
+    ]);
+    let message = object(vec![
+        ("role", one_of(&["user", "assistant", "system", "tool"])),
+        ("content", prop_oneof![text(), array(block)].boxed()),
+    ]);
+    prop_oneof![12 => prop::collection::vec(message, 1..6).prop_map(Json::Array), 1 => json()].boxed()
+}
+
+fn system() -> BoxedStrategy<Json> {
+    let block = object(vec![("type", one_of(&["text"])), ("text", text()), ("cache_control", json())]);
+    prop_oneof![text(), array(block), Just(Json::Null).boxed()].boxed()
+}
+
+fn tools() -> BoxedStrategy<Json> {
+    array(object(vec![
+        ("type", one_of(&["custom", "web_search_20250305", "bash_20250124"])),
+        ("name", text()),
+        ("description", text()),
+        ("input_schema", json()),
+    ]))
+}
+
+fn target(flavor: &str) -> Target {
+    serde_json::from_value(serde_json::json!({"base_url": "https://up.test/v1", "model": "m-up", "flavor": flavor}))
+        .unwrap()
+}
+
+fn headers() -> Headers {
+    Headers { beta: Some("b1".into()), version: Some("2023-06-01".into()) }
+}
+
+/// What a reading decided, as far as anything after it can tell.
+fn seen(request: &ChatRequest) -> impl PartialEq + std::fmt::Debug {
+    let origin = request.anthropic().unwrap();
+    (
+        request.model.clone(),
+        request.exchange.clone(),
+        origin.full().into_owned(),
+        (origin.requires.clone(), origin.unmapped.clone(), origin.system_messages),
+        (origin.beta.clone(), origin.version.clone(), origin.verbatim.is_some()),
+        request.prompt_text(),
+    )
+}
+
+/// The body each flavor's target is sent, as JSON.
+fn upstream(request: &ChatRequest) -> Vec<Value> {
+    ["anthropic", "openai", "gemini"]
+        .into_iter()
+        .map(|flavor| {
+            let target = target(flavor);
+            let body = crate::provider::for_target(&target).body(request, &target, true);
+            serde_json::from_slice(&body).unwrap()
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    /// Read directly or as a tree, a body gives the same typed request, the same fields, the
+    /// same error, and the same upstream body for every flavor.
+    #[test]
+    fn reads_as_the_tree_does(
+        messages in messages(), system in prop::option::of(system()), tools in prop::option::of(tools()),
+        pretty in any::<bool>(), stream in any::<bool>()
+    ) {
+        let mut body = String::from(if pretty { "{ \"model\": \"team\",\n \"max_tokens\": 64, " } else { "{\"model\":\"team\",\"max_tokens\":64," });
+        body.push_str("\"messages\": ");
+        messages.write(&mut body);
+        if let Some(system) = system {
+            body.push_str(", \"system\" :");
+            system.write(&mut body);
+        }
+        if let Some(tools) = tools {
+            body.push_str(", \"tools\" :");
+            tools.write(&mut body);
+        }
+        if stream {
+            body.push_str(", \"stream\": true");
+        }
+        body.push_str(&format!(", \"pad\": \"{}\" }}", "p".repeat(shield_core::verbatim::WORTH_IT)));
+
+        let direct = normalise(&bytes::Bytes::from(body.clone()), headers(), false);
+        let tree = normalise_as_a_tree(&bytes::Bytes::from(body.clone()), headers(), false);
+        match (&direct, &tree) {
+            (Ok(direct), Ok(tree)) => {
+                prop_assert_eq!(seen(direct), seen(tree));
+                prop_assert_eq!(upstream(direct), upstream(tree));
+            }
+            (direct, tree) => prop_assert_eq!(direct.as_ref().err(), tree.as_ref().err()),
+        }
+        if let Some(read) = read(body.as_bytes()) {
+            prop_assert!(tree.is_ok(), "read directly what a tree refuses: {:?}", tree.err());
+            prop_assert!(!read.fields.contains_key("messages"));
+        }
+    }
+}
+
+fn padded(mut body: Value) -> String {
+    body["pad"] = Value::String("p".repeat(shield_core::verbatim::WORTH_IT));
+    body.to_string()
+}
+
+fn agent_turn() -> Value {
+    serde_json::json!({"model": "team", "max_tokens": 64, "stream": true,
+    "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+    "tools": [{"name": "Bash", "description": "Run", "input_schema": {"type": "object"}}],
+    "messages": [
+        {"role": "user", "content": "fix it"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+            {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "a.rs"}]}]},
+    ]})
+}
+
+#[test]
+fn a_common_agent_turn_is_read_directly() {
+    let body = padded(agent_turn());
+    let read = read(body.as_bytes()).expect("read directly");
+    assert_eq!(read.messages.len(), 3);
+    assert!(!read.fields.contains_key("messages") && !read.fields.contains_key("tools"));
+    let request = normalise(&bytes::Bytes::from(body.clone()), headers(), false).unwrap();
+    let origin = request.anthropic().unwrap();
+    assert!(!origin.original.contains_key("messages"), "no tree of the history kept");
+    assert_eq!(origin.full().get("messages"), serde_json::from_str::<Value>(&body).unwrap().get("messages"));
+}
+
+/// Each of these is read as a tree: the direct reading declines what only a tree types, and
+/// what the tree reading refuses with its own words.
+#[test]
+fn what_only_a_tree_reads_is_read_as_a_tree() {
+    use serde_json::json;
+    let cases: [(&str, &str, Value); 9] = [
+        (
+            "a document block",
+            "/messages/0/content",
+            json!([{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "AKIA"}}]),
+        ),
+        (
+            "an image by file id",
+            "/messages/0/content",
+            json!([{"type": "image", "source": {"type": "file", "file_id": "f"}}]),
+        ),
+        ("a block without a type", "/messages/0/content", json!([{"text": "x"}])),
+        ("a role no API has", "/messages/0/role", json!("tool")),
+        ("content missing", "/messages/0", json!({"role": "user"})),
+        ("no messages", "/messages", json!([])),
+        ("messages not an array", "/messages", json!("hi")),
+        ("system of another type", "/system", json!(5)),
+        ("the raw-value token", "/messages/0/content", json!({"$serde_json::private::RawValue": "\"x\""})),
+    ];
+    for (case, at, value) in cases {
+        let mut body = agent_turn();
+        *body.pointer_mut(at).unwrap() = value;
+        let body = padded(body);
+        assert!(read(body.as_bytes()).is_none(), "{case}: read directly");
+        let tree = normalise_as_a_tree(&bytes::Bytes::from(body.clone()), headers(), false);
+        let direct = normalise(&bytes::Bytes::from(body), headers(), false);
+        assert_eq!(direct.as_ref().err(), tree.as_ref().err(), "{case}");
+        if let (Ok(direct), Ok(tree)) = (direct, tree) {
+            assert_eq!(seen(&direct), seen(&tree), "{case}");
+        }
+    }
+}
+
+#[test]
+fn a_raw_value_key_reads_as_a_serde_json_server_reads_it() {
+    let mut body = agent_turn();
+    body["messages"][0] =
+        serde_json::json!({"$serde_json::private::RawValue": r#"{"role": "user", "content": "AKIA in hiding"}"#});
+    let request = normalise(&bytes::Bytes::from(padded(body)), headers(), false).unwrap();
+    assert!(request.prompt_text().contains("AKIA in hiding"), "the guardrails read what a serde_json server would");
+}
+
+#[test]
+fn nesting_past_the_recursion_limit_is_refused_as_the_tree_refuses_it() {
+    for depth in [100, 100_000] {
+        let nested: Value = serde_json::from_str("1").unwrap();
+        let mut body = agent_turn();
+        body["messages"][1]["content"][1]["input"] = nested;
+        let deep = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        let body = padded(body).replacen("\"input\":1", &format!("\"input\":{deep}"), 1);
+        let tree = normalise_as_a_tree(&bytes::Bytes::from(body.clone()), headers(), false);
+        let direct = normalise(&bytes::Bytes::from(body), headers(), false);
+        assert_eq!(direct.is_ok(), depth == 100, "depth {depth}");
+        assert_eq!(direct.as_ref().err(), tree.as_ref().err(), "depth {depth}");
+        if let Err(refused) = direct {
+            assert!(refused.0.contains("recursion limit"), "{refused}");
+        }
+    }
+}
+
+#[test]
+fn a_malformed_large_body_is_refused_with_serde_json_s_reason() {
+    let body = padded(agent_turn());
+    let broken = &body[..body.len() - 1];
+    let Err(refused) = normalise(&bytes::Bytes::from(broken.to_string()), headers(), false) else { panic!("accepted") };
+    assert!(refused.0.starts_with("malformed JSON body: "), "{refused}");
+}
