@@ -17,6 +17,7 @@ pub mod error;
 pub mod exchange;
 pub mod guardrails;
 pub mod json_read;
+pub mod json_write;
 pub mod key_access;
 pub mod keys;
 pub mod limits;

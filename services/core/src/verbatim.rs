@@ -74,7 +74,7 @@ impl Verbatim {
         for (i, (key, value)) in set.iter().enumerate() {
             if !set.get(i + 1..).unwrap_or_default().iter().any(|(later, _)| later == key) {
                 push_key(&mut out, key);
-                let _ = serde_json::to_writer(&mut out, value);
+                crate::json_write::push_value(&mut out, value);
             }
         }
         out.push(b'}');
@@ -86,7 +86,7 @@ fn push_key(out: &mut Vec<u8>, key: &str) {
     if out.len() > 1 {
         out.push(b',');
     }
-    let _ = serde_json::to_writer(&mut *out, key);
+    crate::json_write::push_str(out, key);
     out.push(b':');
 }
 

@@ -118,7 +118,7 @@ impl Provider for Anthropic {
         if let Some(body) = self.relayed_as_sent(request, target, stream) {
             return body;
         }
-        serde_json::to_vec(&self.request_body(request, target, stream)).unwrap_or_default()
+        shield_core::json_write::map_to_vec(&self.request_body(request, target, stream))
     }
 
     /// An OpenAI-shaped caller's fields the Messages API has no place for.

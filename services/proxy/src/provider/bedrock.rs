@@ -87,7 +87,7 @@ impl Provider for Bedrock {
         for (key, value) in target.extra_body.iter().flatten() {
             body.insert(key.clone(), value.clone());
         }
-        serde_json::to_vec(&body).unwrap_or_default()
+        shield_core::json_write::map_to_vec(&body)
     }
 
     fn dropped(&self, request: &ChatRequest, target: &Target) -> Vec<String> {

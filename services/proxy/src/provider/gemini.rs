@@ -62,7 +62,7 @@ impl Provider for Gemini {
         for (key, value) in target.extra_body.iter().flatten() {
             body.insert(key.clone(), value.clone());
         }
-        serde_json::to_vec(&body).unwrap_or_default()
+        shield_core::json_write::map_to_vec(&body)
     }
 
     /// What the request carries that Gemini has no place for, by the caller's field names.

@@ -109,7 +109,7 @@ impl Provider for VertexClaude {
         let mut body = ANTHROPIC.request_body(request, target, stream);
         body.remove("model");
         body.insert("anthropic_version".into(), Value::String(ANTHROPIC_VERSION.into()));
-        serde_json::to_vec(&body).unwrap_or_default()
+        shield_core::json_write::map_to_vec(&body)
     }
 
     fn dropped(&self, request: &ChatRequest, target: &Target) -> Vec<String> {

@@ -112,7 +112,7 @@ pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
     for (key, value) in extra.into_iter().flatten() {
         body.insert(key.clone(), value.clone());
     }
-    serde_json::to_vec(&body).unwrap_or_default()
+    shield_core::json_write::map_to_vec(&body)
 }
 
 fn texts(content: &[Part], separator: &str) -> String {
