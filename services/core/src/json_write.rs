@@ -13,13 +13,6 @@
 
 use serde_json::{Map, Value};
 
-/// `value` as JSON text, the bytes `serde_json::to_vec(value)` gives.
-pub fn to_vec(value: &Value) -> Vec<u8> {
-    let mut out = Vec::with_capacity(128);
-    push_value(&mut out, value);
-    out
-}
-
 /// `map` as a JSON object, the bytes `serde_json::to_vec(map)` gives.
 pub fn map_to_vec(map: &Map<String, Value>) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
@@ -75,23 +68,21 @@ pub fn push_str(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
     // `written`: where the bytes not yet copied to `out` start.
     let mut written = 0;
-    let mut at = 0;
-    while let Some(rest) = bytes.get(at..) {
-        let Some(word) = rest.first_chunk::<8>() else {
-            for (offset, &byte) in rest.iter().enumerate() {
-                escape(out, bytes, &mut written, at + offset, byte);
-            }
-            break;
-        };
+    // Eight bytes at a time; the last few padded with spaces, which need no escape.
+    let full = bytes.chunks_exact(8);
+    let mut last = [b' '; 8];
+    last.iter_mut().zip(full.remainder()).for_each(|(slot, byte)| *slot = *byte);
+    let words = full.map(|chunk| <[u8; 8]>::try_from(chunk).unwrap_or([b' '; 8])).chain([last]);
+    for (index, word) in words.enumerate() {
+        let at = index * 8;
         // Only the bytes flagged are looked at: in code and tool output a word with a newline
         // is common, and the rest of its bytes need nothing.
-        let mut flagged = escapes(u64::from_le_bytes(*word));
+        let mut flagged = escapes(u64::from_le_bytes(word));
         while flagged != 0 {
             let offset = (flagged.trailing_zeros() / 8) as usize;
-            escape(out, bytes, &mut written, at + offset, word.get(offset).copied().unwrap_or(0));
+            escape(out, bytes, &mut written, at + offset, word.get(offset).copied().unwrap_or(b' '));
             flagged &= flagged - 1;
         }
-        at += 8;
     }
     out.extend_from_slice(bytes.get(written..).unwrap_or_default());
     out.push(b'"');
@@ -115,7 +106,8 @@ fn escapes(word: u64) -> u64 {
     !(at_least_space & quote & backslash) & HIGHS
 }
 
-/// If the byte at `at` needs escaping: copies the clean run before it, then its escape.
+/// Copies the clean run before the byte at `at`, then its escape (a byte that needs none is
+/// left in the run).
 fn escape(out: &mut Vec<u8>, bytes: &[u8], written: &mut usize, at: usize, byte: u8) {
     let short: &[u8] = match byte {
         b'"' => b"\\\"",
@@ -144,6 +136,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    fn to_vec(value: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        push_value(&mut out, value);
+        out
+    }
 
     fn same_as_serde(value: &Value) {
         assert_eq!(String::from_utf8(to_vec(value)).unwrap(), serde_json::to_string(value).unwrap(), "{value:?}");
