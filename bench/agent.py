@@ -43,12 +43,15 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import agent_request  # noqa: E402
 import run as base  # noqa: E402
+import syscalls  # noqa: E402
 
 SIZES = [int(s) for s in os.environ.get("SHIELD_BENCH_AGENT_SIZES", "150000,600000").split(",")]
 STREAM_RATE = float(os.environ.get("SHIELD_BENCH_STREAM_RATE", "10"))
 IDLE = [int(n) for n in os.environ.get("SHIELD_BENCH_IDLE", "1000,10000").split(",") if n]
 # Which of the three measurements run (all by default): "piece", "streams", "idle".
 PARTS = set(os.environ.get("SHIELD_BENCH_PARTS", "piece,streams,idle").split(","))
+# SHIELD_BENCH_STREAM_STRACE=1: also count each proxy's system calls per streamed event.
+STREAM_STRACE = os.environ.get("SHIELD_BENCH_STREAM_STRACE") == "1"
 STREAM_SCENARIO = "chunks:300;chunkdelay:7;nolog"
 IDLE_SCENARIO = "ttfb:20000;chunks:20;chunkdelay:100;nolog"
 
@@ -103,6 +106,29 @@ async def paced_streams(port, path, body, headers, rate, seconds):
         tasks.append(asyncio.create_task(one_stream(port, path, body, headers, scheduled, out)))
     await asyncio.gather(*tasks)
     return out
+
+
+def strace_streams(paths, work):
+    """SHIELD_BENCH_STREAM_STRACE=1: the same paced streams again for each proxy under
+    `strace -c -f`, its system calls per relayed event side by side (the request's own calls
+    included, spread over its ~300 events). strace slows every call, so only the counts count."""
+    counts, names = {}, set()
+    for name, (port, path, body, headers, pid) in paths.items():
+        out = os.path.join(work, f"strace.streams.{name}")
+        tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", out],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1)
+        done = asyncio.run(paced_streams(port, path, body, headers, STREAM_RATE, base.DURATION))
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(timeout=60)
+        events = sum(o["events"] for o in done if o["status"] == 200)
+        counts[name] = {call: n / max(events, 1) for call, n in syscalls.calls_in(out).items()}
+        names |= {call for call, per in counts[name].items() if per >= 0.01}
+    print(f"\nsystem calls per streamed event (strace -c -f, the same paced streams again)")
+    print(f"{'call':<18}" + "".join(f"{name:>10}" for name in counts))
+    for call in sorted(names, key=lambda c: -max(v.get(c, 0) for v in counts.values())):
+        print(f"{call:<18}" + "".join(f"{v.get(call, 0):>10.2f}" for v in counts.values()))
+    print(f"{'total':<18}" + "".join(f"{sum(v.values()):>10.2f}" for v in counts.values()))
 
 
 def main():
@@ -268,6 +294,8 @@ def main():
                 per_event = f"{used / max(events, 1):>14.2f}"
             ttft[name] = times
             print(f"{name:<8}{len(out):>9}{len(out) - len(ok):>8}{base.pct(times, 50):>13.2f}{base.pct(times, 99):>13.2f}{events:>9}{per_event}")
+        if "streams" in PARTS and STREAM_STRACE:
+            strace_streams({k: v for k, v in stream_paths.items() if v[4]}, work)
         for name in (("nginx", "shield") if ttft else ()):
             print(f"{name} added TTFT: p50 {base.pct(ttft[name], 50) - base.pct(ttft['direct'], 50):+.3f} ms, "
                   f"p99 {base.pct(ttft[name], 99) - base.pct(ttft['direct'], 99):+.3f} ms (target <= 1 ms p99)")

@@ -51,14 +51,19 @@ def count(pid, url, body, headers, n, work):
     tracer.send_signal(signal.SIGINT)
     tracer.wait(timeout=60)
     ok = report.get("statusCodeDistribution", {}).get("200", 0)
+    return {name: c / max(ok, 1) for name, c in calls_in(out).items()}, ok
+
+
+def calls_in(path):
+    """System call counts by name from a `strace -c` summary file."""
     calls = {}
-    with open(out) as f:
+    with open(path) as f:
         for line in f:
             fields = line.split()
             # % time, seconds, usecs/call, calls, [errors], syscall
             if len(fields) >= 5 and fields[0][0].isdigit() and fields[-1] != "total":
                 calls[fields[-1]] = int(fields[3])
-    return {name: c / max(ok, 1) for name, c in calls.items()}, ok
+    return calls
 
 
 def main():
