@@ -15,7 +15,7 @@
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 use shield_core::chat_request::MAX_MESSAGES;
-use shield_core::exchange::{Message, Part, Role, Tool};
+use shield_core::exchange::{Message, Part, Role, Schema, Tool};
 use shield_core::json_read::{Each, Lenient, Reader, Skip, Text, entries};
 
 /// A body read directly: every top-level field but `messages`, `system` and `tools` as values,
@@ -69,7 +69,10 @@ impl<'de> Reader<'de> for Body {
                             None | Some("custom") => read.tools.push(Tool {
                                 name: tool.name.unwrap_or_default(),
                                 description: tool.description.unwrap_or_default(),
-                                schema: tool.schema.unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                                schema: tool.schema.map_or_else(
+                                    || Schema::of_value(&serde_json::json!({"type": "object"})),
+                                    Schema::of_raw,
+                                ),
                             }),
                             Some(kind) => read.server_tools.push(format!("tools ({kind})")),
                         }
@@ -300,7 +303,8 @@ struct SentTool {
     kind: Option<String>,
     name: Option<String>,
     description: Option<String>,
-    schema: Option<Value>,
+    /// As sent ([`Schema`]).
+    schema: Option<Box<serde_json::value::RawValue>>,
 }
 
 #[derive(Clone, Copy)]
