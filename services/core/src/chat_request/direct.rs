@@ -12,7 +12,7 @@
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 
-use crate::exchange::{Message, Part, Role, Schema, Tool};
+use crate::exchange::{Message, Part, Role, Tool};
 use crate::json_read::{Each, Lenient, RAW_VALUE_KEY, Reader, Skip, Text, entries};
 
 /// What `messages` was, as sent.
@@ -277,8 +277,7 @@ struct SentFunction {
     name: Option<String>,
     arguments: Option<String>,
     description: Option<String>,
-    /// As sent: read as a tree only by a renderer of another shape ([`Schema`]).
-    parameters: Option<Box<serde_json::value::RawValue>>,
+    parameters: Option<Value>,
 }
 
 #[derive(Clone, Copy)]
@@ -320,9 +319,7 @@ impl<'de> Reader<'de> for Tools {
                     Some(Tool {
                         name: function.name?,
                         description: function.description.unwrap_or_default(),
-                        schema: function
-                            .parameters
-                            .map_or_else(|| Schema::of_value(&super::empty_schema()), Schema::of_raw),
+                        schema: function.parameters.unwrap_or_else(super::empty_schema),
                     })
                 })
                 .collect()

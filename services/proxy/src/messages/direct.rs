@@ -15,7 +15,7 @@
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 use shield_core::chat_request::MAX_MESSAGES;
-use shield_core::exchange::{Message, Part, Role, Schema, Tool};
+use shield_core::exchange::{Message, Part, Role, Tool};
 use shield_core::json_read::{Each, Lenient, Reader, Skip, Text, entries};
 
 /// A body read directly: every top-level field but `messages`, `system` and `tools` as values,
@@ -69,10 +69,7 @@ impl<'de> Reader<'de> for Body {
                             None | Some("custom") => read.tools.push(Tool {
                                 name: tool.name.unwrap_or_default(),
                                 description: tool.description.unwrap_or_default(),
-                                schema: tool.schema.map_or_else(
-                                    || Schema::of_value(&serde_json::json!({"type": "object"})),
-                                    Schema::of_raw,
-                                ),
+                                schema: tool.schema.unwrap_or_else(|| serde_json::json!({"type": "object"})),
                             }),
                             Some(kind) => read.server_tools.push(format!("tools ({kind})")),
                         }
@@ -303,8 +300,7 @@ struct SentTool {
     kind: Option<String>,
     name: Option<String>,
     description: Option<String>,
-    /// As sent ([`Schema`]).
-    schema: Option<Box<serde_json::value::RawValue>>,
+    schema: Option<Value>,
 }
 
 #[derive(Clone, Copy)]
