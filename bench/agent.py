@@ -115,12 +115,8 @@ def strace_streams(paths, work):
     counts, names = {}, set()
     for name, (port, path, body, headers, pid) in paths.items():
         out = os.path.join(work, f"strace.streams.{name}")
-        tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", out],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1)
-        done = asyncio.run(paced_streams(port, path, body, headers, STREAM_RATE, base.DURATION))
-        tracer.send_signal(signal.SIGINT)
-        tracer.wait(timeout=60)
+        done = syscalls.traced(pid, out, lambda: asyncio.run(
+            paced_streams(port, path, body, headers, STREAM_RATE, base.DURATION)))
         events = sum(o["events"] for o in done if o["status"] == 200)
         counts[name] = {call: n / max(events, 1) for call, n in syscalls.calls_in(out).items()}
         names |= {call for call, per in counts[name].items() if per >= 0.01}

@@ -39,17 +39,24 @@ def nginx_worker(port):
     return max(pids)
 
 
-def count(pid, url, body, headers, n, work):
-    out = os.path.join(work, f"strace.{pid}.{len(os.listdir(work))}")
+def traced(pid, out, load):
+    """`load()` run while `strace -c -f` counts `pid`'s system calls into `out`; its result."""
     tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", out], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     subprocess.run(["sleep", "1"])
+    try:
+        return load()
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(timeout=60)
+
+
+def count(pid, url, body, headers, n, work):
+    out = os.path.join(work, f"strace.{pid}.{len(os.listdir(work))}")
     args = [OHA, "--no-tui", "--output-format", "json", "-c", "20", "-n", str(n), "-m", "POST", "-d", body]
     for name, value in headers.items():
         args += ["-H", f"{name}: {value}"]
-    report = json.loads(subprocess.run(args + [url], capture_output=True, text=True).stdout)
-    tracer.send_signal(signal.SIGINT)
-    tracer.wait(timeout=60)
+    report = json.loads(traced(pid, out, lambda: subprocess.run(args + [url], capture_output=True, text=True)).stdout)
     ok = report.get("statusCodeDistribution", {}).get("200", 0)
     return {name: c / max(ok, 1) for name, c in calls_in(out).items()}, ok
 
