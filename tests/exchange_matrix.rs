@@ -89,10 +89,8 @@ fn request(caller: Caller, route: &str, case: Case, stream: bool) -> Value {
     body["max_tokens"] = json!(4096);
     if case == Case::ToolCall || case == Case::ToolResult {
         body["tools"] = match caller {
-            Caller::OpenAi => {
-                json!([{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}])
-            }
-            Caller::Anthropic => json!([{"name": "search", "input_schema": {"type": "object"}}]),
+            Caller::OpenAi => json!([{"type": "function", "function": {"name": "search", "parameters": schema()}}]),
+            Caller::Anthropic => json!([{"name": "search", "input_schema": schema()}]),
         };
     }
     if case == Case::Thinking {
@@ -257,12 +255,20 @@ fn check_received(flavor: Flavor, caller: Caller, case: Case, sent: &Value, head
                 assert_eq!(headers["x-shield-dropped-fields"], "reasoning_effort");
             }
         },
-        (_, Case::ToolCall) => assert!(!sent["tools"].as_array().unwrap().is_empty()),
+        (Flavor::OpenAi, Case::ToolCall) => assert_eq!(sent["tools"][0]["function"]["parameters"], schema()),
+        (Flavor::Anthropic, Case::ToolCall) => assert_eq!(sent["tools"][0]["input_schema"], schema()),
         _ => {}
     }
     if !(flavor == Flavor::Anthropic && caller == Caller::OpenAi && case == Case::Thinking) {
         assert!(headers.get("x-shield-dropped-fields").is_none(), "nothing dropped: {headers:?}");
     }
+}
+
+/// The tool's input schema every cell sends: it must reach every target as sent (Shield keeps
+/// it as text and writes it into other shapes as it is).
+fn schema() -> Value {
+    json!({"type": "object", "properties": {"q": {"type": "string", "description": "the \"query\"\n, é"},
+        "n": {"type": "integer", "minimum": 1}}, "required": ["q"], "additionalProperties": false})
 }
 
 /// What a Gemini target received for the cell, in its shape.
@@ -283,7 +289,7 @@ fn check_gemini_received(caller: Caller, case: Case, sent: &Value, headers: &Hea
             json!({"thinkingBudget": 2048, "includeThoughts": true}),
             "{caller:?}: a low effort (or a 2,048-token budget) as Gemini's thinking budget, within half the cap"
         ),
-        Case::ToolCall => assert!(!sent["tools"][0]["functionDeclarations"].as_array().unwrap().is_empty()),
+        Case::ToolCall => assert_eq!(sent["tools"][0]["functionDeclarations"][0]["parametersJsonSchema"], schema()),
         Case::Text => {}
     }
     assert!(headers.get("x-shield-dropped-fields").is_none(), "nothing dropped: {headers:?}");
@@ -309,7 +315,10 @@ fn check_bedrock_received(case: Case, sent: &Value, headers: &HeaderMap) {
             let budget = thinking["budget_tokens"].as_u64().unwrap();
             assert!(thinking["type"] == "enabled" && (1024..4096).contains(&budget), "{sent}");
         }
-        Case::ToolCall => assert_eq!(sent["toolConfig"]["tools"][0]["toolSpec"]["name"], "search"),
+        Case::ToolCall => {
+            assert_eq!(sent["toolConfig"]["tools"][0]["toolSpec"]["name"], "search");
+            assert_eq!(sent["toolConfig"]["tools"][0]["toolSpec"]["inputSchema"]["json"], schema());
+        }
         Case::Text => assert_eq!(messages[0]["content"], json!([{"text": "hello"}])),
     }
     assert!(headers.get("x-shield-dropped-fields").is_none(), "nothing dropped: {headers:?}");

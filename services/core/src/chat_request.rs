@@ -17,7 +17,7 @@ pub use direct::Shape;
 
 mod direct;
 
-use crate::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Tool, ToolChoice};
+use crate::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Schema, Tool, ToolChoice};
 
 /// OpenAI's own limit on `messages`; a longer conversation is refused before any routing.
 pub const MAX_MESSAGES: usize = 2048;
@@ -182,7 +182,7 @@ impl ChatRequest {
                     return Ok(ChatRequest { model, exchange, origin: Origin::OpenAi(Arc::new(body)) });
                 }
                 Err(direct::Unread::Malformed(e)) => return Err(malformed(e)),
-                Err(direct::Unread::RawValueKey) => {}
+                Err(direct::Unread::TreeOnly) => {}
             }
         }
         let value: Value = serde_json::from_slice(body).map_err(malformed)?;
@@ -354,7 +354,7 @@ fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
             Some(Tool {
                 name: function.get("name").and_then(text)?,
                 description: function.get("description").and_then(text).unwrap_or_default(),
-                schema: function.get("parameters").cloned().unwrap_or_else(empty_schema),
+                schema: Schema::of_value(function.get("parameters").unwrap_or(&empty_schema())),
             })
         })
         .collect();

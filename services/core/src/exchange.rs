@@ -162,7 +162,58 @@ pub struct Tool {
     pub name: String,
     pub description: String,
     /// The JSON Schema of its input.
-    pub schema: serde_json::Value,
+    pub schema: Schema,
+}
+
+/// A tool's input schema, kept as the JSON text it came in (issue 33). On the same-shape path
+/// nothing reads a schema (the body goes upstream from its own text), yet as a tree the 24
+/// schemas of an agent request were a fifth of its instructions: map nodes and key strings
+/// for every property of every schema, built and freed unread. An adapter that renders a tool
+/// in another shape reads it as a tree then ([`Schema::value`]), once.
+#[derive(Debug, Clone)]
+pub struct Schema(Box<serde_json::value::RawValue>);
+
+impl Schema {
+    /// A schema read from a body's text (any JSON value, as sent).
+    pub fn of_raw(raw: Box<serde_json::value::RawValue>) -> Schema {
+        Schema(raw)
+    }
+
+    /// A schema given as a tree (a tree reading, or Shield's own).
+    pub fn of_value(value: &serde_json::Value) -> Schema {
+        match serde_json::value::to_raw_value(value) {
+            Ok(raw) => Schema(raw),
+            // Not reached: a tree always writes (its keys are strings).
+            Err(_) => Schema::of_value(&serde_json::Value::Null),
+        }
+    }
+
+    /// The schema as a tree, for a renderer. The text was valid JSON when read (serde_json
+    /// checked it to capture it); a schema that reads as no tree (nested past serde_json's
+    /// recursion limit, which capturing does not count) is rendered as `null`, as an upstream
+    /// would refuse it anyway.
+    pub fn value(&self) -> serde_json::Value {
+        serde_json::from_str(self.0.get()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The schema's JSON text, as sent.
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+}
+
+/// Two schemas are one when they are the same JSON value (key order and spacing aside): a
+/// tree reading and a text reading of one body give one request.
+impl PartialEq for Schema {
+    fn eq(&self, other: &Schema) -> bool {
+        self.0.get() == other.0.get() || self.value() == other.value()
+    }
+}
+
+impl From<serde_json::Value> for Schema {
+    fn from(value: serde_json::Value) -> Schema {
+        Schema::of_value(&value)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,13 +5,15 @@
 //! A [`Reader`] says what it makes of each JSON type; [`Lenient`] makes it a serde seed; every
 //! object goes through [`entries`], which refuses serde_json's raw-value token (a tree reads an
 //! object keyed by it as the JSON in its string, so only a tree reading reads such a body as
-//! serde_json servers do); [`Skip`] drops a value under serde_json's recursion limit.
+//! serde_json servers do); [`Skip`] drops a value under serde_json's recursion limit;
+//! [`checked`] holds a value kept as its text (a `RawValue`) to what a tree would accept.
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-/// The error a read stops with at the raw-value token (no API's key): a caller reads the body as
-/// a tree instead.
-pub const RAW_VALUE_KEY: &str = "shield: raw-value key";
+/// The error a read stops with where only a tree reading reads the body as a serde_json server
+/// would: at the raw-value token (no API's key), or at a value kept as text that a tree refuses
+/// ([`checked`]). A caller reads the body as a tree instead, which accepts or refuses it.
+pub const TREE_ONLY: &str = "shield: read as a tree";
 
 /// What a reader makes of each JSON type; a type it does not expect reads as `Out::default()`
 /// (consumed and ignored).
@@ -121,7 +123,7 @@ pub fn entries<'de, A: MapAccess<'de>>(
 ) -> Result<(), A::Error> {
     while let Some(Key(key)) = map.next_key()? {
         if key == crate::chat_request::RAW_VALUE_TOKEN {
-            return Err(serde::de::Error::custom(RAW_VALUE_KEY));
+            return Err(serde::de::Error::custom(TREE_ONLY));
         }
         field(&key, &mut map)?;
     }
@@ -179,5 +181,96 @@ impl<'de, R: Reader<'de> + Copy> Reader<'de> for Each<R> {
             all.push(one);
         }
         Ok(Some(all))
+    }
+}
+
+/// A value captured as its JSON text (serde_json's `RawValue`), checked as a tree reading would
+/// check it. Capturing skips the value without serde_json's recursion limit, its check of
+/// `\u` escapes (a lone surrogate) and its range of numbers (`1e999`), all of which a tree
+/// reading refuses; so the text is walked once more through `deserialize_any`, which applies
+/// them and allocates nothing but for a string written with escapes. `remaining` is the depth
+/// serde_json has left where the value stands in its body (its limit, 128, less one for each
+/// enclosing array or object), so a value nested past the limit counted from the body's root
+/// is refused as the tree refuses it. On refusal the error is [`TREE_ONLY`].
+///
+/// The walk is a second pass over the captured text only: a few instructions a byte, against
+/// the ~19 a byte of building the tree it replaces (issue 33: the 24 tool schemas of an agent
+/// request).
+pub fn checked<E: serde::de::Error>(
+    raw: Box<serde_json::value::RawValue>,
+    remaining: u8,
+) -> Result<Box<serde_json::value::RawValue>, E> {
+    let mut deserializer = serde_json::Deserializer::from_str(raw.get());
+    match Checked(remaining).deserialize(&mut deserializer) {
+        Ok(()) => Ok(raw),
+        Err(_) => Err(E::custom(TREE_ONLY)),
+    }
+}
+
+/// serde_json's recursion limit: the depth it has left at a body's root.
+pub const RECURSION_LIMIT: u8 = 128;
+
+/// A walk that accepts what a tree reading accepts, with `.0` the depth serde_json would have
+/// left (it counts one down on entering an array or object and refuses at zero).
+#[derive(Clone, Copy)]
+struct Checked(u8);
+
+impl Checked {
+    fn deeper<E: serde::de::Error>(self) -> Result<Checked, E> {
+        match self.0.saturating_sub(1) {
+            0 => Err(E::custom("recursion limit exceeded")),
+            remaining => Ok(Checked(remaining)),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Checked {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Checked {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let inner = self.deeper()?;
+        while seq.next_element_seed(inner)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        let inner = self.deeper()?;
+        entries(map, |_, map| map.next_value_seed(inner))
     }
 }

@@ -20,6 +20,26 @@ pub fn map_to_vec(map: &Map<String, Value>) -> Vec<u8> {
     out
 }
 
+/// `map` as a JSON object followed by `raw` fields, each value JSON text written as it is (a
+/// tool schema as the caller sent it, say: [`crate::exchange::Schema`]). A key the map holds
+/// already is not written again: the map's value stands, as a later `insert` into the map
+/// would have replaced the raw one.
+pub fn map_to_vec_with(map: &Map<String, Value>, raw: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = map_to_vec(map);
+    for (key, value) in raw.iter().filter(|(key, _)| !map.contains_key(*key)) {
+        // `out` ends with the object's `}`: the field goes before it.
+        out.pop();
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        push_str(&mut out, key);
+        out.push(b':');
+        out.extend_from_slice(value);
+        out.push(b'}');
+    }
+    out
+}
+
 /// Appends `value` as JSON text.
 pub fn push_value(out: &mut Vec<u8>, value: &Value) {
     match value {
@@ -193,6 +213,26 @@ mod tests {
             if let Value::Object(map) = &value {
                 prop_assert_eq!(map_to_vec(map), serde_json::to_vec(map).unwrap());
             }
+        }
+
+        /// Raw fields join the object as if inserted, unless the map has their key.
+        #[test]
+        fn raw_fields_join_the_object(
+            map in prop::collection::btree_map("[a-z]{0,3}", values(), 0..5),
+            raw in prop::collection::btree_map("[a-z]{0,3}", values(), 0..3),
+        ) {
+            let map: Map<String, Value> = map.into_iter().collect();
+            let texts: Vec<(String, Vec<u8>)> =
+                raw.iter().map(|(key, value)| (key.clone(), serde_json::to_vec_pretty(value).unwrap())).collect();
+            let fields: Vec<(&str, &[u8])> = texts.iter().map(|(key, text)| (key.as_str(), text.as_slice())).collect();
+            let mut expected = map.clone();
+            for (key, value) in &raw {
+                expected.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+            let written: Value = serde_json::from_slice(&map_to_vec_with(&map, &fields)).unwrap();
+            // Through text on both sides: serde_json reads some floats back a bit off.
+            let expected: Value = serde_json::from_slice(&serde_json::to_vec(&expected).unwrap()).unwrap();
+            prop_assert_eq!(written, expected);
         }
 
         #[test]

@@ -12,8 +12,8 @@
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 
-use crate::exchange::{Message, Part, Role, Tool};
-use crate::json_read::{Each, Lenient, RAW_VALUE_KEY, Reader, Skip, Text, entries};
+use crate::exchange::{Message, Part, Role, Schema, Tool};
+use crate::json_read::{self, Each, Lenient, Reader, Skip, TREE_ONLY, Text, entries};
 
 /// What `messages` was, as sent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,16 +53,16 @@ pub(super) const TYPED_ONLY: [&str; 2] = ["messages", "tools"];
 #[derive(Debug)]
 pub(super) enum Unread {
     Malformed(serde_json::Error),
-    /// An object keyed by serde_json's raw-value token, which a tree reads as the JSON in its
-    /// string: only the tree reads it alike.
-    RawValueKey,
+    /// Only a tree reads it alike: an object keyed by serde_json's raw-value token (which a tree
+    /// reads as the JSON in its string), or a tool schema kept as text that a tree would refuse.
+    TreeOnly,
 }
 
 /// Reads `body`, a JSON object.
 pub(super) fn read(body: &[u8]) -> Result<Read, Unread> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let read = Lenient(Body).deserialize(&mut deserializer).and_then(|read| deserializer.end().map(|()| read));
-    read.map_err(|e| if e.to_string().starts_with(RAW_VALUE_KEY) { Unread::RawValueKey } else { Unread::Malformed(e) })
+    read.map_err(|e| if e.to_string().starts_with(TREE_ONLY) { Unread::TreeOnly } else { Unread::Malformed(e) })
 }
 
 /// The top-level object.
@@ -257,7 +257,7 @@ impl<'de> Reader<'de> for OneCall {
             match key {
                 "id" => call.id = map.next_value_seed(Lenient(Text))?,
                 "function" => {
-                    let function = map.next_value_seed(Lenient(Function))?;
+                    let function = map.next_value_seed(Lenient(Function::Call))?;
                     (call.name, call.arguments) = function.map(|f| (f.name, f.arguments)).unwrap_or_default();
                 }
                 _ => {
@@ -277,11 +277,21 @@ struct SentFunction {
     name: Option<String>,
     arguments: Option<String>,
     description: Option<String>,
-    parameters: Option<Value>,
+    /// As sent: read as a tree only by a renderer of another shape ([`Schema`]).
+    parameters: Option<Box<serde_json::value::RawValue>>,
 }
 
-#[derive(Clone, Copy)]
-struct Function;
+/// A `function` object: `Call`'s (whose `parameters`, no field of a call, are skipped) or
+/// `Tool`'s.
+#[derive(Clone, Copy, PartialEq)]
+enum Function {
+    Call,
+    Tool,
+}
+
+/// The depth serde_json has left at a tool's `parameters`: the body, `tools`, the tool and its
+/// `function` enclose it.
+const PARAMETERS_REMAINING: u8 = json_read::RECURSION_LIMIT - 4;
 
 impl<'de> Reader<'de> for Function {
     type Out = Option<SentFunction>;
@@ -293,7 +303,10 @@ impl<'de> Reader<'de> for Function {
                 "name" => function.name = map.next_value_seed(Lenient(Text))?,
                 "arguments" => function.arguments = map.next_value_seed(Lenient(Text))?,
                 "description" => function.description = map.next_value_seed(Lenient(Text))?,
-                "parameters" => function.parameters = Some(map.next_value()?),
+                "parameters" if self == Function::Tool => {
+                    let raw = map.next_value()?;
+                    function.parameters = Some(json_read::checked(raw, PARAMETERS_REMAINING)?);
+                }
                 _ => {
                     map.next_value::<Skip>()?;
                 }
@@ -319,7 +332,9 @@ impl<'de> Reader<'de> for Tools {
                     Some(Tool {
                         name: function.name?,
                         description: function.description.unwrap_or_default(),
-                        schema: function.parameters.unwrap_or_else(super::empty_schema),
+                        schema: function
+                            .parameters
+                            .map_or_else(|| Schema::of_value(&super::empty_schema()), Schema::of_raw),
                     })
                 })
                 .collect()
@@ -337,7 +352,7 @@ impl<'de> Reader<'de> for OneTool {
         let mut function = None;
         entries(map, |key, map| {
             if key == "function" {
-                function = map.next_value_seed(Lenient(Function))?;
+                function = map.next_value_seed(Lenient(Function::Tool))?;
             } else {
                 map.next_value::<Skip>()?;
             }
@@ -591,6 +606,61 @@ mod tests {
             let refused = parse(100_000, at).unwrap();
             assert!(refused.contains("recursion limit"), "{refused}");
         }
+    }
+
+    /// A tool's `parameters` are kept as their text, never a tree (issue 33); what a tree
+    /// reading refuses in them (a lone surrogate, a number out of range, nesting past the
+    /// recursion limit counted from the body's root) is still refused with the tree's words,
+    /// and a call's `parameters` (no field of a call) are skipped under the same limit.
+    #[test]
+    fn a_schema_kept_as_text_is_refused_where_a_tree_refuses_it() {
+        let pad = "p".repeat(4096);
+        let tool = |schema: &str| {
+            format!(
+                r#"{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}], "pad": "{pad}",
+                "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {schema}}}}}]}}"#
+            )
+        };
+        let call = |schema: &str| {
+            format!(
+                r#"{{"model": "m", "pad": "{pad}", "messages": [{{"role": "assistant", "content": null,
+                "tool_calls": [{{"id": "c", "type": "function", "function": {{"name": "f", "arguments": "{{}}", "parameters": {schema}}}}}]}}]}}"#
+            )
+        };
+        let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        let mut cases: Vec<(String, String)> = vec![
+            ("a lone surrogate".into(), r#"{"type": "object", "description": "\ud800"}"#.into()),
+            ("a number out of range".into(), r#"{"type": "object", "maximum": 1e999}"#.into()),
+            ("the raw-value token".into(), r#"{"$serde_json::private::RawValue": "{}"}"#.into()),
+        ];
+        for depth in 118..=128 {
+            cases.push((format!("nested {depth}"), nested(depth)));
+        }
+        let (mut tools, mut calls) = (0, 0);
+        for (case, schema) in &cases {
+            for (at, body) in [("tool", tool(schema)), ("call", call(schema))] {
+                let tree = serde_json::from_str::<Value>(&body);
+                let direct = super::super::ChatRequest::parse(body.as_bytes());
+                match (&direct, &tree) {
+                    (Ok(direct), Ok(Value::Object(tree))) => {
+                        assert_eq!(&*direct.exchange, &super::super::typed_of_openai(tree), "{case} in a {at}");
+                        *if at == "tool" { &mut tools } else { &mut calls } += 1;
+                    }
+                    (Err(refused), Err(tree)) => {
+                        assert_eq!(refused.0, format!("malformed JSON body: {tree}"), "{case}")
+                    }
+                    _ => panic!("{case} in a {at}: direct {:?}, tree {:?}", direct.as_ref().err(), tree.err()),
+                }
+            }
+        }
+        // Four levels enclose a tool's parameters, six a call's: the tree accepts nesting to 123
+        // and 121; it also reads the raw-value token (as the JSON in its string), and so does
+        // the direct reading, by handing such a body to the tree.
+        assert_eq!((tools, calls), (7, 5));
+        let schema =
+            r#"{"type": "object", "properties": {"path": {"type": "string", "description": "a \"quoted\" π"}}}"#;
+        let request = super::super::ChatRequest::parse(tool(schema).as_bytes()).unwrap();
+        assert_eq!(request.exchange.tools[0].schema.text(), schema, "kept as sent");
     }
 
     #[test]

@@ -15,8 +15,8 @@
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 use shield_core::chat_request::MAX_MESSAGES;
-use shield_core::exchange::{Message, Part, Role, Tool};
-use shield_core::json_read::{Each, Lenient, Reader, Skip, Text, entries};
+use shield_core::exchange::{Message, Part, Role, Schema, Tool};
+use shield_core::json_read::{self, Each, Lenient, Reader, Skip, Text, entries};
 
 /// A body read directly: every top-level field but `messages`, `system` and `tools` as values,
 /// those three typed.
@@ -69,7 +69,10 @@ impl<'de> Reader<'de> for Body {
                             None | Some("custom") => read.tools.push(Tool {
                                 name: tool.name.unwrap_or_default(),
                                 description: tool.description.unwrap_or_default(),
-                                schema: tool.schema.unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                                schema: tool.schema.map_or_else(
+                                    || Schema::of_value(&serde_json::json!({"type": "object"})),
+                                    Schema::of_raw,
+                                ),
                             }),
                             Some(kind) => read.server_tools.push(format!("tools ({kind})")),
                         }
@@ -300,11 +303,16 @@ struct SentTool {
     kind: Option<String>,
     name: Option<String>,
     description: Option<String>,
-    schema: Option<Value>,
+    /// As sent ([`Schema`]).
+    schema: Option<Box<serde_json::value::RawValue>>,
 }
 
 #[derive(Clone, Copy)]
 struct OneTool;
+
+/// The depth serde_json has left at a tool's `input_schema`: the body, `tools` and the tool
+/// enclose it.
+const INPUT_SCHEMA_REMAINING: u8 = json_read::RECURSION_LIMIT - 3;
 
 impl<'de> Reader<'de> for OneTool {
     type Out = SentTool;
@@ -316,7 +324,10 @@ impl<'de> Reader<'de> for OneTool {
                 "type" => tool.kind = map.next_value_seed(Lenient(Text))?,
                 "name" => tool.name = map.next_value_seed(Lenient(Text))?,
                 "description" => tool.description = map.next_value_seed(Lenient(Text))?,
-                "input_schema" => tool.schema = Some(map.next_value()?),
+                "input_schema" => {
+                    let raw = map.next_value()?;
+                    tool.schema = Some(json_read::checked(raw, INPUT_SCHEMA_REMAINING)?);
+                }
                 _ => {
                     map.next_value::<Skip>()?;
                 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 use shield_core::chat_request::{AnthropicOrigin, BadRequest, ChatRequest, MAX_MESSAGES, Origin};
-use shield_core::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Tool, ToolChoice};
+use shield_core::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Schema, Tool, ToolChoice};
 use shield_core::verbatim::Verbatim;
 
 /// The caller's Anthropic headers, forwarded as sent to Anthropic targets.
@@ -174,7 +174,9 @@ impl Sent {
                 None | Some("custom") => tools.push(Tool {
                     name: string(tool, "name"),
                     description: string(tool, "description"),
-                    schema: tool.get("input_schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                    schema: Schema::of_value(
+                        tool.get("input_schema").unwrap_or(&serde_json::json!({"type": "object"})),
+                    ),
                 }),
                 // Server tools (web search, code execution, …) run at Anthropic: other flavors
                 // answer without them.
@@ -431,7 +433,7 @@ mod tests {
             (typed.max_tokens, typed.stop.clone(), typed.user.clone()),
             (Some(100), vec!["END".to_string()], Some("u1".to_string()))
         );
-        assert_eq!(typed.tools[0].schema, json!({"type": "object"}));
+        assert_eq!(typed.tools[0].schema.value(), json!({"type": "object"}));
         assert_eq!((typed.tool_choice.clone(), typed.parallel_tool_calls), (Some(ToolChoice::Any), Some(false)));
         let origin = request.anthropic().unwrap();
         assert!(origin.requires.is_empty());

@@ -40,8 +40,8 @@ impl Anthropic {
     /// A caller who spoke Anthropic's shape gets its own fields back as they were (model set to
     /// the target's, system messages folded for a model that does not take them); others'
     /// requests are converted.
-    pub(super) fn request_body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Map<String, Value> {
-        let mut body = match request.anthropic() {
+    pub(super) fn request_body(&self, request: &ChatRequest, target: &Target, stream: bool) -> MessagesBody {
+        let (mut body, tools) = match request.anthropic() {
             Some(origin) => {
                 let mut body = origin.full().into_owned();
                 body.insert("model".into(), Value::String(target.model.clone()));
@@ -53,9 +53,12 @@ impl Anthropic {
                 if thinking_breaks_history(&origin.original, &request.exchange.messages) {
                     body.remove("thinking");
                 }
-                body
+                (body, None)
             }
-            None => messages_request(&request.exchange, target),
+            None => {
+                let converted = messages_request(&request.exchange, target);
+                (converted.fields, converted.tools)
+            }
         };
         if stream {
             body.insert("stream".into(), Value::Bool(true));
@@ -63,8 +66,49 @@ impl Anthropic {
         for (key, value) in target.extra_body.iter().flatten() {
             body.insert(key.clone(), value.clone());
         }
-        body
+        MessagesBody { fields: body, tools }
     }
+}
+
+/// A Messages body to write: its fields and, for a converted request, its `tools` as JSON text
+/// with each schema as the caller sent it ([`exchange::Schema`]: never read as a tree and
+/// written again). A `tools` among the fields (a target's `extra_body`) stands instead.
+pub(super) struct MessagesBody {
+    pub fields: Map<String, Value>,
+    pub tools: Option<Vec<u8>>,
+}
+
+impl MessagesBody {
+    pub(super) fn to_vec(&self) -> Vec<u8> {
+        match &self.tools {
+            Some(tools) => shield_core::json_write::map_to_vec_with(&self.fields, &[("tools", tools)]),
+            None => shield_core::json_write::map_to_vec(&self.fields),
+        }
+    }
+}
+
+/// `tools` in the Messages shape, as JSON text.
+fn tools_text(tools: &[exchange::Tool]) -> Vec<u8> {
+    use shield_core::json_write::push_str;
+    let mut out =
+        Vec::with_capacity(tools.iter().map(|tool| tool.schema.text().len() + tool.description.len() + 64).sum());
+    out.push(b'[');
+    for (i, tool) in tools.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#"{"name":"#);
+        push_str(&mut out, &tool.name);
+        if !tool.description.is_empty() {
+            out.extend_from_slice(br#","description":"#);
+            push_str(&mut out, &tool.description);
+        }
+        out.extend_from_slice(br#","input_schema":"#);
+        out.extend_from_slice(tool.schema.text().as_bytes());
+        out.push(b'}');
+    }
+    out.push(b']');
+    out
 }
 
 impl Anthropic {
@@ -118,7 +162,7 @@ impl Provider for Anthropic {
         if let Some(body) = self.relayed_as_sent(request, target, stream) {
             return body;
         }
-        shield_core::json_write::map_to_vec(&self.request_body(request, target, stream))
+        self.request_body(request, target, stream).to_vec()
     }
 
     /// An OpenAI-shaped caller's fields the Messages API has no place for.
@@ -300,7 +344,7 @@ fn fold_system_messages(body: &mut Map<String, Value>) {
 
 /// The Messages request for `target` from a typed request of another shape. System
 /// messages anywhere join the top-level `system`; consecutive same-role turns merge.
-fn messages_request(request: &exchange::Request, target: &Target) -> Map<String, Value> {
+fn messages_request(request: &exchange::Request, target: &Target) -> MessagesBody {
     let text_block = |text: &str| (!text.is_empty()).then(|| json!({"type": "text", "text": text}));
     let mut system: Vec<Value> = request.system.iter().filter_map(|t| text_block(t)).collect();
     let mut messages: Vec<(&str, Vec<Value>)> = Vec::new();
@@ -347,22 +391,6 @@ fn messages_request(request: &exchange::Request, target: &Target) -> Map<String,
     if let Some(top_p) = request.top_p.filter(|_| thinking.is_none()) {
         body.insert("top_p".into(), json!(top_p));
     }
-    if !request.tools.is_empty() {
-        let tools: Vec<Value> = request
-            .tools
-            .iter()
-            .map(|tool| {
-                let mut out = Map::new();
-                out.insert("name".into(), json!(tool.name));
-                if !tool.description.is_empty() {
-                    out.insert("description".into(), json!(tool.description));
-                }
-                out.insert("input_schema".into(), tool.schema.clone());
-                Value::Object(out)
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-    }
     if let Some(choice) = &request.tool_choice {
         let mut choice = match choice {
             ToolChoice::Auto => json!({"type": "auto"}),
@@ -385,7 +413,8 @@ fn messages_request(request: &exchange::Request, target: &Target) -> Map<String,
     if let Some(exchange::Format::JsonSchema { schema, .. }) = &request.format {
         body.insert("output_config".into(), json!({"format": {"type": "json_schema", "schema": schema}}));
     }
-    body
+    let tools = (!request.tools.is_empty()).then(|| tools_text(&request.tools));
+    MessagesBody { fields: body, tools }
 }
 
 /// `max_tokens`, which Anthropic requires: the caller's, else the target's output limit, else

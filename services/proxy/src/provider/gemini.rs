@@ -253,7 +253,7 @@ fn generate_request(request: &exchange::Request, target: &Target) -> Map<String,
             .tools
             .iter()
             .map(
-                |tool| json!({"name": tool.name, "description": tool.description, "parametersJsonSchema": tool.schema}),
+                |tool| json!({"name": tool.name, "description": tool.description, "parametersJsonSchema": tool.schema.value()}),
             )
             .collect();
         body.insert("tools".into(), json!([{"functionDeclarations": declarations}]));

@@ -107,9 +107,9 @@ impl Provider for VertexClaude {
 
     fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
         let mut body = ANTHROPIC.request_body(request, target, stream);
-        body.remove("model");
-        body.insert("anthropic_version".into(), Value::String(ANTHROPIC_VERSION.into()));
-        shield_core::json_write::map_to_vec(&body)
+        body.fields.remove("model");
+        body.fields.insert("anthropic_version".into(), Value::String(ANTHROPIC_VERSION.into()));
+        body.to_vec()
     }
 
     fn dropped(&self, request: &ChatRequest, target: &Target) -> Vec<String> {

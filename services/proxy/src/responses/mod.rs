@@ -30,7 +30,9 @@ use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, delete, get, post, web};
 use serde_json::{Map, Value, json};
 use shield_core::chat_request::{BadRequest, ChatRequest, Origin};
-use shield_core::exchange::{self, Block, Effort, Image, Message, Part, Reasoning, Role, Stop, Tool, ToolChoice};
+use shield_core::exchange::{
+    self, Block, Effort, Image, Message, Part, Reasoning, Role, Schema, Stop, Tool, ToolChoice,
+};
 
 use crate::ProxyState;
 use crate::body;
@@ -343,7 +345,9 @@ fn parse(fields: Map<String, Value>, sealer: &Sealer) -> Result<(ChatRequest, Ve
             Some("function") => tools.push(Tool {
                 name: text(tool, "name"),
                 description: text(tool, "description"),
-                schema: tool.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+                schema: Schema::of_value(
+                    tool.get("parameters").unwrap_or(&json!({"type": "object", "properties": {}})),
+                ),
             }),
             // A freeform tool as a function taking its text in one string (`input`).
             Some("custom") => {
@@ -352,7 +356,9 @@ fn parse(fields: Map<String, Value>, sealer: &Sealer) -> Result<(ChatRequest, Ve
                 tools.push(Tool {
                     name,
                     description: text(tool, "description"),
-                    schema: json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}),
+                    schema: Schema::of_value(
+                        &json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}),
+                    ),
                 });
             }
             Some(kind) => dropped.push(format!("tools ({kind})")),

@@ -350,6 +350,56 @@ fn nesting_past_the_recursion_limit_is_refused_as_the_tree_refuses_it() {
     }
 }
 
+/// A tool's `input_schema` is kept as its text, never a tree (issue 33); what a tree reading
+/// refuses in it (a lone surrogate, a number out of range, nesting past the recursion limit
+/// counted from the body's root) is still refused, with the tree's words, and what it accepts
+/// reaches the typed request as sent.
+#[test]
+fn a_schema_kept_as_text_is_refused_where_a_tree_refuses_it() {
+    let with_schema = |schema: &str| {
+        let mut body = agent_turn();
+        body["tools"][0]["input_schema"] = Value::from("SCHEMA");
+        padded(body).replacen("\"SCHEMA\"", schema, 1)
+    };
+    let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+    let mut cases: Vec<(String, String)> = vec![
+        ("a lone surrogate".into(), r#"{"type": "object", "description": "\ud800"}"#.into()),
+        ("a number out of range".into(), r#"{"type": "object", "maximum": 1e999}"#.into()),
+        ("the raw-value token".into(), r#"{"$serde_json::private::RawValue": "{}"}"#.into()),
+    ];
+    // Around the limit: the tree refuses 125 levels here (three enclose the schema).
+    for depth in 120..=128 {
+        cases.push((format!("nested {depth}"), nested(depth)));
+    }
+    let mut accepted = 0;
+    for (case, schema) in &cases {
+        let body = with_schema(schema);
+        let tree = normalise_as_a_tree(&bytes::Bytes::from(body.clone()), headers(), false);
+        let direct = normalise(&bytes::Bytes::from(body.clone()), headers(), false);
+        assert_eq!(direct.as_ref().err(), tree.as_ref().err(), "{case}");
+        if let (Ok(direct), Ok(tree)) = (direct, tree) {
+            accepted += 1;
+            // The tree reads the raw-value token as the JSON in its string: so does the direct
+            // reading, by handing such a body to the tree.
+            assert_eq!(read(body.as_bytes()).is_some(), !case.contains("raw-value"), "{case}: read directly");
+            assert_eq!(seen(&direct), seen(&tree), "{case}");
+            // As bytes: nested this deep in another flavor's body, a schema is past the limit
+            // there (an upstream refuses it, whichever reading made it).
+            let bodies = |request: &ChatRequest| {
+                ["anthropic", "openai", "gemini"]
+                    .map(|flavor| crate::provider::for_target(&target(flavor)).body(request, &target(flavor), true))
+            };
+            assert_eq!(bodies(&direct), bodies(&tree), "{case}");
+        } else {
+            assert!(read(body.as_bytes()).is_none(), "{case}: read directly");
+        }
+    }
+    assert_eq!(accepted, 6, "the raw-value token and nesting 120 to 124 are accepted, and only those");
+    let schema = r#"{"type": "object", "properties": {"path": {"type": "string", "description": "a \"quoted\" π"}}}"#;
+    let request = normalise(&bytes::Bytes::from(with_schema(schema)), headers(), false).unwrap();
+    assert_eq!(request.exchange.tools[0].schema.text(), schema, "kept as sent");
+}
+
 #[test]
 fn a_malformed_large_body_is_refused_with_serde_json_s_reason() {
     let body = padded(agent_turn());

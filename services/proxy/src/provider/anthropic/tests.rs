@@ -423,7 +423,7 @@ fn thinking_anthropic_did_not_sign_is_not_sent() {
         reasoning: Some(exchange::Reasoning { effort: Some(exchange::Effort::Low), fields: vec!["reasoning_effort"] }),
         ..Default::default()
     };
-    let body = messages_request(&request, &target(json!({"capabilities": {"reasoning": true}})));
+    let body = messages_request(&request, &target(json!({"capabilities": {"reasoning": true}}))).fields;
     assert_eq!(body["messages"][1]["content"], json!([{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]));
     assert!(body.get("thinking").is_none(), "the tool-calling turn has no thinking Anthropic signed");
 }
@@ -446,7 +446,7 @@ fn a_messages_body_is_relayed_as_sent_and_reads_the_same() {
     {
         let target = target(extra);
         let relayed = ANTHROPIC.relayed_as_sent(&request, &target, stream).unwrap();
-        let written = serde_json::to_vec(&ANTHROPIC.request_body(&request, &target, stream)).unwrap();
+        let written = ANTHROPIC.request_body(&request, &target, stream).to_vec();
         assert_eq!(
             serde_json::from_slice::<Value>(&relayed).unwrap(),
             serde_json::from_slice::<Value>(&written).unwrap(),

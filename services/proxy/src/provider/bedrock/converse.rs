@@ -150,7 +150,7 @@ pub fn request(request: &exchange::Request, target: &Target) -> Map<String, Valu
                 if !tool.description.is_empty() {
                     spec.insert("description".into(), json!(tool.description));
                 }
-                spec.insert("inputSchema".into(), json!({"json": tool.schema}));
+                spec.insert("inputSchema".into(), json!({"json": tool.schema.value()}));
                 json!({"toolSpec": spec})
             })
             .collect();

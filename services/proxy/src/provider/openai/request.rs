@@ -70,14 +70,6 @@ pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
             body.insert("stream_options".into(), json!({"include_usage": true}));
         }
     }
-    if !request.tools.is_empty() {
-        let tools: Vec<Value> = request
-            .tools
-            .iter()
-            .map(|tool| json!({"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.schema}}))
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-    }
     if let Some(choice) = &request.tool_choice {
         let choice = match choice {
             ToolChoice::Auto => json!("auto"),
@@ -112,7 +104,33 @@ pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
     for (key, value) in extra.into_iter().flatten() {
         body.insert(key.clone(), value.clone());
     }
-    shield_core::json_write::map_to_vec(&body)
+    if request.tools.is_empty() {
+        return shield_core::json_write::map_to_vec(&body);
+    }
+    shield_core::json_write::map_to_vec_with(&body, &[("tools", &tools(&request.tools))])
+}
+
+/// `tools` as JSON text, each schema as the caller sent it (not read as a tree and written
+/// again: [`exchange::Schema`]).
+fn tools(tools: &[exchange::Tool]) -> Vec<u8> {
+    use shield_core::json_write::push_str;
+    let mut out =
+        Vec::with_capacity(tools.iter().map(|tool| tool.schema.text().len() + tool.description.len() + 96).sum());
+    out.push(b'[');
+    for (i, tool) in tools.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#"{"type":"function","function":{"name":"#);
+        push_str(&mut out, &tool.name);
+        out.extend_from_slice(br#","description":"#);
+        push_str(&mut out, &tool.description);
+        out.extend_from_slice(br#","parameters":"#);
+        out.extend_from_slice(tool.schema.text().as_bytes());
+        out.extend_from_slice(b"}}");
+    }
+    out.push(b']');
+    out
 }
 
 fn texts(content: &[Part], separator: &str) -> String {
