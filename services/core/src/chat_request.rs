@@ -172,14 +172,17 @@ impl ChatRequest {
     /// from them. The two readings agree (the property test `reads_as_the_tree_does`).
     pub fn parse_shared(body: &bytes::Bytes) -> Result<ChatRequest, BadRequest> {
         let malformed = |e: serde_json::Error| BadRequest(format!("malformed JSON body: {e}"));
-        let large = (body.len() >= crate::verbatim::WORTH_IT).then(|| Verbatim::of_distinct(body)).flatten();
-        if let Some(verbatim) = large {
+        if body.len() >= crate::verbatim::WORTH_IT {
             match direct::read(body) {
+                // Relayed from its text, so its keys must be plain and distinct: a body with a key
+                // written with escapes, or twice, is read as a tree.
                 Ok(read) => {
-                    let model = model_of(&read.fields)?;
-                    let exchange = Arc::new(typed(&read.fields, read.messages, read.tools));
-                    let body = OpenAiBody { fields: read.fields, verbatim: Some(verbatim), shape: read.shape };
-                    return Ok(ChatRequest { model, exchange, origin: Origin::OpenAi(Arc::new(body)) });
+                    if let Some(verbatim) = Verbatim::of_keys(body, read.keys) {
+                        let model = model_of(&read.fields)?;
+                        let exchange = Arc::new(typed(&read.fields, read.messages, read.tools));
+                        let body = OpenAiBody { fields: read.fields, verbatim: Some(verbatim), shape: read.shape };
+                        return Ok(ChatRequest { model, exchange, origin: Origin::OpenAi(Arc::new(body)) });
+                    }
                 }
                 Err(direct::Unread::Malformed(e)) => return Err(malformed(e)),
                 Err(direct::Unread::TreeOnly) => {}

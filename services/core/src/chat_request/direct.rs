@@ -44,6 +44,8 @@ pub(super) struct Read {
     pub messages: Vec<Message>,
     pub shape: Shape,
     pub tools: Vec<Tool>,
+    /// Where each top-level key stands ([`crate::verbatim::Verbatim::of_keys`]).
+    pub keys: crate::verbatim::Keys,
 }
 
 /// The fields [`Read`] holds only typed (and the body's text holds as sent).
@@ -61,19 +63,20 @@ pub(super) enum Unread {
 /// Reads `body`, a JSON object.
 pub(super) fn read(body: &[u8]) -> Result<Read, Unread> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let read = Lenient(Body).deserialize(&mut deserializer).and_then(|read| deserializer.end().map(|()| read));
+    let read = Lenient(Body(body)).deserialize(&mut deserializer).and_then(|read| deserializer.end().map(|()| read));
     read.map_err(|e| if e.to_string().starts_with(TREE_ONLY) { Unread::TreeOnly } else { Unread::Malformed(e) })
 }
 
-/// The top-level object.
-struct Body;
+/// The top-level object of the body it holds.
+struct Body<'b>(&'b [u8]);
 
-impl<'de> Reader<'de> for Body {
+impl<'de> Reader<'de> for Body<'_> {
     type Out = Read;
 
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<Read, A::Error> {
         let mut read = Read::default();
         entries(map, |key, map| {
+            read.keys.met(self.0, key);
             match key {
                 "messages" => {
                     let messages = map.next_value_seed(Lenient(Messages))?;

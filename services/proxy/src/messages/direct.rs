@@ -29,6 +29,8 @@ pub(super) struct Read {
     pub tools: Vec<Tool>,
     /// `tools ({kind})` for each server tool, in order.
     pub server_tools: Vec<String>,
+    /// Where each top-level key stands ([`shield_core::verbatim::Verbatim::of_keys`]).
+    pub keys: shield_core::verbatim::Keys,
 }
 
 /// The error that sends a body to the tree reading.
@@ -38,25 +40,25 @@ fn as_a_tree<E: serde::de::Error>() -> E {
     E::custom(AS_A_TREE)
 }
 
-/// Reads `body`, a JSON object with distinct, plainly written top-level keys; `None`: read it
-/// as a tree.
+/// Reads `body`, a JSON object; `None`: read it as a tree.
 pub(super) fn read(body: &[u8]) -> Option<Read> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let read = Lenient(Body).deserialize(&mut deserializer).and_then(|read| deserializer.end().map(|()| read));
+    let read = Lenient(Body(body)).deserialize(&mut deserializer).and_then(|read| deserializer.end().map(|()| read));
     let read = read.ok()??;
     (1..=MAX_MESSAGES).contains(&read.messages.len()).then_some(read)
 }
 
-/// The top-level object (`None`: not an object, or no `messages` array).
-struct Body;
+/// The top-level object of the body it holds (`None`: not an object, or no `messages` array).
+struct Body<'b>(&'b [u8]);
 
-impl<'de> Reader<'de> for Body {
+impl<'de> Reader<'de> for Body<'_> {
     type Out = Option<Read>;
 
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<Option<Read>, A::Error> {
         let mut read = Read::default();
         let mut messages = None;
         entries(map, |key, map| {
+            read.keys.met(self.0, key);
             match key {
                 "messages" => {
                     let sent = map.next_value_seed(Lenient(Each(OneMessage)))?.ok_or_else(as_a_tree)?;

@@ -56,8 +56,7 @@ struct Found {
 /// reading types; any other body is parsed into values and typed from them, and every error is
 /// that reading's.
 pub fn normalise(body: &bytes::Bytes, headers: Headers, count_only: bool) -> Result<ChatRequest, BadRequest> {
-    let large = (body.len() >= shield_core::verbatim::WORTH_IT).then(|| Verbatim::of_distinct(body)).flatten();
-    let direct = large.and_then(|verbatim| Some((Sent::read(body, count_only)?, verbatim)));
+    let direct = (body.len() >= shield_core::verbatim::WORTH_IT).then(|| Sent::read(body, count_only)).flatten();
     let (sent, verbatim) = match direct {
         Some((sent, verbatim)) => (sent, Some(verbatim)),
         None => {
@@ -108,11 +107,13 @@ fn model_of(original: &Map<String, Value>, count_only: bool) -> Result<String, B
 }
 
 impl Sent {
-    /// Read directly ([`super::direct`]); `None`: read it as a tree.
-    fn read(body: &[u8], count_only: bool) -> Option<Sent> {
+    /// Read directly ([`super::direct`]), with its fields' text for the relay; `None`: read it
+    /// as a tree (so too a body whose keys are written with escapes, or twice).
+    fn read(body: &bytes::Bytes, count_only: bool) -> Option<(Sent, Verbatim)> {
         let read = super::direct::read(body)?;
         let model = model_of(&read.fields, count_only).ok()?;
-        Some(Sent {
+        let verbatim = Verbatim::of_keys(body, read.keys)?;
+        let sent = Sent {
             original: read.fields,
             model,
             system: read.system,
@@ -120,7 +121,8 @@ impl Sent {
             system_messages: read.system_messages,
             tools: read.tools,
             found: Found { requires: Vec::new(), unmapped: read.server_tools },
-        })
+        };
+        Some((sent, verbatim))
     }
 
     /// Parsed into values, and typed from them.
