@@ -55,6 +55,8 @@ impl Verbatim {
     pub fn of_keys(body: &Bytes, keys: Keys) -> Option<Verbatim> {
         let Keys(keys) = keys;
         let text: &[u8] = body;
+        // An object: a reader that met no key may have read an array or a string.
+        (text.get(skip_space(text, 0)) == Some(&b'{')).then_some(())?;
         let mut fields: Vec<(String, Range<usize>)> = Vec::with_capacity(keys.len());
         for (i, (key, at)) in keys.iter().enumerate() {
             let at = (*at)?;

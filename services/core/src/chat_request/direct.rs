@@ -307,7 +307,10 @@ impl<'de> Reader<'de> for Function {
                 "arguments" => function.arguments = map.next_value_seed(Lenient(Text))?,
                 "description" => function.description = map.next_value_seed(Lenient(Text))?,
                 "parameters" if self == Function::Tool => {
-                    let raw = map.next_value()?;
+                    // Capturing skips the text without serde_json's depth, escape and number
+                    // checks, so a malformed schema could fail later than a tree reading fails
+                    // and in other words: any failure here is the tree's to name.
+                    let raw = map.next_value().map_err(|_: A::Error| serde::de::Error::custom(TREE_ONLY))?;
                     function.parameters = Some(json_read::checked(raw, PARAMETERS_REMAINING)?);
                 }
                 _ => {
@@ -635,6 +638,13 @@ mod tests {
             ("a lone surrogate".into(), r#"{"type": "object", "description": "\ud800"}"#.into()),
             ("a number out of range".into(), r#"{"type": "object", "maximum": 1e999}"#.into()),
             ("the raw-value token".into(), r#"{"$serde_json::private::RawValue": "{}"}"#.into()),
+            // Malformed: refused in the tree's words (review: the capture met these first).
+            ("a trailing comma".into(), r#"{"a": [1,]}"#.into()),
+            ("a trailing comma in an object".into(), r#"{"a": 1,}"#.into()),
+            ("a control character".into(), "{\"a\": \"\u{1}\"}".into()),
+            ("a lone surrogate, then a syntax error".into(), r#"{"a": "\ud800", "b": 1,}"#.into()),
+            ("a number out of range, then a syntax error".into(), r#"{"a": 1e999 "b"}"#.into()),
+            ("deep, then truncated".into(), format!("{}1", "[".repeat(200))),
         ];
         for depth in 118..=128 {
             cases.push((format!("nested {depth}"), nested(depth)));
@@ -664,6 +674,20 @@ mod tests {
             r#"{"type": "object", "properties": {"path": {"type": "string", "description": "a \"quoted\" π"}}}"#;
         let request = super::super::ChatRequest::parse(tool(schema).as_bytes()).unwrap();
         assert_eq!(request.exchange.tools[0].schema.text(), schema, "kept as sent");
+    }
+
+    /// A large body that is JSON but no object is refused as such, as a small one is (review:
+    /// the reader met no key, and an empty object's spans were found for it).
+    #[test]
+    fn a_large_body_that_is_no_object_is_refused_as_one() {
+        for body in [
+            format!(r#"["{}"]"#, "x".repeat(3000)),
+            format!(r#""{}""#, "x".repeat(3000)),
+            format!("null{}", " ".repeat(3000)),
+        ] {
+            let refused = super::super::ChatRequest::parse(body.as_bytes()).err().map(|e| e.0);
+            assert_eq!(refused.as_deref(), Some("the body must be a JSON object"), "{body:.20}");
+        }
     }
 
     #[test]
