@@ -9,7 +9,7 @@
 //! as absent, a message that is not an object as an empty user turn, a repeated key as its last
 //! value. The property test `reads_as_the_tree_does` holds the two readings to one result.
 
-use serde::de::{DeserializeSeed, MapAccess, SeqAccess};
+use serde::de::{MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 
 use crate::exchange::{Message, Part, Role, Schema, Tool};
@@ -62,9 +62,8 @@ pub(super) enum Unread {
 
 /// Reads `body`, a JSON object.
 pub(super) fn read(body: &[u8]) -> Result<Read, Unread> {
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let read = Lenient(Body(body)).deserialize(&mut deserializer).and_then(|read| deserializer.end().map(|()| read));
-    read.map_err(|e| if e.to_string().starts_with(TREE_ONLY) { Unread::TreeOnly } else { Unread::Malformed(e) })
+    json_read::whole(body, Body(body))
+        .map_err(|e| if e.to_string().starts_with(TREE_ONLY) { Unread::TreeOnly } else { Unread::Malformed(e) })
 }
 
 /// The top-level object of the body it holds.
@@ -674,6 +673,23 @@ mod tests {
             r#"{"type": "object", "properties": {"path": {"type": "string", "description": "a \"quoted\" π"}}}"#;
         let request = super::super::ChatRequest::parse(tool(schema).as_bytes()).unwrap();
         assert_eq!(request.exchange.tools[0].schema.text(), schema, "kept as sent");
+    }
+
+    /// A large body is checked as UTF-8 once and read as text; one that is not UTF-8 is read as
+    /// bytes and refused in serde_json's words, wherever the bad byte stands.
+    #[test]
+    fn a_large_body_that_is_not_utf8_is_refused_in_serde_json_s_words() {
+        let good =
+            format!(r#"{{"model": "m", "messages": [{{"role": "user", "content": "π ✓ {}"}}]}}"#, "x".repeat(3000));
+        let read = super::super::ChatRequest::parse(good.as_bytes()).unwrap();
+        assert!(read.prompt_text().starts_with("π ✓ x"));
+        for at in [40, 3000, good.len() - 4] {
+            let mut bad = good.clone().into_bytes();
+            bad[at] = 0xff;
+            let tree = serde_json::from_slice::<Value>(&bad).unwrap_err();
+            let refused = super::super::ChatRequest::parse(&bad).err().map(|e| e.0);
+            assert_eq!(refused, Some(format!("malformed JSON body: {tree}")), "a bad byte at {at}");
+        }
     }
 
     /// A large body that is JSON but no object is refused as such, as a small one is (review:

@@ -12,7 +12,7 @@
 //! never decides an error, and where it answers it answers as the tree reading does (the
 //! property test `reads_as_the_tree_does`).
 
-use serde::de::{DeserializeSeed, MapAccess, SeqAccess};
+use serde::de::{MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 use shield_core::chat_request::MAX_MESSAGES;
 use shield_core::exchange::{Message, Part, Role, Schema, Tool};
@@ -42,9 +42,7 @@ fn as_a_tree<E: serde::de::Error>() -> E {
 
 /// Reads `body`, a JSON object; `None`: read it as a tree.
 pub(super) fn read(body: &[u8]) -> Option<Read> {
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let read = Lenient(Body(body)).deserialize(&mut deserializer).and_then(|read| deserializer.end().map(|()| read));
-    let read = read.ok()??;
+    let read = json_read::whole(body, Body(body)).ok()??;
     (1..=MAX_MESSAGES).contains(&read.messages.len()).then_some(read)
 }
 
