@@ -40,6 +40,21 @@ pub fn map_to_vec_with(map: &Map<String, Value>, raw: &[(&str, &[u8])]) -> Vec<u
     out
 }
 
+/// A JSON array of `items`, each written by `write` (one JSON value each); `capacity` is the
+/// expected size of the items' text.
+pub fn array_to_vec<T>(items: &[T], capacity: usize, mut write: impl FnMut(&mut Vec<u8>, &T)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity + 2);
+    out.push(b'[');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write(&mut out, item);
+    }
+    out.push(b']');
+    out
+}
+
 /// Appends `value` as JSON text.
 pub fn push_value(out: &mut Vec<u8>, value: &Value) {
     match value {

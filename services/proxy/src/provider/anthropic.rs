@@ -89,26 +89,19 @@ impl MessagesBody {
 
 /// `tools` in the Messages shape, as JSON text.
 fn tools_text(tools: &[exchange::Tool]) -> Vec<u8> {
-    use shield_core::json_write::push_str;
-    let mut out =
-        Vec::with_capacity(tools.iter().map(|tool| tool.schema.text().len() + tool.description.len() + 64).sum());
-    out.push(b'[');
-    for (i, tool) in tools.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
+    use shield_core::json_write::{array_to_vec, push_str};
+    let size = tools.iter().map(|tool| tool.schema.text().len() + tool.description.len() + 64).sum();
+    array_to_vec(tools, size, |out, tool| {
         out.extend_from_slice(br#"{"name":"#);
-        push_str(&mut out, &tool.name);
+        push_str(out, &tool.name);
         if !tool.description.is_empty() {
             out.extend_from_slice(br#","description":"#);
-            push_str(&mut out, &tool.description);
+            push_str(out, &tool.description);
         }
         out.extend_from_slice(br#","input_schema":"#);
         out.extend_from_slice(tool.schema.text().as_bytes());
         out.push(b'}');
-    }
-    out.push(b']');
-    out
+    })
 }
 
 impl Anthropic {

@@ -113,24 +113,17 @@ pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
 /// `tools` as JSON text, each schema as the caller sent it (not read as a tree and written
 /// again: [`exchange::Schema`]).
 fn tools(tools: &[exchange::Tool]) -> Vec<u8> {
-    use shield_core::json_write::push_str;
-    let mut out =
-        Vec::with_capacity(tools.iter().map(|tool| tool.schema.text().len() + tool.description.len() + 96).sum());
-    out.push(b'[');
-    for (i, tool) in tools.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
+    use shield_core::json_write::{array_to_vec, push_str};
+    let size = tools.iter().map(|tool| tool.schema.text().len() + tool.description.len() + 96).sum();
+    array_to_vec(tools, size, |out, tool| {
         out.extend_from_slice(br#"{"type":"function","function":{"name":"#);
-        push_str(&mut out, &tool.name);
+        push_str(out, &tool.name);
         out.extend_from_slice(br#","description":"#);
-        push_str(&mut out, &tool.description);
+        push_str(out, &tool.description);
         out.extend_from_slice(br#","parameters":"#);
         out.extend_from_slice(tool.schema.text().as_bytes());
         out.extend_from_slice(b"}}");
-    }
-    out.push(b']');
-    out
+    })
 }
 
 fn texts(content: &[Part], separator: &str) -> String {
