@@ -190,17 +190,16 @@ impl<'de, R: Reader<'de> + Copy> Reader<'de> for Each<R> {
 /// once, with SIMD (simdutf8), and read as text, whose strings serde_json does not check again.
 /// A body that is not UTF-8 is read as bytes, as before, so it is refused in serde_json's words.
 pub fn whole<'de, R: Reader<'de>>(body: &'de [u8], reader: R) -> serde_json::Result<R::Out> {
+    fn all<'de, I: serde_json::de::Read<'de>, R: Reader<'de>>(
+        mut deserializer: serde_json::Deserializer<I>,
+        reader: R,
+    ) -> serde_json::Result<R::Out> {
+        let out = Lenient(reader).deserialize(&mut deserializer)?;
+        deserializer.end().map(|()| out)
+    }
     match simdutf8::basic::from_utf8(body) {
-        Ok(text) => {
-            let mut deserializer = serde_json::Deserializer::from_str(text);
-            let out = Lenient(reader).deserialize(&mut deserializer)?;
-            deserializer.end().map(|()| out)
-        }
-        Err(_) => {
-            let mut deserializer = serde_json::Deserializer::from_slice(body);
-            let out = Lenient(reader).deserialize(&mut deserializer)?;
-            deserializer.end().map(|()| out)
-        }
+        Ok(text) => all(serde_json::Deserializer::from_str(text), reader),
+        Err(_) => all(serde_json::Deserializer::from_slice(body), reader),
     }
 }
 
