@@ -18,6 +18,7 @@ pub use direct::Shape;
 mod direct;
 
 use crate::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Schema, Tool, ToolChoice};
+use crate::spliced::Spliced;
 
 /// OpenAI's own limit on `messages`; a longer conversation is refused before any routing.
 pub const MAX_MESSAGES: usize = 2048;
@@ -283,7 +284,7 @@ impl ChatRequest {
         extra: Option<&Map<String, Value>>,
         ask_usage: bool,
         added: &[(&str, Value)],
-    ) -> Option<Vec<u8>> {
+    ) -> Option<Spliced> {
         let Origin::OpenAi(sent) = &self.origin else { return None };
         let fields = sent.fields();
         let stream_options = ask_usage.then(|| {
@@ -302,7 +303,7 @@ impl ChatRequest {
             return Some(verbatim.relay(|key| key == RAW_VALUE_TOKEN || SHIELD_ONLY.contains(&key), &set));
         }
         let body = UpstreamBody { fields, model, extra, stream_options: stream_options.as_ref(), added };
-        Some(serde_json::to_vec(&body).unwrap_or_default())
+        Some(serde_json::to_vec(&body).unwrap_or_default().into())
     }
 }
 
@@ -498,7 +499,8 @@ mod tests {
         .unwrap();
         let extra = json!({"provider": {"order": ["openai"]}}).as_object().cloned();
         let body: Value =
-            serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref(), false, &[]).unwrap()).unwrap();
+            serde_json::from_slice(&request.upstream_body("gpt-4o", extra.as_ref(), false, &[]).unwrap().to_vec())
+                .unwrap();
         assert_eq!(
             body,
             json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2, "provider": {"order": ["openai"]}})
@@ -523,12 +525,12 @@ mod tests {
         );
         let request = ChatRequest::parse(sent.as_bytes()).unwrap();
         assert!(matches!(&request.origin, Origin::OpenAi(body) if body.verbatim.is_some()));
-        let body = String::from_utf8(request.upstream_body("t", None, false, &[]).unwrap()).unwrap();
+        let body = String::from_utf8(request.upstream_body("t", None, false, &[]).unwrap().to_vec()).unwrap();
         assert!(body.contains(r#""content":"line\nnext \u00e9""#), "the text as sent: {body}");
         assert!(body.contains("1e0") && body.contains("12345678901234567890123"), "numbers as sent: {body}");
         assert!(!body.contains("x_shield") && body.contains(r#""model":"t""#), "{body}");
         let changed = reparsed(&request);
-        let again = String::from_utf8(changed.upstream_body("t", None, false, &[]).unwrap()).unwrap();
+        let again = String::from_utf8(changed.upstream_body("t", None, false, &[]).unwrap().to_vec()).unwrap();
         assert!(again.contains(r#""content":"line\nnext é""#), "a changed body is written from its values: {again}");
     }
 
@@ -548,8 +550,8 @@ mod tests {
             let request = ChatRequest::parse(body.to_string().as_bytes()).unwrap();
             let extra: Option<Map<String, Value>> = extra.map(|e| e.into_iter().map(|(k, v)| (k, Value::from(v))).collect());
             let added = [("reasoning_effort", Value::from("low"))];
-            let verbatim = request.upstream_body("t", extra.as_ref(), usage, &added).unwrap();
-            let parsed = reparsed(&request).upstream_body("t", extra.as_ref(), usage, &added).unwrap();
+            let verbatim = request.upstream_body("t", extra.as_ref(), usage, &added).unwrap().to_vec();
+            let parsed = reparsed(&request).upstream_body("t", extra.as_ref(), usage, &added).unwrap().to_vec();
             proptest::prop_assert_eq!(
                 serde_json::from_slice::<Value>(&verbatim).unwrap(),
                 serde_json::from_slice::<Value>(&parsed).unwrap()
@@ -564,7 +566,7 @@ mod tests {
                 .unwrap();
         assert!(!request.wants_usage());
         let body: Value = serde_json::from_slice(
-            &request.upstream_body("t", None, true, &[("reasoning_effort", json!("low"))]).unwrap(),
+            &request.upstream_body("t", None, true, &[("reasoning_effort", json!("low"))]).unwrap().to_vec(),
         )
         .unwrap();
         assert_eq!(body["stream_options"], json!({"x": 1, "include_usage": true}));
@@ -622,7 +624,7 @@ mod tests {
     fn serde_jsons_raw_value_key_never_goes_upstream() {
         let request =
             ChatRequest::parse(br#"{"model":"smart","ms":[{"":"h1i"}],"$serde_json::private::RawValue":0}"#).unwrap();
-        let upstream = request.upstream_body("target-model", None, false, &[]).unwrap();
+        let upstream = request.upstream_body("target-model", None, false, &[]).unwrap().to_vec();
         let value: Value = serde_json::from_slice(&upstream).unwrap();
         assert_eq!(value, json!({"model": "target-model", "ms": [{"": "h1i"}]}));
     }

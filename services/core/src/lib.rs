@@ -33,6 +33,7 @@ pub mod resume;
 pub mod route;
 pub mod run;
 pub mod snapshot;
+pub mod spliced;
 pub mod target;
 pub mod url_safety;
 pub mod usage;

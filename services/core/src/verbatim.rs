@@ -16,6 +16,8 @@ use std::ops::Range;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+use crate::spliced::{Spliced, Splicer};
+
 /// The top-level fields of an object body, each with the bytes of its value as sent.
 #[derive(Debug, Clone)]
 pub struct Verbatim {
@@ -92,27 +94,29 @@ impl Verbatim {
     }
 
     /// A JSON object: every field as sent but those `replaced` names, then `set` (a later entry
-    /// of a key wins, as with a map's insert).
-    pub fn relay(&self, replaced: impl Fn(&str) -> bool, set: &[(&str, &Value)]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.text.len() + 256);
-        out.push(b'{');
+    /// of a key wins, as with a map's insert). Long values are slices of the body as read, not
+    /// copies ([`Spliced`]).
+    pub fn relay(&self, replaced: impl Fn(&str) -> bool, set: &[(&str, &Value)]) -> Spliced {
+        let mut out = Splicer::default();
+        out.text().push(b'{');
+        let mut first = true;
         for (key, span) in self.fields.iter().filter(|(key, _)| !replaced(key) && !set.iter().any(|(k, _)| k == key)) {
-            push_key(&mut out, key);
-            out.extend_from_slice(self.text.get(span.clone()).unwrap_or_default());
+            push_key(out.text(), key, &mut first);
+            out.share(&self.text, span.clone());
         }
         for (i, (key, value)) in set.iter().enumerate() {
             if !set.get(i + 1..).unwrap_or_default().iter().any(|(later, _)| later == key) {
-                push_key(&mut out, key);
-                crate::json_write::push_value(&mut out, value);
+                push_key(out.text(), key, &mut first);
+                crate::json_write::push_value(out.text(), value);
             }
         }
-        out.push(b'}');
-        out
+        out.text().push(b'}');
+        out.finish()
     }
 }
 
-fn push_key(out: &mut Vec<u8>, key: &str) {
-    if out.len() > 1 {
+fn push_key(out: &mut Vec<u8>, key: &str, first: &mut bool) {
+    if !std::mem::take(first) {
         out.push(b',');
     }
     crate::json_write::push_str(out, key);
@@ -239,11 +243,12 @@ mod tests {
         let body = r#" { "model" : "m", "n": 1e0 , "text":"a\"b\\c}]", "nested": {"x": [1, {"y": "}"}]}, "t": true } "#;
         let v = verbatim(body).unwrap();
         let model = json!("target");
-        let out = String::from_utf8(v.relay(|key| key == "t", &[("model", &model), ("extra", &json!(2))])).unwrap();
+        let out =
+            String::from_utf8(v.relay(|key| key == "t", &[("model", &model), ("extra", &json!(2))]).to_vec()).unwrap();
         assert_eq!(out, r#"{"n":1e0,"text":"a\"b\\c}]","nested":{"x": [1, {"y": "}"}]},"model":"target","extra":2}"#);
         assert!(verbatim(r#"{"a": 1, "a": 2}"#).is_none(), "duplicate keys take the parsed path");
         assert!(verbatim(r#"{"\u0061": 1}"#).is_none(), "escaped keys take the parsed path");
-        assert_eq!(verbatim("{}").unwrap().relay(|_| false, &[]), b"{}");
+        assert_eq!(verbatim("{}").unwrap().relay(|_| false, &[]).to_vec(), b"{}");
     }
 
     proptest! {
@@ -254,14 +259,16 @@ mod tests {
             pretty in any::<bool>(),
         ) {
             let object: Map<String, Value> = fields.into_iter()
-                .map(|(k, (n, s, b))| (k, json!({"n": n, "s": s, "b": b, "l": [s, n, {"}": "]"}]})))
+                // `p`: values on both sides of the length from which the relay shares a slice
+                // of the body instead of copying it.
+                .map(|(k, (n, s, b))| (k, json!({"n": n, "s": s, "b": b, "l": [s, n, {"}": "]"}], "p": "a\\".repeat((n.unsigned_abs() % 700) as usize)})))
                 .collect();
             let value = Value::Object(object.clone());
             let body = if pretty { serde_json::to_string_pretty(&value).unwrap() } else { value.to_string() };
             let set = json!("x");
             match verbatim(&body) {
                 Some(v) => {
-                    let relayed: Value = serde_json::from_slice(&v.relay(|k| k.len() == 2, &[("model", &set)])).unwrap();
+                    let relayed: Value = serde_json::from_slice(&v.relay(|k| k.len() == 2, &[("model", &set)]).to_vec()).unwrap();
                     let mut expected = object.clone();
                     expected.retain(|k, _| k.len() != 2);
                     expected.insert("model".into(), set.clone());

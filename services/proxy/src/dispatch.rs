@@ -443,7 +443,7 @@ async fn prepare(
 }
 
 /// A target's adapter, and the URL, headers and body of one attempt at it.
-pub type Prepared = (&'static dyn Provider, url::Url, HeaderMap, Vec<u8>);
+pub type Prepared = (&'static dyn Provider, url::Url, HeaderMap, shield_core::spliced::Spliced);
 
 /// [`prepare`] from its parts (a resumed stream re-issues the request after the call's end).
 /// What an upstream request carries of the caller's besides the body: the passthrough key, the

@@ -10,6 +10,7 @@
 //! connections are pooled by [`pool`] (why not hyper-util's pooled client: see there). TLS is
 //! rustls (aws-lc-rs) with the platform's certificate verifier, as reqwest had it.
 
+mod outbound;
 mod pool;
 
 use std::net::SocketAddr;
@@ -21,11 +22,12 @@ use actix_web::web::Bytes;
 use futures_util::StreamExt;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, Uri};
-use http_body_util::{BodyDataStream, BodyExt, Full};
+use http_body_util::{BodyDataStream, BodyExt};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::{GaiResolver, Name};
 use shield_core::outcome::Class;
+use shield_core::spliced::Spliced;
 use shield_core::url_safety::{private_reason, url_private_reason};
 use url::Url;
 
@@ -161,12 +163,12 @@ impl Egress {
         url: &Url,
         allow_private: bool,
         headers: HeaderMap,
-        body: Vec<u8>,
+        body: Spliced,
     ) -> Result<impl std::future::Future<Output = Result<Response<pool::Tracked>, CallError>> + use<>, Failure> {
         if !allow_private && url_private_reason(url).is_some() {
             return Err(Failure::of(Class::UnsafeUrl));
         }
-        let request = build(Method::POST, url, headers, Full::new(body.into())).ok_or(Failure::of(Class::UnsafeUrl))?;
+        let request = build(Method::POST, url, headers, body.into()).ok_or(Failure::of(Class::UnsafeUrl))?;
         Ok(if allow_private {
             let pool = self.private_ok.clone();
             futures_util::future::Either::Left(async move { pool.send(request).await })
@@ -184,7 +186,7 @@ impl Egress {
         url: &Url,
         allow_private: bool,
         headers: HeaderMap,
-        body: Vec<u8>,
+        body: Spliced,
         timeout: Duration,
     ) -> Attempted {
         let sent = self.post(url, allow_private, headers, body)?;
@@ -221,7 +223,7 @@ impl Egress {
         url: &Url,
         allow_private: bool,
         headers: HeaderMap,
-        body: Vec<u8>,
+        body: Spliced,
         first_byte: Duration,
     ) -> Result<Opened, Failure> {
         let sent = self.post(url, allow_private, headers, body)?;
@@ -271,7 +273,7 @@ impl Egress {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<(u16, Vec<u8>), Failure> {
-        let sent = self.post(url, allow_private, headers, body)?;
+        let sent = self.post(url, allow_private, headers, body.into())?;
         let exchange = async {
             let response = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
             let status = response.status().as_u16();
@@ -289,7 +291,8 @@ impl Egress {
         body: Bytes,
         timeout: Duration,
     ) -> Result<(http::response::Parts, BodyDataStream<pool::Tracked>), String> {
-        let request = build(Method::POST, &url, headers, Full::new(body)).ok_or("the URL is not valid for HTTP")?;
+        let request =
+            build(Method::POST, &url, headers, Spliced::from(body).into()).ok_or("the URL is not valid for HTTP")?;
         match tokio::time::timeout(timeout, self.private_ok.send(request)).await {
             Err(_) => Err("timed out".into()),
             Ok(Err(err)) => Err(describe(&err)),
@@ -301,7 +304,7 @@ impl Egress {
     }
 
     pub async fn get_json(&self, url: Url, timeout: Duration) -> Option<serde_json::Value> {
-        let request = build(Method::GET, &url, HeaderMap::new(), Full::new(Bytes::new()))?;
+        let request = build(Method::GET, &url, HeaderMap::new(), pool::Body::empty())?;
         let fetch = async {
             let response = self.private_ok.send(request).await.ok()?;
             let bytes = read_body(response.into_body(), 16 << 20).await.ok()??;
@@ -313,7 +316,7 @@ impl Egress {
 
 /// An upstream request built from scratch: `headers` and a JSON content type unless they name
 /// another, nothing of the caller's. `None` when the URL cannot be an HTTP URI (validation refuses those earlier).
-fn build(method: Method, url: &Url, headers: HeaderMap, body: Full<Bytes>) -> Option<Request<Full<Bytes>>> {
+fn build(method: Method, url: &Url, headers: HeaderMap, body: pool::Body) -> Option<Request<pool::Body>> {
     let uri: Uri = url.as_str().parse().ok()?;
     let mut request = Request::new(body);
     *request.method_mut() = method;
@@ -380,7 +383,9 @@ mod tests {
             let url = Url::parse(url).unwrap();
             let egress = &egress;
             async move {
-                egress.call(OPENAI, &url, allow_private, HeaderMap::new(), b"{}".to_vec(), Duration::from_secs(5)).await
+                egress
+                    .call(OPENAI, &url, allow_private, HeaderMap::new(), b"{}".to_vec().into(), Duration::from_secs(5))
+                    .await
             }
         };
         let failure = call("http://localhost:9/v1", false).await.expect_err("refused");
@@ -392,7 +397,10 @@ mod tests {
     #[tokio::test]
     async fn ip_literals_are_checked_before_any_connection() {
         let url = Url::parse("http://10.255.255.1/v1/chat/completions").unwrap();
-        match Egress::default().call(OPENAI, &url, false, HeaderMap::new(), Vec::new(), Duration::from_secs(5)).await {
+        match Egress::default()
+            .call(OPENAI, &url, false, HeaderMap::new(), Vec::new().into(), Duration::from_secs(5))
+            .await
+        {
             Err(failure) => assert_eq!(failure.class, Class::UnsafeUrl),
             Ok(_) => panic!("a private literal was called"),
         }

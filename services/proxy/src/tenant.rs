@@ -141,7 +141,7 @@ mod tests {
         provider::OPENAI.authenticate(
             credential,
             &url::Url::parse("https://api.openai.com/v1/chat/completions").unwrap(),
-            b"{}",
+            &b"{}".to_vec().into(),
             &mut headers,
         );
         assert_eq!(headers["authorization"], "Bearer sk-live");

@@ -553,13 +553,13 @@ mod tests {
             let request = super::super::ChatRequest::parse(body.as_bytes()).unwrap();
             prop_assert!(request.openai_fields().is_some_and(|f| !f.contains_key("messages")), "read directly");
             prop_assert_eq!(request.exchange.as_ref(), &direct);
-            let relayed: Value = serde_json::from_slice(&request.upstream_body("t", None, true, &[]).unwrap()).unwrap();
+            let relayed: Value = serde_json::from_slice(&request.upstream_body("t", None, true, &[]).unwrap().to_vec()).unwrap();
             let mut changed = request.clone();
             if let super::super::Origin::OpenAi(sent) = &mut changed.origin {
                 let every = std::sync::Arc::make_mut(sent).fields_mut().clone();
                 prop_assert_eq!(every, tree.clone());
             }
-            let from_tree: Value = serde_json::from_slice(&changed.upstream_body("t", None, true, &[]).unwrap()).unwrap();
+            let from_tree: Value = serde_json::from_slice(&changed.upstream_body("t", None, true, &[]).unwrap().to_vec()).unwrap();
             prop_assert_eq!(relayed, from_tree);
         }
     }

@@ -29,15 +29,13 @@ use std::time::{Duration, Instant};
 use actix_web::web::Bytes;
 use http::header::{HOST, HeaderValue};
 use http::{Request, Response, Uri};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use parking_lot::Mutex;
 
 use super::BoxError;
 
-/// Request bodies: always whole (Shield builds every upstream body before sending it).
-pub type Body = Full<Bytes>;
+pub use super::outbound::Body;
 
 /// At most this many idle connections are kept per origin.
 const MAX_IDLE_PER_ORIGIN: usize = 512;

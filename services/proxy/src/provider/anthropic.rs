@@ -16,6 +16,7 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use shield_core::outcome::{Class, classify_status};
+use shield_core::spliced::Spliced;
 use shield_core::target::Target;
 use shield_core::usage::TokenUsage;
 use url::Url;
@@ -109,7 +110,7 @@ impl Anthropic {
     /// text as sent (issue 33: no tree of a 150 KB body cloned and serialised again). `None`
     /// when the body must change beyond its top-level fields (system messages to fold,
     /// thinking to drop) or was not kept.
-    fn relayed_as_sent(&self, request: &ChatRequest, target: &Target, stream: bool) -> Option<Vec<u8>> {
+    fn relayed_as_sent(&self, request: &ChatRequest, target: &Target, stream: bool) -> Option<Spliced> {
         let origin = request.anthropic()?;
         let sent = origin.verbatim.as_ref()?;
         let takes_system = target.capabilities.as_ref().and_then(|c| c.system_messages).unwrap_or(false);
@@ -151,11 +152,11 @@ impl Provider for Anthropic {
         }
     }
 
-    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
+    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Spliced {
         if let Some(body) = self.relayed_as_sent(request, target, stream) {
             return body;
         }
-        self.request_body(request, target, stream).to_vec()
+        self.request_body(request, target, stream).to_vec().into()
     }
 
     /// An OpenAI-shaped caller's fields the Messages API has no place for.

@@ -22,6 +22,7 @@ use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::Value;
 use shield_core::outcome::Class;
+use shield_core::spliced::Spliced;
 use shield_core::target::Target;
 use url::Url;
 
@@ -82,12 +83,12 @@ impl Provider for Bedrock {
         headers.remove(http::header::ACCEPT);
     }
 
-    fn body(&self, request: &ChatRequest, target: &Target, _stream: bool) -> Vec<u8> {
+    fn body(&self, request: &ChatRequest, target: &Target, _stream: bool) -> Spliced {
         let mut body = converse::request(&request.exchange, target);
         for (key, value) in target.extra_body.iter().flatten() {
             body.insert(key.clone(), value.clone());
         }
-        shield_core::json_write::map_to_vec(&body)
+        shield_core::json_write::map_to_vec(&body).into()
     }
 
     fn dropped(&self, request: &ChatRequest, target: &Target) -> Vec<String> {
@@ -115,9 +116,10 @@ impl Provider for Bedrock {
     }
 
     /// SigV4 over the final request, on every attempt (a retry is signed anew).
-    fn authenticate(&self, credential: &Credential, url: &Url, body: &[u8], headers: &mut HeaderMap) {
+    fn authenticate(&self, credential: &Credential, url: &Url, body: &Spliced, headers: &mut HeaderMap) {
         match &credential.0 {
-            Secret::Aws(keys) => sign(keys, url, body, headers),
+            // One part: the body is written here, never relayed as sent.
+            Secret::Aws(keys) => sign(keys, url, &body.contiguous(), headers),
             _ => credential.insert_header(headers),
         }
     }

@@ -23,6 +23,7 @@ use http::header::HeaderMap;
 use serde_json::{Map, Value, json};
 use shield_core::exchange::{self, Block, Delta, Image, Part, Role, Stop, ToolChoice};
 use shield_core::outcome::{Class, classify_status};
+use shield_core::spliced::Spliced;
 use shield_core::target::Target;
 use shield_core::usage::TokenUsage;
 use url::Url;
@@ -57,12 +58,12 @@ impl Provider for Gemini {
         with_method(endpoint, if stream { ":streamGenerateContent?alt=sse" } else { ":generateContent" })
     }
 
-    fn body(&self, request: &ChatRequest, target: &Target, _stream: bool) -> Vec<u8> {
+    fn body(&self, request: &ChatRequest, target: &Target, _stream: bool) -> Spliced {
         let mut body = generate_request(&request.exchange, target);
         for (key, value) in target.extra_body.iter().flatten() {
             body.insert(key.clone(), value.clone());
         }
-        shield_core::json_write::map_to_vec(&body)
+        shield_core::json_write::map_to_vec(&body).into()
     }
 
     /// What the request carries that Gemini has no place for, by the caller's field names.

@@ -30,6 +30,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use shield_core::exchange::{self, Delta};
 use shield_core::outcome::Class;
+use shield_core::spliced::Spliced;
 use shield_core::target::{Flavor, Publisher, Target};
 use shield_core::usage::TokenUsage;
 use url::Url;
@@ -224,8 +225,8 @@ pub trait Provider: Sync {
     }
 
     /// The request body for `target`. `stream` asks for a stream (and the provider's usage in
-    /// it).
-    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8>;
+    /// it). A body relayed as sent keeps slices of the caller's own bytes ([`Spliced`]).
+    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Spliced;
 
     /// Headers a request to `target` carries besides the credential and the hop (e.g.
     /// Anthropic's `anthropic-version` and the caller's `anthropic-beta` flags).
@@ -247,7 +248,7 @@ pub trait Provider: Sync {
 
     /// Puts the credential on the request. Sees the final URL, headers and body, so a provider
     /// that signs requests (Bedrock SigV4) signs them here, on every attempt.
-    fn authenticate(&self, credential: &Credential, _url: &Url, _body: &[u8], headers: &mut HeaderMap) {
+    fn authenticate(&self, credential: &Credential, _url: &Url, _body: &Spliced, headers: &mut HeaderMap) {
         credential.insert_header(headers);
     }
 

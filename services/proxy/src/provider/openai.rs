@@ -10,6 +10,7 @@ use http::header::HeaderMap;
 use serde_json::Value;
 use shield_core::exchange::Delta;
 use shield_core::outcome::{classify_error_event, classify_status};
+use shield_core::spliced::Spliced;
 use shield_core::target::{Flavor, Target};
 use shield_core::usage::TokenUsage;
 use url::Url;
@@ -45,14 +46,14 @@ impl Provider for OpenAi {
     /// `openai`-flavour streams are asked for the final usage chunk (ROUTING.md streaming);
     /// `azure` ones are not (unchanged from before the seam: older Azure API versions refuse
     /// `stream_options`).
-    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
+    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Spliced {
         let ask_usage = stream && self.flavor == Flavor::Openai;
         let effort = reasoning_effort(request, target).map(|effort| ("reasoning_effort", Value::from(effort)));
         let (model, extra) = (&target.model, target.extra_body.as_ref());
         request.upstream_body(model, extra, ask_usage, effort.as_slice()).unwrap_or_else(|| {
             let added = effort.as_slice();
             let target = request::Rendering { model, ask_usage, reasoning: has_reasoning(target), added, extra };
-            request::render(&request.exchange, target)
+            request::render(&request.exchange, target).into()
         })
     }
 
@@ -273,7 +274,8 @@ mod tests {
             .unwrap()
         };
         let reasoning = target(serde_json::json!({"reasoning": true}));
-        let body: serde_json::Value = serde_json::from_slice(&OPENAI.body(&request, &reasoning, false)).unwrap();
+        let body: serde_json::Value =
+            serde_json::from_slice(&OPENAI.body(&request, &reasoning, false).to_vec()).unwrap();
         assert_eq!(body["reasoning_effort"], "high");
         assert_eq!(
             body["messages"],
@@ -282,7 +284,7 @@ mod tests {
         );
         assert_eq!(OPENAI.dropped(&request, &reasoning), ["context_management"]);
         let plain = target(serde_json::json!({}));
-        let body: serde_json::Value = serde_json::from_slice(&OPENAI.body(&request, &plain, false)).unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&OPENAI.body(&request, &plain, false).to_vec()).unwrap();
         assert!(body.get("reasoning_effort").is_none());
         assert_eq!(OPENAI.dropped(&request, &plain), ["thinking", "output_config.effort", "context_management"]);
     }

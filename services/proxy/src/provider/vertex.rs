@@ -21,6 +21,7 @@ pub use token::TokenSource;
 
 use http::header::HeaderMap;
 use serde_json::Value;
+use shield_core::spliced::Spliced;
 use shield_core::target::Target;
 use url::Url;
 
@@ -61,7 +62,7 @@ impl Provider for VertexGemini {
         GEMINI.call_url(endpoint, stream)
     }
 
-    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
+    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Spliced {
         GEMINI.body(request, target, stream)
     }
 
@@ -105,11 +106,11 @@ impl Provider for VertexClaude {
         headers.remove("anthropic-version");
     }
 
-    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Vec<u8> {
+    fn body(&self, request: &ChatRequest, target: &Target, stream: bool) -> Spliced {
         let mut body = ANTHROPIC.request_body(request, target, stream);
         body.fields.remove("model");
         body.fields.insert("anthropic_version".into(), Value::String(ANTHROPIC_VERSION.into()));
-        body.to_vec()
+        body.to_vec().into()
     }
 
     fn dropped(&self, request: &ChatRequest, target: &Target) -> Vec<String> {

@@ -208,7 +208,7 @@ fn upstream(request: &ChatRequest) -> Vec<Value> {
         .into_iter()
         .map(|flavor| {
             let target = target(flavor);
-            let body = crate::provider::for_target(&target).body(request, &target, true);
+            let body = crate::provider::for_target(&target).body(request, &target, true).to_vec();
             serde_json::from_slice(&body).unwrap()
         })
         .collect()
@@ -386,8 +386,9 @@ fn a_schema_kept_as_text_is_refused_where_a_tree_refuses_it() {
             // As bytes: nested this deep in another flavor's body, a schema is past the limit
             // there (an upstream refuses it, whichever reading made it).
             let bodies = |request: &ChatRequest| {
-                ["anthropic", "openai", "gemini"]
-                    .map(|flavor| crate::provider::for_target(&target(flavor)).body(request, &target(flavor), true))
+                ["anthropic", "openai", "gemini"].map(|flavor| {
+                    crate::provider::for_target(&target(flavor)).body(request, &target(flavor), true).to_vec()
+                })
             };
             assert_eq!(bodies(&direct), bodies(&tree), "{case}");
         } else {

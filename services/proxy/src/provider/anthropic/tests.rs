@@ -11,7 +11,7 @@ fn target(extra: Value) -> Target {
 
 fn request(body: Value) -> Value {
     let request = ChatRequest::parse(body.to_string().as_bytes()).unwrap();
-    serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false)).unwrap()
+    serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false).to_vec()).unwrap()
 }
 
 #[test]
@@ -63,7 +63,7 @@ fn requests_map_system_roles_tools_images_and_stops() {
 fn max_tokens_comes_from_the_request_then_the_target() {
     let request = ChatRequest::parse(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#).unwrap();
     let capped = target(json!({"capabilities": {"max_output_tokens": 1000}}));
-    let body: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &capped, true)).unwrap();
+    let body: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &capped, true).to_vec()).unwrap();
     assert_eq!((body["max_tokens"].clone(), body["stream"].clone()), (json!(1000), json!(true)));
     let body = request_with_max(77);
     assert_eq!(body["max_tokens"], 77);
@@ -224,7 +224,7 @@ fn the_version_header_and_the_key_header() {
     assert_eq!(headers["anthropic-version"], "2024-01-01");
     let credential = super::super::Credential::for_target(&target(json!({})), "sk-ant-1").unwrap();
     let url = url::Url::parse("https://api.anthropic.com/v1/messages").unwrap();
-    ANTHROPIC.authenticate(&credential, &url, b"{}", &mut headers);
+    ANTHROPIC.authenticate(&credential, &url, &b"{}".to_vec().into(), &mut headers);
     assert_eq!(headers["x-api-key"], "sk-ant-1");
     assert!(headers.get("authorization").is_none());
 }
@@ -269,7 +269,7 @@ fn system_messages_are_folded_for_a_model_that_does_not_take_them() {
             {"role": "system", "content": [{"type": "text", "text": "# Environment", "cache_control": {"type": "ephemeral"}}]},
             {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]});
     let request = from_anthropic(caller.clone(), None);
-    let folded: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false)).unwrap();
+    let folded: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false).to_vec()).unwrap();
     assert_eq!(folded["system"], json!([{"type": "text", "text": "S"}, {"type": "text", "text": "first"}]));
     assert_eq!(
         folded["messages"],
@@ -278,7 +278,7 @@ fn system_messages_are_folded_for_a_model_that_does_not_take_them() {
             {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}])
     );
     let takes = target(json!({"capabilities": {"system_messages": true}}));
-    let kept: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &takes, false)).unwrap();
+    let kept: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &takes, false).to_vec()).unwrap();
     assert_eq!(kept["messages"], caller["messages"], "a model that takes them gets them where they stand");
 }
 
@@ -319,7 +319,8 @@ fn a_reminder_between_tool_calls_and_their_results_follows_the_results() {
         {"role": "system", "content": "reminder"},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "42"}]}]});
     let folded: Value =
-        serde_json::from_slice(&ANTHROPIC.body(&from_anthropic(caller, None), &target(json!({})), false)).unwrap();
+        serde_json::from_slice(&ANTHROPIC.body(&from_anthropic(caller, None), &target(json!({})), false).to_vec())
+            .unwrap();
     let kinds: Vec<String> = folded["messages"]
         .as_array()
         .unwrap()
@@ -339,13 +340,13 @@ fn thinking_is_dropped_when_another_flavor_answered_the_last_tool_call() {
     };
     // The call came from an OpenAI target: no thinking block before it.
     let request = from_anthropic(history(json!({"type": "text", "text": "Reading."})), None);
-    let sent: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false)).unwrap();
+    let sent: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false).to_vec()).unwrap();
     assert!(sent.get("thinking").is_none(), "Anthropic would refuse it");
     assert_eq!(ANTHROPIC.dropped(&request, &target(json!({}))), ["thinking"]);
     // It came from an Anthropic target, thinking first: as sent.
     let thought = json!({"type": "thinking", "thinking": "hm", "signature": "s"});
     let request = from_anthropic(history(thought), None);
-    let sent: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false)).unwrap();
+    let sent: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target(json!({})), false).to_vec()).unwrap();
     assert!(sent["thinking"].is_object());
     assert!(ANTHROPIC.dropped(&request, &target(json!({}))).is_empty());
 }
@@ -355,7 +356,7 @@ fn an_effort_becomes_thinking_on_a_target_that_reasons_within_the_callers_cap() 
     let body_for = |caller: Value, extra: Value| {
         let request = ChatRequest::parse(caller.to_string().as_bytes()).unwrap();
         let target = target(extra);
-        let body: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target, false)).unwrap();
+        let body: Value = serde_json::from_slice(&ANTHROPIC.body(&request, &target, false).to_vec()).unwrap();
         (body, ANTHROPIC.dropped(&request, &target))
     };
     let reasons = json!({"capabilities": {"reasoning": true}});
@@ -445,7 +446,7 @@ fn a_messages_body_is_relayed_as_sent_and_reads_the_same() {
         [(json!({}), false), (json!({}), true), (json!({"extra_body": {"top_k": 9, "stream": false}}), true)]
     {
         let target = target(extra);
-        let relayed = ANTHROPIC.relayed_as_sent(&request, &target, stream).unwrap();
+        let relayed = ANTHROPIC.relayed_as_sent(&request, &target, stream).unwrap().to_vec();
         let written = ANTHROPIC.request_body(&request, &target, stream).to_vec();
         assert_eq!(
             serde_json::from_slice::<Value>(&relayed).unwrap(),

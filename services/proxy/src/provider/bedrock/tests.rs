@@ -17,7 +17,7 @@ fn target(extra: Value) -> Target {
 
 fn body_of(caller: Value, extra: Value) -> Value {
     let request = ChatRequest::parse(caller.to_string().as_bytes()).unwrap();
-    serde_json::from_slice(&BEDROCK.body(&request, &target(extra), false)).unwrap()
+    serde_json::from_slice(&BEDROCK.body(&request, &target(extra), false).to_vec()).unwrap()
 }
 
 #[test]
@@ -55,7 +55,7 @@ fn a_key_pair_signs_with_sigv4_and_an_api_key_is_a_bearer_token() {
     let url = BEDROCK.call_url(&BEDROCK.endpoint(&target).unwrap(), false).into_owned();
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    BEDROCK.authenticate(&credential, &url, b"{}", &mut headers);
+    BEDROCK.authenticate(&credential, &url, &b"{}".to_vec().into(), &mut headers);
     let authorization = headers["authorization"].to_str().unwrap();
     let date = &headers["x-amz-date"].to_str().unwrap()[..8];
     assert!(
@@ -71,12 +71,30 @@ fn a_key_pair_signs_with_sigv4_and_an_api_key_is_a_bearer_token() {
     assert!(headers["authorization"].is_sensitive() && headers["x-amz-security-token"].is_sensitive());
     // Signed anew for another body: a retry is signed over what it sends.
     let mut again = HeaderMap::new();
-    BEDROCK.authenticate(&credential, &url, b"{\"x\":1}", &mut again);
+    BEDROCK.authenticate(&credential, &url, &b"{\"x\":1}".to_vec().into(), &mut again);
     assert_ne!(again["authorization"], headers["authorization"]);
+    // A body in several parts is signed over its bytes in order, as one part would be (the
+    // same second: `x-amz-date` is part of the signature).
+    let source = bytes::Bytes::from(format!("\"{}\"", "a".repeat(shield_core::spliced::SHARE_FROM)));
+    let mut parts = shield_core::spliced::Splicer::default();
+    parts.text().extend_from_slice(b"{\"x\":");
+    parts.share(&source, 0..source.len());
+    parts.text().push(b'}');
+    let parts = parts.finish();
+    assert_eq!(parts.parts().len(), 3);
+    let (mut split, mut whole) = (HeaderMap::new(), HeaderMap::new());
+    loop {
+        BEDROCK.authenticate(&credential, &url, &parts, &mut split);
+        BEDROCK.authenticate(&credential, &url, &parts.to_vec().into(), &mut whole);
+        if split["x-amz-date"] == whole["x-amz-date"] {
+            break;
+        }
+    }
+    assert_eq!(split["authorization"], whole["authorization"]);
 
     let api_key = BEDROCK.credential(&target, "ABSKQmVkcm9ja0FQSUtleQ==").unwrap();
     let mut headers = HeaderMap::new();
-    BEDROCK.authenticate(&api_key, &url, b"{}", &mut headers);
+    BEDROCK.authenticate(&api_key, &url, &b"{}".to_vec().into(), &mut headers);
     assert_eq!(headers["authorization"], "Bearer ABSKQmVkcm9ja0FQSUtleQ==");
     assert!(headers.get("x-amz-date").is_none());
 
@@ -144,7 +162,7 @@ fn thinking_goes_back_signed_and_an_effort_becomes_claude_thinking_on_a_reasonin
     )
     .unwrap();
     let reasoning = target(json!({"capabilities": {"reasoning": true}}));
-    let body: Value = serde_json::from_slice(&BEDROCK.body(&request, &reasoning, false)).unwrap();
+    let body: Value = serde_json::from_slice(&BEDROCK.body(&request, &reasoning, false).to_vec()).unwrap();
     assert_eq!(
         body["messages"][1]["content"],
         json!([{"reasoningContent": {"reasoningText": {"text": "hmm", "signature": "sig-claude"}}}, {"text": "hello"}]),
@@ -152,7 +170,7 @@ fn thinking_goes_back_signed_and_an_effort_becomes_claude_thinking_on_a_reasonin
     );
     assert_eq!(body["additionalModelRequestFields"]["thinking"]["type"], "enabled");
     assert!(body["additionalModelRequestFields"]["thinking"]["budget_tokens"].as_u64().unwrap() >= 1024);
-    let plain: Value = serde_json::from_slice(&BEDROCK.body(&request, &target(json!({})), false)).unwrap();
+    let plain: Value = serde_json::from_slice(&BEDROCK.body(&request, &target(json!({})), false).to_vec()).unwrap();
     assert!(plain.get("additionalModelRequestFields").is_none());
     assert_eq!(BEDROCK.dropped(&request, &target(json!({}))), vec!["thinking".to_string()]);
 }

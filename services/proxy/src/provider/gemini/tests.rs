@@ -11,7 +11,7 @@ fn target(extra: Value) -> Target {
 
 fn body_of(caller: Value, extra: Value) -> Value {
     let request = ChatRequest::parse(caller.to_string().as_bytes()).unwrap();
-    serde_json::from_slice(&GEMINI.body(&request, &target(extra), false)).unwrap()
+    serde_json::from_slice(&GEMINI.body(&request, &target(extra), false).to_vec()).unwrap()
 }
 
 #[test]

@@ -42,7 +42,7 @@ fn claude_gets_the_messages_body_with_vertex_version_and_no_model() {
         false,
     )
     .unwrap();
-    let body: Value = serde_json::from_slice(&VERTEX_CLAUDE.body(&request, &claude, true)).unwrap();
+    let body: Value = serde_json::from_slice(&VERTEX_CLAUDE.body(&request, &claude, true).to_vec()).unwrap();
     assert_eq!(body["anthropic_version"], "vertex-2023-10-16");
     assert!(body.get("model").is_none(), "the model is in the path");
     assert_eq!((body["stream"].as_bool(), body["max_tokens"].as_u64()), (Some(true), Some(50)));
