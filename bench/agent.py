@@ -17,9 +17,11 @@ monitor mode (input and output). Three measurements:
 2. **Streams**: the mock LLM streams ~300 events over ~2 s (`chunks:300;chunkdelay:7`) for a
    150 KB chat request, offered at a fixed rate (SHIELD_BENCH_STREAM_RATE streams/s, default
    10: ~20 open at once) for the run's seconds. Time to first token is timed from each stream's
-   scheduled start (no coordinated omission): p50/p99 per path and Shield's added time. The
-   relay's CPU per streamed event is Shield's CPU over the window, less the one-piece CPU of
-   as many requests, divided by the events relayed.
+   scheduled start (no coordinated omission): p50/p99 per path and Shield's added time (and
+   `base`'s, with SHIELD_BENCH_BASELINE). SHIELD_BENCH_STREAM_ROUNDS=N runs the paths N times,
+   in reverse order every other time, and pools the streams. The relay's CPU per streamed
+   event is Shield's CPU over the window, less the one-piece CPU of as many requests, divided
+   by the events relayed.
 3. **Idle streams** (SHIELD_BENCH_IDLE, default "1000,10000"): that many connections each open a
    stream whose first event comes after 20 s (an agent waiting on a slow model), then 20 events.
    Shield's resident memory per open stream, and the paced p99 of other (small, static-backend)
@@ -52,6 +54,7 @@ IDLE = [int(n) for n in os.environ.get("SHIELD_BENCH_IDLE", "1000,10000").split(
 PARTS = set(os.environ.get("SHIELD_BENCH_PARTS", "piece,streams,idle").split(","))
 # SHIELD_BENCH_STREAM_STRACE=1: also count each proxy's system calls per streamed event.
 STREAM_STRACE = os.environ.get("SHIELD_BENCH_STREAM_STRACE") == "1"
+STREAM_ROUNDS = int(os.environ.get("SHIELD_BENCH_STREAM_ROUNDS", "1"))
 STREAM_SCENARIO = "chunks:300;chunkdelay:7;nolog"
 IDLE_SCENARIO = "ttfb:20000;chunks:20;chunkdelay:100;nolog"
 
@@ -273,30 +276,41 @@ def main():
         stream_paths = {"direct": (ports["mock"], f"/mock/{STREAM_SCENARIO}/v1/chat/completions", direct_body, plain, None),
                         "nginx": (ports["nginx"], f"/mock/{STREAM_SCENARIO}/v1/chat/completions", direct_body, plain, nginx_worker),
                         "shield": (ports["proxy"], "/v1/chat/completions", stream_body, keyed, pids["shield"])}
+        if baseline:  # the same streams through the baseline binary, for a before and after in one run
+            stream_paths["base"] = (ports["base"], "/v1/chat/completions", stream_body, keyed, pids["base"])
         if "streams" in PARTS:
             print(f"\nstreams: ~300 events over ~2 s each, {STREAM_RATE:g} started a second for {base.DURATION} s, "
                   f"{len(stream_body) // 1024} KB chat request; time to first token from each scheduled start")
             print(f"{'path':<8}{'streams':>9}{'failed':>8}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}{'events':>9}{'CPU us/event':>14}")
         ttft = {}
-        # Without the one-piece run the relay's CPU per event keeps the request's own handling.
-        per_request = one_piece[(cases[0][0], "shield")]["cpu_us"] if rounds else 0
+        # In rounds (SHIELD_BENCH_STREAM_ROUNDS), the paths in reverse order every other round, so
+        # a slow spell of the host lands on every path alike; the figures pool every round.
+        runs = {name: {"out": [], "used": 0.0} for name in stream_paths}
+        for i in range(STREAM_ROUNDS if "streams" in PARTS else 0):
+            order = list(stream_paths.items())
+            for name, (port, path, body, headers, pid) in (reversed(order) if i % 2 else order):
+                before = base.cpu_ticks(pid) if pid else None
+                out = asyncio.run(paced_streams(port, path, body, headers, STREAM_RATE, base.DURATION))
+                runs[name]["out"] += out
+                if pid:
+                    runs[name]["used"] += (base.cpu_ticks(pid) - before) / os.sysconf("SC_CLK_TCK") * 1e6
         for name, (port, path, body, headers, pid) in (stream_paths.items() if "streams" in PARTS else ()):
-            before = base.cpu_ticks(pid) if pid else None
-            out = asyncio.run(paced_streams(port, path, body, headers, STREAM_RATE, base.DURATION))
+            out, used = runs[name]["out"], runs[name]["used"]
             ok = [o for o in out if o["status"] == 200 and o["ttft"] is not None]
             times = sorted(o["ttft"] * 1000 for o in ok)
             events = sum(o["events"] for o in ok)
             per_event = ""
             if pid:
-                used = (base.cpu_ticks(pid) - before) / os.sysconf("SC_CLK_TCK") * 1e6
-                if name == "shield":
-                    used -= per_request * len(out)  # the request's own handling, measured in one piece
+                if name in ("shield", "base") and rounds:
+                    # Less the request's own handling, measured in one piece (without the
+                    # one-piece run the relay's CPU per event keeps it).
+                    used -= one_piece[(cases[0][0], name)]["cpu_us"] * len(out)
                 per_event = f"{used / max(events, 1):>14.2f}"
             ttft[name] = times
             print(f"{name:<8}{len(out):>9}{len(out) - len(ok):>8}{base.pct(times, 50):>13.2f}{base.pct(times, 99):>13.2f}{events:>9}{per_event}")
         if "streams" in PARTS and STREAM_STRACE:
             strace_streams({k: v for k, v in stream_paths.items() if v[4]}, work)
-        for name in (("nginx", "shield") if ttft else ()):
+        for name in (("nginx", "shield") + (("base",) if baseline else ()) if ttft else ()):
             print(f"{name} added TTFT: p50 {base.pct(ttft[name], 50) - base.pct(ttft['direct'], 50):+.3f} ms, "
                   f"p99 {base.pct(ttft[name], 99) - base.pct(ttft['direct'], 99):+.3f} ms (target <= 1 ms p99)")
 
