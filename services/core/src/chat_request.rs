@@ -370,11 +370,17 @@ fn empty_schema() -> Value {
     serde_json::json!({"type": "object", "properties": {}})
 }
 
-/// A `tool` message's result: its text parts, one per line.
+/// A `tool` message's result: its text parts, one per line. The first part's text is kept and
+/// the others appended to it: a tool result is most often one text, the largest of an agent's
+/// history, and is not copied again (issue 33).
 fn tool_result_text(content: Vec<Part>) -> String {
-    let texts: Vec<String> =
-        content.into_iter().filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None }).collect();
-    texts.join("\n")
+    let mut texts = content.into_iter().filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None });
+    let first = texts.next().unwrap_or_default();
+    texts.fold(first, |mut all, text| {
+        all.push('\n');
+        all.push_str(&text);
+        all
+    })
 }
 
 /// The typed request: `messages` and `tools` as read, the rest from `fields`.

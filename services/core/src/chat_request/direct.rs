@@ -108,7 +108,7 @@ impl<'de> Reader<'de> for Messages {
 /// One Chat Completions message's fields, as sent.
 #[derive(Default)]
 struct SentMessage {
-    role: Option<String>,
+    role: SentRole,
     content: Option<Vec<Part>>,
     tool_calls: Option<Vec<SentCall>>,
     tool_call_id: Option<String>,
@@ -118,9 +118,9 @@ impl SentMessage {
     /// As [`super::typed_of_openai`] types a message.
     fn typed(self) -> Message {
         let content = self.content.unwrap_or_default();
-        match self.role.as_deref() {
-            Some("system" | "developer") => Message { role: Role::System, content },
-            Some("assistant") => {
+        match self.role {
+            SentRole::System => Message { role: Role::System, content },
+            SentRole::Assistant => {
                 let mut parts = content;
                 parts.extend(self.tool_calls.into_iter().flatten().map(|call| Part::ToolUse {
                     id: call.id.unwrap_or_default(),
@@ -129,12 +129,38 @@ impl SentMessage {
                 }));
                 Message { role: Role::Assistant, content: parts }
             }
-            Some("tool") => {
+            SentRole::Tool => {
                 let content = super::tool_result_text(content);
                 let id = self.tool_call_id.unwrap_or_default();
                 Message { role: Role::User, content: vec![Part::ToolResult { id, content, is_error: false }] }
             }
             _ => Message { role: Role::User, content },
+        }
+    }
+}
+
+/// A message's `role`, as far as typing it needs: a role no arm names (or one that is not a
+/// string) is a user's, as in [`super::typed_of_openai`]. Read without keeping the string.
+#[derive(Clone, Copy, Default)]
+enum SentRole {
+    System,
+    Assistant,
+    Tool,
+    #[default]
+    Other,
+}
+
+struct RoleName;
+
+impl<'de> Reader<'de> for RoleName {
+    type Out = SentRole;
+
+    fn str(self, role: &str) -> SentRole {
+        match role {
+            "system" | "developer" => SentRole::System,
+            "assistant" => SentRole::Assistant,
+            "tool" => SentRole::Tool,
+            _ => SentRole::Other,
         }
     }
 }
@@ -149,7 +175,7 @@ impl<'de> Reader<'de> for OneMessage {
         let mut message = SentMessage::default();
         entries(map, |key, map| {
             match key {
-                "role" => message.role = map.next_value_seed(Lenient(Text))?,
+                "role" => message.role = map.next_value_seed(Lenient(RoleName))?,
                 "content" => message.content = Some(map.next_value_seed(Lenient(Content))?),
                 "tool_calls" => message.tool_calls = map.next_value_seed(Lenient(Each(OneCall)))?,
                 "tool_call_id" => message.tool_call_id = map.next_value_seed(Lenient(Text))?,

@@ -199,7 +199,7 @@ impl<'de> Reader<'de> for Content {
     type Out = Option<Vec<Block>>;
 
     fn str(self, text: &str) -> Self::Out {
-        Some(vec![Block { kind: Some("text".into()), text: Some(text.to_string()), ..Block::default() }])
+        Some(vec![Block { kind: Some(Kind::Text), text: Some(text.to_string()), ..Block::default() }])
     }
 
     fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
@@ -212,7 +212,7 @@ impl<'de> Reader<'de> for Content {
 /// a map keeps it.
 #[derive(Debug, Default)]
 struct Block {
-    kind: Option<String>,
+    kind: Option<Kind>,
     text: Option<String>,
     id: Option<String>,
     name: Option<String>,
@@ -230,28 +230,71 @@ impl Block {
     /// As the tree reading types a block (`messages::request::part_of`); `None` for the kinds
     /// it keeps opaque, which need the whole block.
     fn typed(self) -> Option<Part> {
-        let part = match self.kind.as_deref()? {
-            "text" => Part::Text(self.text.unwrap_or_default()),
-            "image" => Part::Image(super::request::image_of(self.source.as_ref().unwrap_or(&Value::Null))?),
-            "tool_use" => Part::ToolUse {
+        let part = match self.kind? {
+            Kind::Text => Part::Text(self.text.unwrap_or_default()),
+            Kind::Image => Part::Image(super::request::image_of(self.source.as_ref().unwrap_or(&Value::Null))?),
+            Kind::ToolUse => Part::ToolUse {
                 id: self.id.unwrap_or_default(),
                 name: self.name.unwrap_or_default(),
                 input: self.input.map_or_else(|| "{}".to_string(), |input| input.to_string()),
             },
-            "tool_result" => Part::ToolResult {
+            Kind::ToolResult => Part::ToolResult {
                 id: self.tool_use_id.unwrap_or_default(),
-                content: self.content.unwrap_or_default().join("\n"),
+                content: lines(self.content.unwrap_or_default()),
                 is_error: self.is_error.unwrap_or(false),
             },
-            "thinking" => Part::Thinking {
+            Kind::Thinking => Part::Thinking {
                 thinking: self.thinking.unwrap_or_default(),
                 signature: self.signature.unwrap_or_default(),
             },
-            "redacted_thinking" => Part::RedactedThinking(self.data.unwrap_or_default()),
-            _ => return None,
+            Kind::RedactedThinking => Part::RedactedThinking(self.data.unwrap_or_default()),
+            Kind::Other => return None,
         };
         Some(part)
     }
+}
+
+/// A block's `type`, as far as typing it needs (read without keeping the string).
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Text,
+    Image,
+    ToolUse,
+    ToolResult,
+    Thinking,
+    RedactedThinking,
+    /// A kind the tree reading keeps opaque.
+    Other,
+}
+
+struct KindName;
+
+impl<'de> Reader<'de> for KindName {
+    type Out = Option<Kind>;
+
+    fn str(self, kind: &str) -> Option<Kind> {
+        Some(match kind {
+            "text" => Kind::Text,
+            "image" => Kind::Image,
+            "tool_use" => Kind::ToolUse,
+            "tool_result" => Kind::ToolResult,
+            "thinking" => Kind::Thinking,
+            "redacted_thinking" => Kind::RedactedThinking,
+            _ => Kind::Other,
+        })
+    }
+}
+
+/// Texts one per line, as `join("\n")` writes them, the first one's buffer kept (a tool's
+/// result is most often one text, the largest of an agent's history: not copied again).
+fn lines(texts: Vec<String>) -> String {
+    let mut texts = texts.into_iter();
+    let first = texts.next().unwrap_or_default();
+    texts.fold(first, |mut all, text| {
+        all.push('\n');
+        all.push_str(&text);
+        all
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -264,7 +307,7 @@ impl<'de> Reader<'de> for OneBlock {
         let mut block = Block::default();
         entries(map, |key, map| {
             match key {
-                "type" => block.kind = map.next_value_seed(Lenient(Text))?,
+                "type" => block.kind = map.next_value_seed(Lenient(KindName))?,
                 "text" => block.text = map.next_value_seed(Lenient(Text))?,
                 "id" => block.id = map.next_value_seed(Lenient(Text))?,
                 "name" => block.name = map.next_value_seed(Lenient(Text))?,
