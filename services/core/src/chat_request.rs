@@ -172,9 +172,19 @@ impl ChatRequest {
     /// never becomes a tree, see [`direct`]); any other body is parsed into values and typed
     /// from them. The two readings agree (the property test `reads_as_the_tree_does`).
     pub fn parse_shared(body: &bytes::Bytes) -> Result<ChatRequest, BadRequest> {
+        Self::parse_remembering(body, None)
+    }
+
+    /// [`Self::parse_shared`], with the tool schemas the tenant sent before and that passed the
+    /// check a tree reading makes: a resent schema is not walked again
+    /// ([`crate::json_read::CheckedSchemas`]).
+    pub fn parse_remembering(
+        body: &bytes::Bytes,
+        passed: Option<&crate::json_read::CheckedSchemas>,
+    ) -> Result<ChatRequest, BadRequest> {
         let malformed = |e: serde_json::Error| BadRequest(format!("malformed JSON body: {e}"));
         if body.len() >= crate::verbatim::WORTH_IT {
-            match direct::read(body) {
+            match direct::read(body, passed) {
                 // Relayed from its text, so its keys must be plain and distinct: a body with a key
                 // written with escapes, or twice, is read as a tree.
                 Ok(read) => {
@@ -370,17 +380,9 @@ fn empty_schema() -> Value {
     serde_json::json!({"type": "object", "properties": {}})
 }
 
-/// A `tool` message's result: its text parts, one per line. The first part's text is kept and
-/// the others appended to it: a tool result is most often one text, the largest of an agent's
-/// history, and is not copied again (issue 33).
+/// A `tool` message's result: its text parts, one per line ([`exchange::lines`]).
 fn tool_result_text(content: Vec<Part>) -> String {
-    let mut texts = content.into_iter().filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None });
-    let first = texts.next().unwrap_or_default();
-    texts.fold(first, |mut all, text| {
-        all.push('\n');
-        all.push_str(&text);
-        all
-    })
+    exchange::lines(content.into_iter().filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None }))
 }
 
 /// The typed request: `messages` and `tools` as read, the rest from `fields`.
@@ -493,6 +495,32 @@ impl Serialize for UpstreamBody<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A tool message's text parts, one per line, whichever reading (tree for a small body, the
+    /// direct one for a large one); other parts left out.
+    #[test]
+    fn a_tool_results_texts_are_joined_one_per_line() {
+        for pad in [0, crate::verbatim::WORTH_IT] {
+            let body = json!({"model": "m", "pad": "p".repeat(pad), "messages": [
+                {"role": "tool", "tool_call_id": "c", "content": [
+                    {"type": "text", "text": "a"},
+                    {"type": "image_url", "image_url": {"url": "https://example.com/y.png"}},
+                    {"type": "text", "text": "b"}]},
+                {"role": "tool", "tool_call_id": "d", "content": "one"},
+                {"role": "tool", "tool_call_id": "e", "content": []}]});
+            let request = ChatRequest::parse(body.to_string().as_bytes()).unwrap();
+            let results: Vec<&str> = request
+                .exchange
+                .messages
+                .iter()
+                .map(|m| match m.content.as_slice() {
+                    [Part::ToolResult { content, .. }] => content.as_str(),
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            assert_eq!(results, ["a\nb", "one", ""], "pad {pad}");
+        }
+    }
 
     #[test]
     fn upstream_body_hygiene() {

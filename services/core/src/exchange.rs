@@ -121,6 +121,19 @@ pub struct Message {
     pub content: Vec<Part>,
 }
 
+/// Texts one per line, as `join("\n")` writes them, keeping the first one's buffer: a tool's
+/// result is most often one text, the largest of an agent's history, and is not copied again
+/// (issue 33).
+pub fn lines(texts: impl IntoIterator<Item = String>) -> String {
+    let mut texts = texts.into_iter();
+    let first = texts.next().unwrap_or_default();
+    texts.fold(first, |mut all, text| {
+        all.push('\n');
+        all.push_str(&text);
+        all
+    })
+}
+
 /// One part of a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {

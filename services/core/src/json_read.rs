@@ -8,6 +8,8 @@
 //! serde_json servers do); [`Skip`] drops a value under serde_json's recursion limit;
 //! [`checked`] holds a value kept as its text (a `RawValue`) to what a tree would accept.
 
+use std::collections::HashSet;
+
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// The error a read stops with where only a tree reading reads the body as a serde_json server
@@ -217,11 +219,98 @@ pub fn whole<'de, R: Reader<'de>>(body: &'de [u8], reader: R) -> serde_json::Res
 /// replaces (issue 33: the 24 tool schemas of an agent request, callgrind). A byte pre-scan that
 /// skipped the walk for text with nothing a tree could refuse cost more than the walk (~15 a
 /// byte as compiled) and was dropped.
+///
+/// `passed`: the tenant's schema texts that passed before ([`CheckedSchemas`]); one found there
+/// is not walked again, and one that passes now is added.
 pub fn checked<E: serde::de::Error>(
     raw: Box<serde_json::value::RawValue>,
     remaining: u8,
+    passed: Option<&CheckedSchemas>,
 ) -> Result<Box<serde_json::value::RawValue>, E> {
-    if walked(raw.get(), remaining) { Ok(raw) } else { Err(E::custom(TREE_ONLY)) }
+    let key = passed.map(|passed| (passed, passed.key(raw.get(), remaining)));
+    if key.is_some_and(|(passed, key)| passed.contains(key)) {
+        return Ok(raw);
+    }
+    if !walked(raw.get(), remaining) {
+        return Err(E::custom(TREE_ONLY));
+    }
+    if let Some((passed, key)) = key {
+        passed.insert(key);
+    }
+    Ok(raw)
+}
+
+/// The schema texts one tenant sent that [`checked`] accepted, each as a keyed hash of the text
+/// and the depth it stood at (issue 33). A coding agent resends the same tool schemas on every
+/// turn; walking them again was 7.5 % of a 148 KB Chat Completions request's CPU (`perf`, AMD
+/// EPYC), the hash of their text is a tenth of that. Only passes are kept, so what is refused
+/// is refused every time, and a text at another depth is walked again. Kept per tenant (with
+/// its guardrail memo, [`crate::verdicts::Memo::schemas`]) so that one tenant's requests never
+/// run faster for what another sent; the hash is xxh3-128 under a secret drawn for the memo, so
+/// no caller can aim a text at another's entry. Bounded as the guardrail memo is: two
+/// generations of [`SCHEMA_GENERATION`] entries.
+pub struct CheckedSchemas {
+    secret: Box<[u8; SCHEMA_SECRET_BYTES]>,
+    generations: parking_lot::Mutex<[HashSet<(u128, u8)>; 2]>,
+}
+
+/// Schema texts per generation: ~40 agents' tool sets of two dozen tools each.
+pub const SCHEMA_GENERATION: usize = 1024;
+const SCHEMA_SECRET_BYTES: usize = 192;
+
+impl Default for CheckedSchemas {
+    fn default() -> Self {
+        let mut secret = Box::new([0u8; SCHEMA_SECRET_BYTES]);
+        rand::fill(&mut secret[..]);
+        CheckedSchemas { secret, generations: parking_lot::Mutex::default() }
+    }
+}
+
+impl std::fmt::Debug for CheckedSchemas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckedSchemas").finish_non_exhaustive()
+    }
+}
+
+impl CheckedSchemas {
+    fn key(&self, text: &str, remaining: u8) -> (u128, u8) {
+        (xxhash_rust::xxh3::xxh3_128_with_secret(text.as_bytes(), &self.secret[..]), remaining)
+    }
+
+    fn contains(&self, key: (u128, u8)) -> bool {
+        let [current, older] = &mut *self.generations.lock();
+        if current.contains(&key) {
+            return true;
+        }
+        // Found in the older generation: kept into the current one.
+        let found = older.remove(&key);
+        if found {
+            Self::add(current, older, key);
+        }
+        found
+    }
+
+    fn insert(&self, key: (u128, u8)) {
+        let [current, older] = &mut *self.generations.lock();
+        Self::add(current, older, key);
+    }
+
+    fn add(current: &mut HashSet<(u128, u8)>, older: &mut HashSet<(u128, u8)>, key: (u128, u8)) {
+        if current.len() >= SCHEMA_GENERATION {
+            *older = std::mem::take(current);
+        }
+        current.insert(key);
+    }
+
+    /// Texts remembered, both generations.
+    pub fn len(&self) -> usize {
+        let [current, older] = &*self.generations.lock();
+        current.len() + older.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Whether the walk accepts `text` with `remaining` depth left.
@@ -355,7 +444,7 @@ mod tests {
             let Ok(raw) = serde_json::from_str::<Box<RawValue>>(&text) else { return Ok(()) };
             let enclosing = usize::from(RECURSION_LIMIT - remaining);
             let tree = serde_json::from_str::<serde_json::Value>(&format!("{}{text}{}", "[".repeat(enclosing), "]".repeat(enclosing)));
-            let check = checked::<serde_json::Error>(raw, remaining).is_ok();
+            let check = checked::<serde_json::Error>(raw.clone(), remaining, None).is_ok();
             // The raw-value token is refused whatever a tree makes of it: such a body is read
             // as a tree, which decides.
             if text.contains("serde_json::private::RawValue") {
@@ -363,6 +452,14 @@ mod tests {
             } else {
                 prop_assert_eq!(check, tree.is_ok(), "{:.300}", text);
             }
+            // With a tenant's memo: the same answer when the text is walked and remembered, when
+            // it is found there, and at another depth (walked afresh there).
+            let passed = CheckedSchemas::default();
+            for _ in 0..2 {
+                prop_assert_eq!(checked::<serde_json::Error>(raw.clone(), remaining, Some(&passed)).is_ok(), check);
+            }
+            let shallow = checked::<serde_json::Error>(raw.clone(), 3, None).is_ok();
+            prop_assert_eq!(checked::<serde_json::Error>(raw, 3, Some(&passed)).is_ok(), shallow);
         }
     }
 
@@ -370,7 +467,7 @@ mod tests {
     #[test]
     fn what_a_tree_refuses_is_refused() {
         let check = |text: &str, remaining: u8| {
-            checked::<serde_json::Error>(serde_json::from_str::<Box<RawValue>>(text).unwrap(), remaining).is_ok()
+            checked::<serde_json::Error>(serde_json::from_str::<Box<RawValue>>(text).unwrap(), remaining, None).is_ok()
         };
         assert!(check(r#"{"type": "object", "properties": {"a": {"type": "string"}}}"#, 124));
         assert!(!check(r#"{"a": "\ud800"}"#, 124));
@@ -383,5 +480,29 @@ mod tests {
         let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
         assert!(check(&nested(3), 4) && !check(&nested(4), 4));
         assert!(check(&nested(123), 124) && !check(&nested(124), 124));
+    }
+
+    /// A text the memo holds is not walked again (here one a walk refuses, as a hash collision
+    /// would be: only a pass is ever remembered, so this cannot happen but by one), per memo and
+    /// at the depth it was held at; the memo keeps two generations and drops the oldest.
+    #[test]
+    fn the_memo_is_consulted_per_depth_and_bounded() {
+        let raw = |text: &str| serde_json::from_str::<Box<RawValue>>(text).unwrap();
+        let refused = r#"{"a": 1e999}"#;
+        let (passed, other) = (CheckedSchemas::default(), CheckedSchemas::default());
+        passed.insert(passed.key(refused, 124));
+        assert!(checked::<serde_json::Error>(raw(refused), 124, Some(&passed)).is_ok(), "taken from the memo");
+        assert!(checked::<serde_json::Error>(raw(refused), 12, Some(&passed)).is_err(), "another depth");
+        assert!(checked::<serde_json::Error>(raw(refused), 124, Some(&other)).is_err(), "another tenant's memo");
+        assert!(checked::<serde_json::Error>(raw(refused), 124, Some(&passed)).is_ok());
+
+        let first = r#"{"type": "object"}"#;
+        assert!(checked::<serde_json::Error>(raw(first), 124, Some(&other)).is_ok() && other.len() == 1);
+        for n in 0..2 * SCHEMA_GENERATION {
+            other.insert(other.key(&n.to_string(), 124));
+        }
+        assert!(other.len() <= 2 * SCHEMA_GENERATION);
+        assert!(!other.contains(other.key(first, 124)), "the oldest generation dropped");
+        assert!(other.contains(other.key(&(2 * SCHEMA_GENERATION - 1).to_string(), 124)));
     }
 }

@@ -5,7 +5,8 @@
 //! ([`crate::verbatim`]). Writing that out as one buffer copied the whole 150 KB agent history
 //! once more per request (a `perf` profile on AMD EPYC put the copy at 3 % of the request's
 //! CPU); sent as slices, the history goes from the buffer the request was read into straight
-//! to the socket (hyper writes a body's frames with one `writev`). Hand-rolled because it is a
+//! to the socket (hyper writes a body's frames with one `writev`); to an HTTPS upstream, rustls
+//! still copies it into its records, and only Shield's own copy is saved. Hand-rolled because it is a
 //! `Vec<Bytes>` and its length; what is Shield's own is the rule for which slices are worth
 //! sharing.
 

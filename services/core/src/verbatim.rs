@@ -3,8 +3,9 @@
 //! `extra_body`); writing it from the parsed tree re-escaped every string of a 150 KB agent
 //! history (42 % of the request's instructions), and capturing the fields as serde_json
 //! `RawValue`s re-validated every byte (a quarter of them). This finds where each top-level
-//! value starts and ends in a body serde_json has parsed, and copies those bytes out unchanged:
-//! from where the direct readers met each key ([`Verbatim::of_keys`], a few bytes read per
+//! value starts and ends in a body serde_json has parsed, and relays those bytes unchanged (as
+//! slices of the body as read, [`crate::spliced`], not copies): from where the direct readers
+//! met each key ([`Verbatim::of_keys`], a few bytes read per
 //! field), or, for a body read as a tree, by scanning it, skipping strings with `memchr`.
 //!
 //! Hand-rolled because no JSON crate here hands back the spans of a parse it has made; it reads

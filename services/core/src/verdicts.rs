@@ -27,6 +27,7 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_128_with_secret};
 
 use crate::exchange::{Part, Request};
 use crate::guardrails::{GuardrailPolicy, Scanned};
+use crate::json_read::CheckedSchemas;
 
 /// Entries per generation per tenant: 80 agent sessions of 200 messages each fit in one. An
 /// entry is a 16-byte hash and a pointer (null for the clean texts that nearly all are), so a
@@ -121,6 +122,7 @@ impl Verdicts {
                     secret: self.secret.clone(),
                     generations: Mutex::default(),
                     counts: self.counts.clone(),
+                    schemas: CheckedSchemas::default(),
                 })
             })
             .clone()
@@ -133,6 +135,7 @@ pub struct Memo {
     secret: Arc<Secret>,
     generations: Mutex<Generations>,
     counts: Arc<Counts>,
+    schemas: CheckedSchemas,
 }
 
 const SECRET_BYTES: usize = 192;
@@ -180,6 +183,12 @@ impl Generations {
 }
 
 impl Memo {
+    /// The tool schemas this tenant sent that passed the check a tree reading would make
+    /// ([`crate::json_read::checked`]): a resent schema is not walked again.
+    pub fn schemas(&self) -> &CheckedSchemas {
+        &self.schemas
+    }
+
     /// Each unit's findings under `policy`: remembered ones read back, the rest scanned and
     /// remembered. One lock to read them all and one to store what was new.
     pub fn scan_all(&self, policy: &GuardrailPolicy, units: &[Unit<'_>]) -> Vec<Scanned> {

@@ -156,6 +156,13 @@ pub async fn admit(req: &HttpRequest, state: &ProxyState) -> Result<Caller, Prox
     Ok(Caller { key, hop, arrived: Instant::now() })
 }
 
+/// The caller's tenant's memo, for the tool schemas of a body read directly (one of at least
+/// [`shield_core::verbatim::WORTH_IT`] bytes): a schema the tenant sent before and that passed
+/// the check a tree reading makes is not walked again ([`shield_core::json_read::CheckedSchemas`]).
+pub fn schemas_memo(state: &ProxyState, caller: &Caller, body: &[u8]) -> Option<Arc<shield_core::verdicts::Memo>> {
+    (body.len() >= shield_core::verbatim::WORTH_IT).then(|| state.verdicts.of(&caller.key.tenant))
+}
+
 /// An authenticated caller.
 pub struct Caller {
     pub key: std::sync::Arc<shield_core::snapshot::ApiKeyRecord>,

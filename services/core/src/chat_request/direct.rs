@@ -13,7 +13,7 @@ use serde::de::{MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 
 use crate::exchange::{Message, Part, Role, Schema, Tool};
-use crate::json_read::{self, Each, Lenient, Reader, Skip, TREE_ONLY, Text, entries};
+use crate::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Skip, TREE_ONLY, Text, entries};
 
 /// What `messages` was, as sent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -60,14 +60,17 @@ pub(super) enum Unread {
     TreeOnly,
 }
 
-/// Reads `body`, a JSON object.
-pub(super) fn read(body: &[u8]) -> Result<Read, Unread> {
-    json_read::whole(body, Body(body))
+/// Reads `body`, a JSON object; `passed`: the tenant's tool schemas checked before.
+pub(super) fn read(body: &[u8], passed: Option<&CheckedSchemas>) -> Result<Read, Unread> {
+    json_read::whole(body, Body { bytes: body, passed })
         .map_err(|e| if e.to_string().starts_with(TREE_ONLY) { Unread::TreeOnly } else { Unread::Malformed(e) })
 }
 
 /// The top-level object of the body it holds.
-struct Body<'b>(&'b [u8]);
+struct Body<'b> {
+    bytes: &'b [u8],
+    passed: Option<&'b CheckedSchemas>,
+}
 
 impl<'de> Reader<'de> for Body<'_> {
     type Out = Read;
@@ -75,14 +78,14 @@ impl<'de> Reader<'de> for Body<'_> {
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<Read, A::Error> {
         let mut read = Read::default();
         entries(map, |key, map| {
-            read.keys.met(self.0, key);
+            read.keys.met(self.bytes, key);
             match key {
                 "messages" => {
                     let messages = map.next_value_seed(Lenient(Messages))?;
                     read.shape = messages.as_ref().map_or(Shape::Other, |m| Shape::Array(m.len()));
                     read.messages = messages.unwrap_or_default();
                 }
-                "tools" => read.tools = map.next_value_seed(Lenient(Tools))?.unwrap_or_default(),
+                "tools" => read.tools = map.next_value_seed(Lenient(Tools(self.passed)))?.unwrap_or_default(),
                 _ => {
                     read.fields.insert(key.to_string(), map.next_value()?);
                 }
@@ -134,20 +137,21 @@ impl SentMessage {
                 let id = self.tool_call_id.unwrap_or_default();
                 Message { role: Role::User, content: vec![Part::ToolResult { id, content, is_error: false }] }
             }
-            _ => Message { role: Role::User, content },
+            SentRole::User => Message { role: Role::User, content },
         }
     }
 }
 
-/// A message's `role`, as far as typing it needs: a role no arm names (or one that is not a
-/// string) is a user's, as in [`super::typed_of_openai`]. Read without keeping the string.
+/// A message's `role`, as far as typing it needs, read without keeping the string.
 #[derive(Clone, Copy, Default)]
 enum SentRole {
     System,
     Assistant,
     Tool,
+    /// `user`, and any role no other variant names or one that is not a string: a user's, as
+    /// in [`super::typed_of_openai`].
     #[default]
-    Other,
+    User,
 }
 
 struct RoleName;
@@ -160,7 +164,7 @@ impl<'de> Reader<'de> for RoleName {
             "system" | "developer" => SentRole::System,
             "assistant" => SentRole::Assistant,
             "tool" => SentRole::Tool,
-            _ => SentRole::Other,
+            _ => SentRole::User,
         }
     }
 }
@@ -310,18 +314,18 @@ struct SentFunction {
 }
 
 /// A `function` object: `Call`'s (whose `parameters`, no field of a call, are skipped) or
-/// `Tool`'s.
-#[derive(Clone, Copy, PartialEq)]
-enum Function {
+/// `Tool`'s (with the tenant's schemas checked before).
+#[derive(Clone, Copy)]
+enum Function<'p> {
     Call,
-    Tool,
+    Tool(Option<&'p CheckedSchemas>),
 }
 
 /// The depth serde_json has left at a tool's `parameters`: the body, `tools`, the tool and its
 /// `function` enclose it.
 const PARAMETERS_REMAINING: u8 = json_read::RECURSION_LIMIT - 4;
 
-impl<'de> Reader<'de> for Function {
+impl<'de> Reader<'de> for Function<'_> {
     type Out = Option<SentFunction>;
 
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
@@ -331,12 +335,13 @@ impl<'de> Reader<'de> for Function {
                 "name" => function.name = map.next_value_seed(Lenient(Text))?,
                 "arguments" => function.arguments = map.next_value_seed(Lenient(Text))?,
                 "description" => function.description = map.next_value_seed(Lenient(Text))?,
-                "parameters" if self == Function::Tool => {
+                "parameters" if matches!(self, Function::Tool(_)) => {
                     // Capturing skips the text without serde_json's depth, escape and number
                     // checks, so a malformed schema could fail later than a tree reading fails
                     // and in other words: any failure here is the tree's to name.
                     let raw = map.next_value().map_err(|_: A::Error| serde::de::Error::custom(TREE_ONLY))?;
-                    function.parameters = Some(json_read::checked(raw, PARAMETERS_REMAINING)?);
+                    let passed = if let Function::Tool(passed) = self { passed } else { None };
+                    function.parameters = Some(json_read::checked(raw, PARAMETERS_REMAINING, passed)?);
                 }
                 _ => {
                     map.next_value::<Skip>()?;
@@ -349,13 +354,13 @@ impl<'de> Reader<'de> for Function {
 }
 
 /// `tools`: each function tool with a name.
-struct Tools;
+struct Tools<'p>(Option<&'p CheckedSchemas>);
 
-impl<'de> Reader<'de> for Tools {
+impl<'de> Reader<'de> for Tools<'_> {
     type Out = Option<Vec<Tool>>;
 
     fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
-        let sent = Each(OneTool).seq(seq)?;
+        let sent = Each(OneTool(self.0)).seq(seq)?;
         Ok(sent.map(|all| {
             all.into_iter()
                 .flatten()
@@ -374,16 +379,16 @@ impl<'de> Reader<'de> for Tools {
 }
 
 #[derive(Clone, Copy)]
-struct OneTool;
+struct OneTool<'p>(Option<&'p CheckedSchemas>);
 
-impl<'de> Reader<'de> for OneTool {
+impl<'de> Reader<'de> for OneTool<'_> {
     type Out = Option<SentFunction>;
 
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
         let mut function = None;
         entries(map, |key, map| {
             if key == "function" {
-                function = map.next_value_seed(Lenient(Function::Tool))?;
+                function = map.next_value_seed(Lenient(Function::Tool(self.0)))?;
             } else {
                 map.next_value::<Skip>()?;
             }
@@ -570,11 +575,18 @@ mod tests {
             tools.write(&mut body);
             body.push_str(&format!(", \"pad\": \"{}\" }}", "p".repeat(crate::verbatim::WORTH_IT)));
 
-            let Ok(read) = read(body.as_bytes()) else { panic!("unread") };
+            let Ok(read) = read(body.as_bytes(), None) else { panic!("unread") };
             let Value::Object(tree) = serde_json::from_str::<Value>(&body).unwrap() else { unreachable!() };
             prop_assert_eq!(read.shape, Shape::of(tree.get("messages")));
             let direct = super::super::typed(&read.fields, read.messages, read.tools);
             prop_assert_eq!(&direct, &super::super::typed_of_openai(&tree));
+            // Read again with the tenant's checked schemas, twice: walked and remembered, then
+            // taken from the memo; the same request either way.
+            let passed = CheckedSchemas::default();
+            for _ in 0..2 {
+                let Ok(again) = super::read(body.as_bytes(), Some(&passed)) else { panic!("unread") };
+                prop_assert_eq!(&super::super::typed(&again.fields, again.messages, again.tools), &direct);
+            }
 
             let request = super::super::ChatRequest::parse(body.as_bytes()).unwrap();
             prop_assert!(request.openai_fields().is_some_and(|f| !f.contains_key("messages")), "read directly");

@@ -16,7 +16,7 @@ use serde::de::{MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 use shield_core::chat_request::MAX_MESSAGES;
 use shield_core::exchange::{Message, Part, Role, Schema, Tool};
-use shield_core::json_read::{self, Each, Lenient, Reader, Skip, Text, entries};
+use shield_core::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Skip, Text, entries};
 
 /// A body read directly: every top-level field but `messages`, `system` and `tools` as values,
 /// those three typed.
@@ -40,14 +40,18 @@ fn as_a_tree<E: serde::de::Error>() -> E {
     E::custom(AS_A_TREE)
 }
 
-/// Reads `body`, a JSON object; `None`: read it as a tree.
-pub(super) fn read(body: &[u8]) -> Option<Read> {
-    let read = json_read::whole(body, Body(body)).ok()??;
+/// Reads `body`, a JSON object; `None`: read it as a tree. `passed`: the tenant's tool schemas
+/// checked before.
+pub(super) fn read(body: &[u8], passed: Option<&CheckedSchemas>) -> Option<Read> {
+    let read = json_read::whole(body, Body { bytes: body, passed }).ok()??;
     (1..=MAX_MESSAGES).contains(&read.messages.len()).then_some(read)
 }
 
 /// The top-level object of the body it holds (`None`: not an object, or no `messages` array).
-struct Body<'b>(&'b [u8]);
+struct Body<'b> {
+    bytes: &'b [u8],
+    passed: Option<&'b CheckedSchemas>,
+}
 
 impl<'de> Reader<'de> for Body<'_> {
     type Out = Option<Read>;
@@ -56,7 +60,7 @@ impl<'de> Reader<'de> for Body<'_> {
         let mut read = Read::default();
         let mut messages = None;
         entries(map, |key, map| {
-            read.keys.met(self.0, key);
+            read.keys.met(self.bytes, key);
             match key {
                 "messages" => {
                     let sent = map.next_value_seed(Lenient(Each(OneMessage)))?.ok_or_else(as_a_tree)?;
@@ -64,7 +68,7 @@ impl<'de> Reader<'de> for Body<'_> {
                 }
                 "system" => read.system = map.next_value_seed(Lenient(System))?.ok_or_else(as_a_tree)?,
                 "tools" => {
-                    for tool in map.next_value_seed(Lenient(Each(OneTool)))?.into_iter().flatten() {
+                    for tool in map.next_value_seed(Lenient(Each(OneTool(self.passed))))?.into_iter().flatten() {
                         match tool.kind.as_deref() {
                             None | Some("custom") => read.tools.push(Tool {
                                 name: tool.name.unwrap_or_default(),
@@ -240,7 +244,7 @@ impl Block {
             },
             Kind::ToolResult => Part::ToolResult {
                 id: self.tool_use_id.unwrap_or_default(),
-                content: lines(self.content.unwrap_or_default()),
+                content: shield_core::exchange::lines(self.content.unwrap_or_default()),
                 is_error: self.is_error.unwrap_or(false),
             },
             Kind::Thinking => Part::Thinking {
@@ -283,18 +287,6 @@ impl<'de> Reader<'de> for KindName {
             _ => Kind::Other,
         })
     }
-}
-
-/// Texts one per line, as `join("\n")` writes them, the first one's buffer kept (a tool's
-/// result is most often one text, the largest of an agent's history: not copied again).
-fn lines(texts: Vec<String>) -> String {
-    let mut texts = texts.into_iter();
-    let first = texts.next().unwrap_or_default();
-    texts.fold(first, |mut all, text| {
-        all.push('\n');
-        all.push_str(&text);
-        all
-    })
 }
 
 #[derive(Clone, Copy)]
@@ -351,13 +343,13 @@ struct SentTool {
 }
 
 #[derive(Clone, Copy)]
-struct OneTool;
+struct OneTool<'p>(Option<&'p CheckedSchemas>);
 
 /// The depth serde_json has left at a tool's `input_schema`: the body, `tools` and the tool
 /// enclose it.
 const INPUT_SCHEMA_REMAINING: u8 = json_read::RECURSION_LIMIT - 3;
 
-impl<'de> Reader<'de> for OneTool {
+impl<'de> Reader<'de> for OneTool<'_> {
     type Out = SentTool;
 
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<SentTool, A::Error> {
@@ -369,7 +361,7 @@ impl<'de> Reader<'de> for OneTool {
                 "description" => tool.description = map.next_value_seed(Lenient(Text))?,
                 "input_schema" => {
                     let raw = map.next_value()?;
-                    tool.schema = Some(json_read::checked(raw, INPUT_SCHEMA_REMAINING)?);
+                    tool.schema = Some(json_read::checked(raw, INPUT_SCHEMA_REMAINING, self.0)?);
                 }
                 _ => {
                     map.next_value::<Skip>()?;

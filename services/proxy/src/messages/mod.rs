@@ -34,7 +34,9 @@ pub async fn messages(
     let result = async {
         let caller = admit(&req, &state).await?;
         let raw = body::read(&req, payload).await?;
-        let request = request::normalise(&raw, request::Headers::of(req.headers()), false)?;
+        let memo = crate::pipeline::schemas_memo(&state, &caller, &raw);
+        let headers = request::Headers::of(req.headers());
+        let request = request::normalise_remembering(&raw, headers, false, memo.as_ref().map(|memo| memo.schemas()))?;
         let served = pipeline(&req, caller, raw, &request, &state, &egress, INGRESS).await?;
         Ok::<_, ProxyError>(served.render(|outcome| match outcome {
             Outcome::Relayed(response) => response,

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use shield_core::chat_request::{AnthropicOrigin, BadRequest, ChatRequest, MAX_MESSAGES, Origin};
 use shield_core::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Schema, Tool, ToolChoice};
+use shield_core::json_read::CheckedSchemas;
 use shield_core::verbatim::Verbatim;
 
 /// The caller's Anthropic headers, forwarded as sent to Anthropic targets.
@@ -56,7 +57,19 @@ struct Found {
 /// reading types; any other body is parsed into values and typed from them, and every error is
 /// that reading's.
 pub fn normalise(body: &bytes::Bytes, headers: Headers, count_only: bool) -> Result<ChatRequest, BadRequest> {
-    let direct = (body.len() >= shield_core::verbatim::WORTH_IT).then(|| Sent::read(body, count_only)).flatten();
+    normalise_remembering(body, headers, count_only, None)
+}
+
+/// [`normalise`], with the tool schemas the tenant sent before and that passed the check a tree
+/// reading makes: a resent schema is not walked again (`CheckedSchemas`).
+pub fn normalise_remembering(
+    body: &bytes::Bytes,
+    headers: Headers,
+    count_only: bool,
+    passed: Option<&CheckedSchemas>,
+) -> Result<ChatRequest, BadRequest> {
+    let direct =
+        (body.len() >= shield_core::verbatim::WORTH_IT).then(|| Sent::read(body, count_only, passed)).flatten();
     let (sent, verbatim) = match direct {
         Some((sent, verbatim)) => (sent, Some(verbatim)),
         None => {
@@ -109,8 +122,8 @@ fn model_of(original: &Map<String, Value>, count_only: bool) -> Result<String, B
 impl Sent {
     /// Read directly ([`super::direct`]), with its fields' text for the relay; `None`: read it
     /// as a tree (so too a body whose keys are written with escapes, or twice).
-    fn read(body: &bytes::Bytes, count_only: bool) -> Option<(Sent, Verbatim)> {
-        let read = super::direct::read(body)?;
+    fn read(body: &bytes::Bytes, count_only: bool, passed: Option<&CheckedSchemas>) -> Option<(Sent, Verbatim)> {
+        let read = super::direct::read(body, passed)?;
         let model = model_of(&read.fields, count_only).ok()?;
         let verbatim = Verbatim::of_keys(body, read.keys)?;
         let sent = Sent {

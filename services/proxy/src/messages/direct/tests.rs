@@ -249,7 +249,21 @@ proptest! {
             }
             (direct, tree) => prop_assert_eq!(direct.as_ref().err(), tree.as_ref().err()),
         }
-        if let Some(read) = read(body.as_bytes()) {
+        // With the tenant's checked schemas, twice (walked and remembered, then taken from the
+        // memo): the same request or the same error.
+        let passed = shield_core::json_read::CheckedSchemas::default();
+        for _ in 0..2 {
+            let again = crate::messages::request::normalise_remembering(
+                &bytes::Bytes::from(body.clone()), headers(), false, Some(&passed));
+            match (&again, &direct) {
+                (Ok(again), Ok(direct)) => {
+                    prop_assert_eq!(seen(again), seen(direct));
+                    prop_assert_eq!(upstream(again), upstream(direct));
+                }
+                (again, direct) => prop_assert_eq!(again.as_ref().err(), direct.as_ref().err()),
+            }
+        }
+        if let Some(read) = read(body.as_bytes(), None) {
             prop_assert!(tree.is_ok(), "read directly what a tree refuses: {:?}", tree.err());
             prop_assert!(!read.fields.contains_key("messages"));
         }
@@ -276,7 +290,7 @@ fn agent_turn() -> Value {
 #[test]
 fn a_common_agent_turn_is_read_directly() {
     let body = padded(agent_turn());
-    let read = read(body.as_bytes()).expect("read directly");
+    let read = read(body.as_bytes(), None).expect("read directly");
     assert_eq!(read.messages.len(), 3);
     assert!(!read.fields.contains_key("messages") && !read.fields.contains_key("tools"));
     let request = normalise(&bytes::Bytes::from(body.clone()), headers(), false).unwrap();
@@ -313,7 +327,7 @@ fn what_only_a_tree_reads_is_read_as_a_tree() {
         let mut body = agent_turn();
         *body.pointer_mut(at).unwrap() = value;
         let body = padded(body);
-        assert!(read(body.as_bytes()).is_none(), "{case}: read directly");
+        assert!(read(body.as_bytes(), None).is_none(), "{case}: read directly");
         let tree = normalise_as_a_tree(&bytes::Bytes::from(body.clone()), headers(), false);
         let direct = normalise(&bytes::Bytes::from(body), headers(), false);
         assert_eq!(direct.as_ref().err(), tree.as_ref().err(), "{case}");
@@ -381,7 +395,7 @@ fn a_schema_kept_as_text_is_refused_where_a_tree_refuses_it() {
             accepted += 1;
             // The tree reads the raw-value token as the JSON in its string: so does the direct
             // reading, by handing such a body to the tree.
-            assert_eq!(read(body.as_bytes()).is_some(), !case.contains("raw-value"), "{case}: read directly");
+            assert_eq!(read(body.as_bytes(), None).is_some(), !case.contains("raw-value"), "{case}: read directly");
             assert_eq!(seen(&direct), seen(&tree), "{case}");
             // As bytes: nested this deep in another flavor's body, a schema is past the limit
             // there (an upstream refuses it, whichever reading made it).
@@ -392,7 +406,7 @@ fn a_schema_kept_as_text_is_refused_where_a_tree_refuses_it() {
             };
             assert_eq!(bodies(&direct), bodies(&tree), "{case}");
         } else {
-            assert!(read(body.as_bytes()).is_none(), "{case}: read directly");
+            assert!(read(body.as_bytes(), None).is_none(), "{case}: read directly");
         }
     }
     assert_eq!(accepted, 6, "the raw-value token and nesting 120 to 124 are accepted, and only those");
