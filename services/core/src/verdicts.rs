@@ -12,10 +12,19 @@
 //! change takes effect on the next request without a rescan, and a detector switched on or off
 //! (or a new detector revision) keys every text afresh.
 //!
+//! A request's units are also remembered as one: the keyed hash of its units' keys in order (a
+//! *prefix* of the next turn's units) with the findings summed over them. An agent's next turn
+//! is the same units and a few more, so it finds its longest remembered prefix in a few lookups
+//! from its end ([`PREFIX_WINDOW`]) and reads the units before it as one sum, not one lookup
+//! each: past the hash of the text, the cost of a turn is what is new, not the length of the
+//! history (a lookup in a memo of thousands of entries is a cache miss; a history has hundreds
+//! of units). A history edited anywhere but its end finds no prefix and is judged unit by unit,
+//! as before. A prefix entry is a hash and summed counts, like a unit's.
+//!
 //! The bound is two generations of [`GENERATION`] entries: lookups promote an entry from the
 //! older generation, and a full current generation becomes the older one, dropping the oldest.
 //! Hand-rolled rather than a cache crate: it is twenty lines, needs no clock or background
-//! task, and takes one lock per request for all its units.
+//! task, and takes one lock per request to read and one to store.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -37,6 +46,10 @@ pub const GENERATION: usize = 16_384;
 /// Bumped whenever a detector's patterns change: findings remembered under the old patterns
 /// are then never read.
 const DETECTORS_REVISION: u8 = 1;
+
+/// How many of a request's last units may be new for its earlier ones to be read back as one
+/// remembered prefix: an agent's turn adds a reply and its tool results, rarely more than a few.
+pub const PREFIX_WINDOW: usize = 16;
 
 /// One text the guardrails judge on its own: a system part, or a message's text parts in
 /// order (concatenated, as they are scanned).
@@ -154,14 +167,37 @@ type Remembered = Option<Box<Scanned>>;
 
 type Table = HashMap<u128, Remembered, foldhash::fast::FixedState>;
 
+/// The findings of `scans` added up, as remembered (`None` when nothing was found).
+fn summed(scans: &[Scanned]) -> Remembered {
+    let mut sum = Scanned::default();
+    for scan in scans {
+        for (total, found) in [(&mut sum.pii, &scan.pii), (&mut sum.secrets, &scan.secrets)] {
+            if let Some(found) = found {
+                let total = total.get_or_insert_with(Default::default);
+                for (kind, n) in found {
+                    *total.entry(kind).or_insert(0) += n;
+                }
+            }
+        }
+    }
+    (!sum.is_clean()).then(|| Box::new(sum))
+}
+
 #[derive(Debug, Default)]
 struct Generations {
     current: Table,
     previous: Table,
+    /// Lookups made: what the tests read to see a prefix stand for the units before it.
+    #[cfg(test)]
+    lookups: usize,
 }
 
 impl Generations {
     fn get(&mut self, key: u128) -> Option<Remembered> {
+        #[cfg(test)]
+        {
+            self.lookups += 1;
+        }
         if let Some(scanned) = self.current.get(&key) {
             return Some(scanned.clone());
         }
@@ -189,17 +225,22 @@ impl Memo {
         &self.schemas
     }
 
-    /// Each unit's findings under `policy`: remembered ones read back, the rest scanned and
-    /// remembered. One lock to read them all and one to store what was new.
+    /// Findings under `policy` whose sum is the sum of the units' findings: a remembered prefix
+    /// of the units as one sum, then each later unit's own, remembered or scanned (and then
+    /// remembered, with the whole request as a prefix). One lock to read and one to store.
     pub fn scan_all(&self, policy: &GuardrailPolicy, units: &[Unit<'_>]) -> Vec<Scanned> {
         let detectors = policy.detectors();
         let keys: Vec<u128> = units.iter().map(|unit| self.key(detectors, unit)).collect();
-        let mut found: Vec<Option<Remembered>> = {
+        let prefixes = self.prefix_keys(&keys);
+        let (prefix, mut found): (Option<(usize, Remembered)>, Vec<Option<Remembered>>) = {
             let mut generations = self.generations.lock();
-            keys.iter().map(|key| generations.get(*key)).collect()
+            let prefix = prefixes.iter().find_map(|(len, key)| generations.get(*key).map(|sum| (*len, sum)));
+            let from = prefix.as_ref().map_or(0, |(len, _)| *len);
+            (prefix, keys.iter().skip(from).map(|key| generations.get(*key)).collect())
         };
+        let (covered, prefix_sum) = prefix.unwrap_or((0, None));
         let mut fresh = Vec::new();
-        for ((slot, unit), key) in found.iter_mut().zip(units).zip(&keys) {
+        for ((slot, unit), key) in found.iter_mut().zip(units.iter().skip(covered)).zip(keys.iter().skip(covered)) {
             if slot.is_none() {
                 let scanned = policy.scan(&unit.joined());
                 let remembered = (!scanned.is_clean()).then(|| Box::new(scanned));
@@ -209,13 +250,48 @@ impl Memo {
         }
         self.counts.reused.fetch_add((units.len() - fresh.len()) as u64, Ordering::Relaxed);
         self.counts.scanned.fetch_add(fresh.len() as u64, Ordering::Relaxed);
-        if !fresh.is_empty() {
+        let mut sums: Vec<Scanned> = std::iter::once(prefix_sum)
+            .chain(found.into_iter().flatten())
+            .map(|remembered| remembered.map(|scanned| *scanned).unwrap_or_default())
+            .collect();
+        // The whole request as a prefix of the next turn's, unless it was one already.
+        let whole = prefixes.first().filter(|(len, _)| *len == units.len() && covered < units.len());
+        if !fresh.is_empty() || whole.is_some() {
+            let remembered_whole = whole.map(|(_, key)| (*key, summed(&sums)));
             let mut generations = self.generations.lock();
             for (key, scanned) in fresh {
                 generations.insert(key, scanned);
             }
+            if let Some((key, sum)) = remembered_whole {
+                generations.insert(key, sum);
+            }
         }
-        found.into_iter().map(|slot| slot.flatten().map(|scanned| *scanned).unwrap_or_default()).collect()
+        sums.retain(|scanned| !scanned.is_clean());
+        sums
+    }
+
+    /// The keys of the units' prefixes that may be remembered, longest first: the whole and
+    /// those that leave up to [`PREFIX_WINDOW`] units after them (none of no units). A prefix's
+    /// key is the keyed hash of its units' keys in order, so it stands for their texts, in
+    /// order, under the detectors and revision each unit's key carries.
+    fn prefix_keys(&self, keys: &[u128]) -> Vec<(usize, u128)> {
+        let shortest = keys.len().saturating_sub(PREFIX_WINDOW).max(1);
+        let mut hasher = Xxh3::with_secret(self.secret.0);
+        let mut prefixes = Vec::with_capacity(keys.len() + 1 - shortest.min(keys.len()));
+        for (at, key) in keys.iter().enumerate() {
+            hasher.update(&key.to_le_bytes());
+            let len = at + 1;
+            if len >= shortest {
+                prefixes.push((len, hasher.digest128()));
+            }
+        }
+        prefixes.reverse();
+        prefixes
+    }
+
+    #[cfg(test)]
+    fn lookups(&self) -> usize {
+        self.generations.lock().lookups
     }
 
     /// Units remembered (for tests and the bound's check).
@@ -293,6 +369,42 @@ mod tests {
     }
 
     #[test]
+    fn a_turn_reads_its_history_back_as_one_prefix() {
+        let verdicts = Verdicts::default();
+        let memo = verdicts.of("acme");
+        let p = policy(Mode::Monitor, Mode::Monitor);
+        let mut history: Vec<String> = vec![MAIL.into(), SECRET.into()];
+        history.extend((0..40).map(|i| format!("message {i}")));
+        let texts = |n: usize| history[..n].iter().map(String::as_str).collect::<Vec<_>>();
+        p.check_request(&request(&texts(40)), Some(&memo));
+        assert_eq!(memo.len(), 41 + 1, "each unit, and the request as one prefix");
+        let lookups = memo.lookups();
+        let next = p.check_request(&request(&texts(42)), Some(&memo));
+        assert_eq!(memo.lookups() - lookups, 3 + 2, "two prefixes tried, then the two new units");
+        assert_eq!(next.flagged, vec!["pii_detection", "secrets_detection"], "the prefix's findings count");
+        assert_eq!(verdicts.counts.scanned.load(Ordering::Relaxed), 41 + 2);
+        assert_eq!(verdicts.counts.reused.load(Ordering::Relaxed), 41);
+        assert_eq!(next, p.check_request(&request(&texts(42)), None));
+
+        // an edit before the end: no prefix is remembered, each unit is read back on its own
+        let mut edited = texts(42);
+        edited[5] = "an edited message";
+        let lookups = memo.lookups();
+        p.check_request(&request(&edited), Some(&memo));
+        assert_eq!(memo.lookups() - lookups, 17 + 43, "the window's prefixes, then every unit");
+        assert_eq!(verdicts.counts.scanned.load(Ordering::Relaxed), 41 + 2 + 1, "only the edited one is new");
+
+        // the same request again: its whole is a prefix
+        let lookups = memo.lookups();
+        assert_eq!(p.check_request(&request(&edited), Some(&memo)), p.check_request(&request(&edited), None));
+        assert_eq!(memo.lookups() - lookups, 1);
+
+        // detectors switched off: another prefix, another verdict
+        let off = policy(Mode::Monitor, Mode::Off);
+        assert_eq!(off.check_request(&request(&texts(42)), Some(&memo)).flagged, vec!["pii_detection"]);
+    }
+
+    #[test]
     fn detectors_switched_on_rescan_and_modes_apply_at_once() {
         let verdicts = Verdicts::default();
         let memo = verdicts.of("acme");
@@ -361,7 +473,58 @@ mod tests {
         prop::collection::vec(piece, 0..12)
     }
 
+    /// What a session does to its history between two turns.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// An agent's turn: the same history and these after it.
+        Append(Vec<String>),
+        /// The history cut after this many (as compaction or a rewind does).
+        Truncate(usize),
+        /// One message rewritten.
+        Edit(usize, String),
+        /// The detectors or modes changed (an index into the modes).
+        Policy(u8),
+    }
+
+    fn steps() -> impl Strategy<Value = Vec<Step>> {
+        let step = prop_oneof![
+            4 => texts().prop_map(Step::Append),
+            1 => (0usize..40).prop_map(Step::Truncate),
+            1 => (0usize..40, "[a-z @.0-9-]{0,40}").prop_map(|(at, text)| Step::Edit(at, text)),
+            1 => (0u8..16).prop_map(Step::Policy),
+        ];
+        prop::collection::vec(step, 1..24)
+    }
+
     proptest! {
+        /// One session's turns, the history appended to, cut and edited, the policy changed:
+        /// every verdict read with the memo (whole prefixes, units, both) is a fresh scan's.
+        #[test]
+        fn a_session_read_back_by_prefixes_is_judged_as_fresh(steps in steps()) {
+            let verdicts = Verdicts::default();
+            let memo = verdicts.of("acme");
+            let modes = [Mode::Off, Mode::Monitor, Mode::Block, Mode::Warn];
+            let mut history: Vec<String> = Vec::new();
+            let mut p = policy(Mode::Monitor, Mode::Monitor);
+            for step in steps {
+                match step {
+                    Step::Append(texts) => history.extend(texts),
+                    Step::Truncate(len) => history.truncate(len),
+                    Step::Edit(at, text) => {
+                        if let Some(said) = history.get_mut(at) {
+                            *said = text;
+                        }
+                    }
+                    Step::Policy(which) => {
+                        p = policy(modes[usize::from(which % 4)], modes[usize::from(which / 4)]);
+                    }
+                }
+                let texts: Vec<&str> = history.iter().map(String::as_str).collect();
+                let req = request(&texts);
+                prop_assert_eq!(p.check_request(&req, Some(&memo)), p.check_request(&req, None));
+            }
+        }
+
         /// Whatever the sessions before, a memo's verdict is the verdict of a fresh scan.
         #[test]
         fn remembered_verdicts_equal_fresh_ones(turns in prop::collection::vec((texts(), 0u8..4), 1..8)) {
