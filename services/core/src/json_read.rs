@@ -246,23 +246,20 @@ pub fn checked<E: serde::de::Error>(
 /// EPYC), the hash of their text is a tenth of that. Only passes are kept, so what is refused
 /// is refused every time, and a text at another depth is walked again. Kept per tenant (with
 /// its guardrail memo, [`crate::verdicts::Memo::schemas`]) so that one tenant's requests never
-/// run faster for what another sent; the hash is xxh3-128 under a secret drawn for the memo, so
+/// run faster for what another sent; the hash is [`crate::keyed_hash`]'s under a key drawn for the memo, so
 /// no caller can aim a text at another's entry. Bounded as the guardrail memo is: two
 /// generations of [`SCHEMA_GENERATION`] entries.
 pub struct CheckedSchemas {
-    secret: Box<[u8; SCHEMA_SECRET_BYTES]>,
+    key: crate::keyed_hash::HashKey,
     generations: parking_lot::Mutex<[HashSet<(u128, u8)>; 2]>,
 }
 
 /// Schema texts per generation: ~40 agents' tool sets of two dozen tools each.
 pub const SCHEMA_GENERATION: usize = 1024;
-const SCHEMA_SECRET_BYTES: usize = 192;
 
 impl Default for CheckedSchemas {
     fn default() -> Self {
-        let mut secret = Box::new([0u8; SCHEMA_SECRET_BYTES]);
-        rand::fill(&mut secret[..]);
-        CheckedSchemas { secret, generations: parking_lot::Mutex::default() }
+        CheckedSchemas { key: crate::keyed_hash::HashKey::random(), generations: parking_lot::Mutex::default() }
     }
 }
 
@@ -274,7 +271,7 @@ impl std::fmt::Debug for CheckedSchemas {
 
 impl CheckedSchemas {
     fn key(&self, text: &str, remaining: u8) -> (u128, u8) {
-        (xxhash_rust::xxh3::xxh3_128_with_secret(text.as_bytes(), &self.secret[..]), remaining)
+        (self.key.hash(text.as_bytes()), remaining)
     }
 
     fn contains(&self, key: (u128, u8)) -> bool {

@@ -19,6 +19,7 @@ pub mod guardrails;
 pub mod json_read;
 pub mod json_write;
 pub mod key_access;
+pub mod keyed_hash;
 pub mod keys;
 pub mod limits;
 pub mod money;

@@ -5,10 +5,9 @@
 //! its length, not with its square.
 //!
 //! What is kept: a 128-bit hash and the findings (kind → count), never the text. Memos are per
-//! tenant and never consulted for another. The hash is xxh3-128 under a 192-byte secret drawn
-//! per process and never shown, so a caller cannot aim a text at another text's entry; the
-//! modes are not
-//! in the key because they do not change what is found, only what a finding does, so a mode
+//! tenant and never consulted for another. The hash is [`crate::keyed_hash`]'s, under a key
+//! drawn per process and never shown, so a caller cannot aim a text at another text's entry;
+//! the modes are not in the key because they do not change what is found, only what a finding does, so a mode
 //! change takes effect on the next request without a rescan, and a detector switched on or off
 //! (or a new detector revision) keys every text afresh.
 //!
@@ -32,11 +31,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
-use xxhash_rust::xxh3::{Xxh3, xxh3_128_with_secret};
 
 use crate::exchange::{Part, Request};
 use crate::guardrails::{GuardrailPolicy, Scanned};
 use crate::json_read::CheckedSchemas;
+use crate::keyed_hash::HashKey;
 
 /// Entries per generation per tenant: 80 agent sessions of 200 messages each fit in one. An
 /// entry is a 16-byte hash and a pointer (null for the clean texts that nearly all are), so a
@@ -108,16 +107,14 @@ pub struct Counts {
 /// Every tenant's memo.
 #[derive(Debug)]
 pub struct Verdicts {
-    secret: Arc<Secret>,
+    key: Arc<HashKey>,
     tenants: RwLock<HashMap<String, Arc<Memo>>>,
     pub counts: Arc<Counts>,
 }
 
 impl Default for Verdicts {
     fn default() -> Self {
-        let mut secret = [0u8; SECRET_BYTES];
-        rand::fill(&mut secret[..]);
-        Verdicts { secret: Arc::new(Secret(secret)), tenants: RwLock::default(), counts: Arc::default() }
+        Verdicts { key: Arc::new(HashKey::random()), tenants: RwLock::default(), counts: Arc::default() }
     }
 }
 
@@ -132,7 +129,7 @@ impl Verdicts {
             .entry(tenant.to_string())
             .or_insert_with(|| {
                 Arc::new(Memo {
-                    secret: self.secret.clone(),
+                    key: self.key.clone(),
                     generations: Mutex::default(),
                     counts: self.counts.clone(),
                     schemas: CheckedSchemas::default(),
@@ -145,21 +142,10 @@ impl Verdicts {
 /// One tenant's remembered findings.
 #[derive(Debug)]
 pub struct Memo {
-    secret: Arc<Secret>,
+    key: Arc<HashKey>,
     generations: Mutex<Generations>,
     counts: Arc<Counts>,
     schemas: CheckedSchemas,
-}
-
-const SECRET_BYTES: usize = 192;
-
-/// The hash's key; never printed.
-struct Secret([u8; SECRET_BYTES]);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(..)")
-    }
 }
 
 /// Findings, or `None` for a text the detectors found nothing in (nearly all: one pointer).
@@ -276,7 +262,7 @@ impl Memo {
     /// order, under the detectors and revision each unit's key carries.
     fn prefix_keys(&self, keys: &[u128]) -> Vec<(usize, u128)> {
         let shortest = keys.len().saturating_sub(PREFIX_WINDOW).max(1);
-        let mut hasher = Xxh3::with_secret(self.secret.0);
+        let mut hasher = self.key.hasher();
         let mut prefixes = Vec::with_capacity(keys.len() + 1 - shortest.min(keys.len()));
         for (at, key) in keys.iter().enumerate() {
             hasher.update(&key.to_le_bytes());
@@ -307,9 +293,9 @@ impl Memo {
     /// for the single-part units nearly all are.
     fn key(&self, detectors: u8, unit: &Unit<'_>) -> u128 {
         let text = match unit {
-            Unit::One(one) => xxh3_128_with_secret(one.as_bytes(), &self.secret.0),
+            Unit::One(one) => self.key.hash(one.as_bytes()),
             Unit::Parts(parts) => {
-                let mut hasher = Xxh3::with_secret(self.secret.0);
+                let mut hasher = self.key.hasher();
                 for part in parts {
                     hasher.update(part.as_bytes());
                 }
