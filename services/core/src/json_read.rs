@@ -246,9 +246,9 @@ pub fn checked<E: serde::de::Error>(
 /// EPYC), the hash of their text is a tenth of that. Only passes are kept, so what is refused
 /// is refused every time, and a text at another depth is walked again. Kept per tenant (with
 /// its guardrail memo, [`crate::verdicts::Memo::schemas`]) so that one tenant's requests never
-/// run faster for what another sent; the hash is [`crate::keyed_hash`]'s under a key drawn for the memo, so
-/// no caller can aim a text at another's entry. Bounded as the guardrail memo is: two
-/// generations of [`SCHEMA_GENERATION`] entries.
+/// run faster for what another sent; the hash is [`crate::keyed_hash`]'s under a key drawn for
+/// the memo, so no caller can aim a text at another's entry. Bounded as the guardrail memo is:
+/// two generations of [`SCHEMA_GENERATION`] entries.
 pub struct CheckedSchemas {
     key: crate::keyed_hash::HashKey,
     generations: parking_lot::Mutex<[HashSet<(u128, u8)>; 2]>,

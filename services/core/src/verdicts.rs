@@ -7,9 +7,9 @@
 //! What is kept: a 128-bit hash and the findings (kind → count), never the text. Memos are per
 //! tenant and never consulted for another. The hash is [`crate::keyed_hash`]'s, under a key
 //! drawn per process and never shown, so a caller cannot aim a text at another text's entry;
-//! the modes are not in the key because they do not change what is found, only what a finding does, so a mode
-//! change takes effect on the next request without a rescan, and a detector switched on or off
-//! (or a new detector revision) keys every text afresh.
+//! the modes are not in the key because they do not change what is found, only what a
+//! finding does, so a mode change takes effect on the next request without a rescan, and a
+//! detector switched on or off (or a new detector revision) keys every text afresh.
 //!
 //! A request's units are also remembered as one: the keyed hash of its units' keys in order (a
 //! *prefix* of the next turn's units) with the findings summed over them. An agent's next turn

@@ -98,12 +98,9 @@ fn unix_now() -> u64 {
 
 impl ClientWire for OpenAiWire {
     fn chunk(&mut self, chunk: Chunk, head: &StreamHead<'_>, usage: TokenUsage) -> Option<Bytes> {
-        if let Some(mut native) = chunk.openai {
-            if let Some(object) = native.as_object_mut() {
-                object.insert("model".into(), Value::String(head.model.to_string()));
-            }
+        if let Some(native) = chunk.openai {
             self.started = true;
-            return Some(Bytes::from(event(&native)));
+            return Some(Bytes::from(native.event(head.model)));
         }
         let mut out = Vec::new();
         if let Some(typed) = self.typed(&chunk.deltas, head) {
@@ -180,7 +177,11 @@ mod tests {
     fn an_openai_targets_chunk_goes_out_as_sent_with_the_model_set() {
         let mut wire = OpenAiWire::new(false);
         let native = json!({"id": "c", "model": "up", "choices": [{"index": 0, "delta": {"content": "x"}, "logprobs": {"content": []}}]});
-        let chunk = Chunk { deltas: vec![Delta::Text("x".into())], usage: false, openai: Some(native) };
+        let chunk = Chunk {
+            deltas: vec![Delta::Text("x".into())],
+            usage: false,
+            openai: Some(crate::provider::NativeChunk::Tree(native)),
+        };
         let out = data(&wire.chunk(chunk, &StreamHead { id: "c", model: "gpt-x" }, TokenUsage::default()).unwrap());
         assert_eq!(out[0]["model"], "gpt-x");
         assert_eq!(out[0]["choices"][0]["logprobs"], json!({"content": []}), "fields the typed model lacks are kept");

@@ -24,7 +24,7 @@ mod gemini;
 mod openai;
 mod vertex;
 
-pub use openai::OpenAiAnswer;
+pub use openai::{NativeChunk, OpenAiAnswer};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
@@ -71,7 +71,7 @@ pub struct Chunk {
     /// The event carried a usage report (read into the decoder's [`StreamDecoder::usage`]).
     pub usage: bool,
     /// The `chat.completion.chunk` as an OpenAI-flavour target sent it.
-    pub openai: Option<Value>,
+    pub openai: Option<NativeChunk>,
 }
 
 impl Chunk {

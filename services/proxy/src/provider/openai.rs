@@ -3,18 +3,19 @@
 //! fly); answers and stream chunks are read into the typed answer and deltas, and kept as sent
 //! for OpenAI-shaped callers ([`completion`]).
 
+mod chunk;
 mod completion;
 mod request;
 
 use http::header::HeaderMap;
 use serde_json::Value;
-use shield_core::exchange::Delta;
 use shield_core::outcome::{classify_error_event, classify_status};
 use shield_core::spliced::Spliced;
 use shield_core::target::{Flavor, Target};
 use shield_core::usage::TokenUsage;
 use url::Url;
 
+pub use chunk::NativeChunk;
 pub use completion::OpenAiAnswer;
 
 use super::{Answer, Chunk, Completion, Decoded, Native, Provider, StreamDecoder, join, reset_hint};
@@ -116,61 +117,26 @@ struct Decoder {
     id: String,
 }
 
-/// A chunk's typed deltas: every choice's text, tool-call openings and argument pieces, and
-/// its finish reason.
-fn deltas_of(chunk: &Value) -> Vec<Delta> {
-    let mut deltas = Vec::new();
-    for choice in chunk.get("choices").and_then(Value::as_array).into_iter().flatten() {
-        let delta = choice.get("delta");
-        if let Some(text) = delta.and_then(|d| d.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty()) {
-            deltas.push(Delta::Text(text.to_string()));
-        }
-        for call in delta.and_then(|d| d.get("tool_calls")).and_then(Value::as_array).into_iter().flatten() {
-            let index = call.get("index").and_then(Value::as_u64).unwrap_or(0) as u32;
-            let function = call.get("function");
-            let id = call.get("id").and_then(Value::as_str);
-            let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
-            if id.is_some() || name.is_some() {
-                let (id, name) = (id.unwrap_or_default().to_string(), name.unwrap_or_default().to_string());
-                deltas.push(Delta::ToolCall { index, id, name });
-            }
-            let arguments = function.and_then(|f| f.get("arguments")).and_then(Value::as_str);
-            if let Some(json) = arguments.filter(|a| !a.is_empty()) {
-                deltas.push(Delta::ToolArguments { index, json: json.to_string() });
-            }
-        }
-        if let Some(finish) = choice.get("finish_reason").and_then(Value::as_str) {
-            deltas.push(Delta::Stop(completion::stop_of(finish)));
-        }
-    }
-    deltas
-}
-
 impl StreamDecoder for Decoder {
     fn decode(&mut self, _event: &str, data: &str, out: &mut Vec<Chunk>) -> Decoded {
         if data.trim() == "[DONE]" {
             return Decoded::Done;
         }
-        match serde_json::from_str::<Value>(data) {
-            Ok(chunk) if chunk.get("error").is_some() => {
-                Decoded::Error(classify_error_event(data.as_bytes()), data.as_bytes().to_vec())
-            }
-            Ok(chunk @ Value::Object(_)) => {
-                let reported = chunk.get("usage").filter(|u| !u.is_null()).and_then(usage_of);
-                if reported.is_some() {
-                    self.usage = reported;
+        match chunk::read(data) {
+            chunk::Read::Error => Decoded::Error(classify_error_event(data.as_bytes()), data.as_bytes().to_vec()),
+            chunk::Read::Chunk(read) => {
+                if read.reported.is_some() {
+                    self.usage = read.reported;
                 }
                 if self.id.is_empty()
-                    && let Some(id) = chunk.get("id").and_then(Value::as_str)
+                    && let Some(id) = read.id
                 {
-                    self.id = id.to_string();
+                    self.id = id;
                 }
-                // A usage report Shield cannot read is still one (never relayed unasked).
-                let usage = chunk.get("usage").is_some_and(|u| !u.is_null());
-                out.push(Chunk { deltas: deltas_of(&chunk), usage, openai: Some(chunk) });
+                out.push(Chunk { deltas: read.deltas, usage: read.usage, openai: Some(read.native) });
                 Decoded::Continue
             }
-            _ => Decoded::Malformed,
+            chunk::Read::Malformed => Decoded::Malformed,
         }
     }
 
@@ -191,6 +157,7 @@ impl StreamDecoder for Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shield_core::exchange::Delta;
     use shield_core::outcome::Class;
 
     /// A stream's error event, classified.

@@ -64,7 +64,7 @@ struct View<'a> {
 /// this parse, and such an answer takes the general path (which reads it the same way, as no
 /// usage).
 #[derive(Deserialize)]
-struct UsageView {
+pub(super) struct UsageView {
     #[serde(default)]
     prompt_tokens: Option<u64>,
     #[serde(default)]
@@ -84,7 +84,7 @@ struct DetailsView {
 }
 
 impl UsageView {
-    fn tokens(&self) -> Option<TokenUsage> {
+    pub(super) fn tokens(&self) -> Option<TokenUsage> {
         let cache_read = self.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens).unwrap_or(0);
         let reasoning = self.completion_tokens_details.as_ref().and_then(|d| d.reasoning_tokens).unwrap_or(0);
         Some(TokenUsage {
