@@ -4,8 +4,12 @@
 //! the assistant's calls; thinking and parts only their own shape carries have no place here
 //! and are left out.
 
+use std::borrow::Cow;
+use std::ops::Range;
+
 use serde_json::{Map, Value, json};
 use shield_core::exchange::{self, Format, Image, Message, Part, Role, ToolChoice};
+use shield_core::json_write::push_str;
 
 /// How one target takes the request.
 pub struct Rendering<'a> {
@@ -23,34 +27,10 @@ pub struct Rendering<'a> {
 
 /// The body for one target.
 pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
-    let mut messages = Vec::with_capacity(request.messages.len() + 1);
-    let system = request.system.iter().filter(|part| !part.is_empty()).cloned().collect::<Vec<_>>();
-    if !system.is_empty() {
-        messages.push(json!({"role": "system", "content": system.join("\n")}));
-    }
-    // A system message between an assistant's tool calls and their results waits until the
-    // results are given: OpenAI wants `tool` messages right after the calls.
-    let mut awaiting_results = false;
-    let mut held: Vec<Value> = Vec::new();
-    for message in &request.messages {
-        match message.role {
-            Role::System if awaiting_results => held.push(system_message(message)),
-            Role::User => {
-                render_user(message, &mut messages, &mut held);
-                awaiting_results = false;
-            }
-            _ => {
-                render_message(message, &mut messages);
-                awaiting_results = message.role == Role::Assistant
-                    && message.content.iter().any(|p| matches!(p, Part::ToolUse { .. }));
-            }
-        }
-    }
-    messages.append(&mut held);
+    let messages = messages(request);
     let (model, ask_usage, added, extra) = (target.model, target.ask_usage, target.added, target.extra);
     let mut body = Map::new();
     body.insert("model".into(), json!(model));
-    body.insert("messages".into(), Value::Array(messages));
     if let Some(max_tokens) = request.max_tokens {
         let field = if target.reasoning { "max_completion_tokens" } else { "max_tokens" };
         body.insert(field.into(), json!(max_tokens));
@@ -104,10 +84,14 @@ pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
     for (key, value) in extra.into_iter().flatten() {
         body.insert(key.clone(), value.clone());
     }
-    if request.tools.is_empty() {
-        return shield_core::json_write::map_to_vec(&body);
-    }
-    shield_core::json_write::map_to_vec_with(&body, &[("tools", &tools(&request.tools))])
+    // A target's `extra_body` may name `messages` or `tools`: its value stands, as it did when
+    // they were entries of the map.
+    let tools = (!request.tools.is_empty()).then(|| tools(&request.tools));
+    let raw: Vec<(&str, &[u8])> = [("messages", Some(messages.as_slice())), ("tools", tools.as_deref())]
+        .into_iter()
+        .filter_map(|(key, text)| Some((key, text?)))
+        .collect();
+    shield_core::json_write::map_to_vec_with(&body, &raw)
 }
 
 /// `tools` as JSON text, each schema as the caller sent it (not read as a tree and written
@@ -134,80 +118,331 @@ fn texts(content: &[Part], separator: &str) -> String {
         .join(separator)
 }
 
-fn system_message(message: &Message) -> Value {
-    json!({"role": "system", "content": texts(&message.content, "\n")})
-}
-
-/// A user turn: its tool results as `tool` messages, then any held system messages, then the
-/// rest of the turn.
-fn render_user(message: &Message, out: &mut Vec<Value>, held: &mut Vec<Value>) {
-    let mut rest = Vec::new();
-    render_message(message, &mut rest);
-    let (results, turn): (Vec<Value>, Vec<Value>) = rest.into_iter().partition(|m| m["role"] == "tool");
-    out.extend(results);
-    out.append(held);
-    out.extend(turn);
-}
-
-fn render_message(message: &Message, out: &mut Vec<Value>) {
-    match message.role {
-        Role::System => out.push(system_message(message)),
-        Role::Assistant => {
-            let text = texts(&message.content, "");
-            let calls: Vec<Value> = message
-                .content
-                .iter()
-                .filter_map(|part| match part {
-                    Part::ToolUse { id, name, input } => {
-                        Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": input}}))
-                    }
-                    _ => None,
-                })
-                .collect();
-            let content = if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) };
-            let mut rendered = json!({"role": "assistant", "content": content});
-            if !calls.is_empty() {
-                crate::json::set(&mut rendered, &["tool_calls"], Value::Array(calls));
+/// The request's messages as a JSON array, each written straight from the typed request: a
+/// converted agent history is ~150 KB, most of it tool output, which a tree of `Value`s copied
+/// once more, in thousands of allocations, and then freed (issue 33). The order is the tree's:
+/// the top-level system prompt first, a user turn's tool results before the rest of it, and a
+/// system message between an assistant's tool calls and their results after the results
+/// (OpenAI wants `tool` messages right after the calls).
+fn messages(request: &exchange::Request) -> Vec<u8> {
+    let size = request.prompt_chars() + 96 * (request.messages.len() + 1);
+    let mut written = Written { text: Vec::with_capacity(size + size / 16), order: Vec::new() };
+    let system = request.system.iter().filter(|part| !part.is_empty()).map(String::as_str).collect::<Vec<_>>();
+    if !system.is_empty() {
+        let rendered = written.system(&system.join("\n"));
+        written.order.push(rendered);
+    }
+    let mut awaiting_results = false;
+    let mut held = Vec::new();
+    for message in &request.messages {
+        match message.role {
+            Role::System if awaiting_results => held.push(written.system(&texts(&message.content, "\n"))),
+            Role::System => {
+                let rendered = written.system(&texts(&message.content, "\n"));
+                written.order.push(rendered);
             }
-            out.push(rendered);
-        }
-        Role::User => {
-            let mut parts = Vec::new();
-            for part in &message.content {
-                match part {
-                    Part::ToolResult { id, content, .. } => {
-                        out.push(json!({"role": "tool", "tool_call_id": id, "content": content}))
-                    }
-                    Part::Text(text) => parts.push(json!({"type": "text", "text": text})),
-                    Part::Image(image) => {
-                        let url = match image {
-                            Image::Url(url) => url.clone(),
-                            Image::Base64 { media_type, data } => format!("data:{media_type};base64,{data}"),
-                        };
-                        parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
-                    }
-                    _ => {}
-                }
+            Role::User => {
+                written.user(message, &mut held);
+                awaiting_results = false;
             }
-            let only_tool_results =
-                parts.is_empty() && message.content.iter().all(|p| matches!(p, Part::ToolResult { .. }));
-            if only_tool_results && !message.content.is_empty() {
-                return;
+            Role::Assistant => {
+                let rendered = written.assistant(message);
+                written.order.push(rendered);
+                awaiting_results = message_calls_tools(message);
             }
-            let content = if parts.iter().all(|p| p["type"] == "text") {
-                Value::String(texts(&message.content, "\n"))
-            } else {
-                Value::Array(parts)
-            };
-            out.push(json!({"role": "user", "content": content}));
         }
     }
+    written.order.append(&mut held);
+    written.array()
+}
+
+fn message_calls_tools(message: &Message) -> bool {
+    message.content.iter().any(|p| matches!(p, Part::ToolUse { .. }))
+}
+
+/// Messages written one after another, and the order they go in.
+struct Written {
+    text: Vec<u8>,
+    order: Vec<Range<usize>>,
+}
+
+impl Written {
+    /// Writes one message with `write`; where it stands in `text`.
+    fn one(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Range<usize> {
+        let start = self.text.len();
+        write(&mut self.text);
+        start..self.text.len()
+    }
+
+    fn system(&mut self, content: &str) -> Range<usize> {
+        self.one(|out| {
+            out.extend_from_slice(br#"{"role":"system","content":"#);
+            push_str(out, content);
+            out.push(b'}');
+        })
+    }
+
+    /// An assistant turn: its text (`null` when it only calls tools), then its tool calls.
+    fn assistant(&mut self, message: &Message) -> Range<usize> {
+        let text = texts(&message.content, "");
+        let calls_tools = message_calls_tools(message);
+        self.one(|out| {
+            out.extend_from_slice(br#"{"role":"assistant","content":"#);
+            if text.is_empty() && calls_tools {
+                out.extend_from_slice(b"null");
+            } else {
+                push_str(out, &text);
+            }
+            if calls_tools {
+                out.extend_from_slice(br#","tool_calls":["#);
+                let calls = message.content.iter().filter_map(|part| match part {
+                    Part::ToolUse { id, name, input } => Some((id, name, input)),
+                    _ => None,
+                });
+                for (i, (id, name, input)) in calls.enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(br#"{"id":"#);
+                    push_str(out, id);
+                    out.extend_from_slice(br#","type":"function","function":{"name":"#);
+                    push_str(out, name);
+                    out.extend_from_slice(br#","arguments":"#);
+                    push_str(out, input);
+                    out.extend_from_slice(b"}}");
+                }
+                out.push(b']');
+            }
+            out.push(b'}');
+        })
+    }
+
+    /// A user turn: its tool results as `tool` messages, then the held system messages, then
+    /// the rest of the turn (none when the turn was only tool results).
+    fn user(&mut self, message: &Message, held: &mut Vec<Range<usize>>) {
+        for part in &message.content {
+            if let Part::ToolResult { id, content, .. } = part {
+                let result = self.one(|out| {
+                    out.extend_from_slice(br#"{"role":"tool","tool_call_id":"#);
+                    push_str(out, id);
+                    out.extend_from_slice(br#","content":"#);
+                    push_str(out, content);
+                    out.push(b'}');
+                });
+                self.order.push(result);
+            }
+        }
+        self.order.append(held);
+        let only_tool_results = message.content.iter().all(|p| matches!(p, Part::ToolResult { .. }));
+        if only_tool_results && !message.content.is_empty() {
+            return;
+        }
+        let images = message.content.iter().any(|p| matches!(p, Part::Image(_)));
+        let turn = self.one(|out| {
+            out.extend_from_slice(br#"{"role":"user","content":"#);
+            if images {
+                user_parts(out, &message.content);
+            } else {
+                push_str(out, &texts(&message.content, "\n"));
+            }
+            out.push(b'}');
+        });
+        self.order.push(turn);
+    }
+
+    /// `[` the messages in their order `]`.
+    fn array(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.text.len() + self.order.len() + 2);
+        out.push(b'[');
+        for (i, message) in self.order.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(self.text.get(message.clone()).unwrap_or_default());
+        }
+        out.push(b']');
+        out
+    }
+}
+
+/// A user turn with images: its text and image parts, in order.
+fn user_parts(out: &mut Vec<u8>, content: &[Part]) {
+    out.push(b'[');
+    let mut first = true;
+    for part in content {
+        let (head, text): (&[u8], Cow<'_, str>) = match part {
+            Part::Text(text) => (br#"{"type":"text","text":"#, Cow::Borrowed(text)),
+            Part::Image(Image::Url(url)) => (br#"{"type":"image_url","image_url":{"url":"#, Cow::Borrowed(url)),
+            Part::Image(Image::Base64 { media_type, data }) => {
+                (br#"{"type":"image_url","image_url":{"url":"#, Cow::Owned(format!("data:{media_type};base64,{data}")))
+            }
+            _ => continue,
+        };
+        if !std::mem::take(&mut first) {
+            out.push(b',');
+        }
+        out.extend_from_slice(head);
+        push_str(out, &text);
+        out.extend_from_slice(if matches!(part, Part::Image(_)) { b"}}" } else { b"}" });
+    }
+    out.push(b']');
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use shield_core::exchange::Request;
+
+    /// The messages as a tree of values, as they were rendered before they were written
+    /// directly: the oracle the writer is held to.
+    mod tree {
+        use super::super::texts;
+        use serde_json::{Value, json};
+        use shield_core::exchange::{self, Image, Message, Part, Role};
+
+        pub fn messages(request: &exchange::Request) -> Value {
+            let mut messages = Vec::new();
+            let system = request.system.iter().filter(|part| !part.is_empty()).cloned().collect::<Vec<_>>();
+            if !system.is_empty() {
+                messages.push(json!({"role": "system", "content": system.join("\n")}));
+            }
+            let mut awaiting_results = false;
+            let mut held: Vec<Value> = Vec::new();
+            for message in &request.messages {
+                match message.role {
+                    Role::System if awaiting_results => held.push(system_message(message)),
+                    Role::User => {
+                        let mut rest = Vec::new();
+                        render_message(message, &mut rest);
+                        let (results, turn): (Vec<Value>, Vec<Value>) =
+                            rest.into_iter().partition(|m| m["role"] == "tool");
+                        messages.extend(results);
+                        messages.append(&mut held);
+                        messages.extend(turn);
+                        awaiting_results = false;
+                    }
+                    _ => {
+                        render_message(message, &mut messages);
+                        awaiting_results = message.role == Role::Assistant
+                            && message.content.iter().any(|p| matches!(p, Part::ToolUse { .. }));
+                    }
+                }
+            }
+            messages.append(&mut held);
+            Value::Array(messages)
+        }
+
+        fn system_message(message: &Message) -> Value {
+            json!({"role": "system", "content": texts(&message.content, "\n")})
+        }
+
+        fn render_message(message: &Message, out: &mut Vec<Value>) {
+            match message.role {
+                Role::System => out.push(system_message(message)),
+                Role::Assistant => {
+                    let text = texts(&message.content, "");
+                    let calls: Vec<Value> = message
+                        .content
+                        .iter()
+                        .filter_map(|part| match part {
+                            Part::ToolUse { id, name, input } => Some(
+                                json!({"id": id, "type": "function", "function": {"name": name, "arguments": input}}),
+                            ),
+                            _ => None,
+                        })
+                        .collect();
+                    let content = if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) };
+                    let mut rendered = json!({"role": "assistant", "content": content});
+                    if !calls.is_empty() {
+                        rendered["tool_calls"] = Value::Array(calls);
+                    }
+                    out.push(rendered);
+                }
+                Role::User => {
+                    let mut parts = Vec::new();
+                    for part in &message.content {
+                        match part {
+                            Part::ToolResult { id, content, .. } => {
+                                out.push(json!({"role": "tool", "tool_call_id": id, "content": content}))
+                            }
+                            Part::Text(text) => parts.push(json!({"type": "text", "text": text})),
+                            Part::Image(image) => {
+                                let url = match image {
+                                    Image::Url(url) => url.clone(),
+                                    Image::Base64 { media_type, data } => format!("data:{media_type};base64,{data}"),
+                                };
+                                parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+                            }
+                            _ => {}
+                        }
+                    }
+                    let only_tool_results =
+                        parts.is_empty() && message.content.iter().all(|p| matches!(p, Part::ToolResult { .. }));
+                    if only_tool_results && !message.content.is_empty() {
+                        return;
+                    }
+                    let content = if parts.iter().all(|p| p["type"] == "text") {
+                        Value::String(texts(&message.content, "\n"))
+                    } else {
+                        Value::Array(parts)
+                    };
+                    out.push(json!({"role": "user", "content": content}));
+                }
+            }
+        }
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof!["\\PC{0,10}", Just("line\nbreak \"quoted\" \\ \u{1} é 🙂".to_string()), Just(String::new())]
+    }
+
+    fn part() -> impl Strategy<Value = Part> {
+        prop_oneof![
+            3 => text().prop_map(Part::Text),
+            1 => text().prop_map(|url| Part::Image(Image::Url(url))),
+            1 => (text(), text()).prop_map(|(media_type, data)| Part::Image(Image::Base64 { media_type, data })),
+            2 => (text(), text(), text()).prop_map(|(id, name, input)| Part::ToolUse { id, name, input }),
+            2 => (text(), text()).prop_map(|(id, content)| Part::ToolResult { id, content, is_error: false }),
+            1 => text().prop_map(|thinking| Part::Thinking { thinking, signature: String::new() }),
+            1 => (text(), text()).prop_map(|(kind, text)| Part::Opaque { kind, text }),
+        ]
+    }
+
+    fn history() -> impl Strategy<Value = Request> {
+        let role = prop_oneof![Just(Role::System), Just(Role::User), Just(Role::Assistant)];
+        let message = (role, prop::collection::vec(part(), 0..4)).prop_map(|(role, content)| Message { role, content });
+        (prop::collection::vec(text(), 0..3), prop::collection::vec(message, 0..8))
+            .prop_map(|(system, messages)| Request { system, messages, ..Request::default() })
+    }
+
+    proptest! {
+        /// Written directly, the messages are the tree's: the same values in the same order.
+        #[test]
+        fn messages_written_as_the_tree_renders_them(request in history()) {
+            let written: Value = serde_json::from_slice(&messages(&request)).expect("a JSON array");
+            prop_assert_eq!(written, tree::messages(&request));
+            let target = Rendering { model: "m", ask_usage: false, reasoning: false, added: &[], extra: None };
+            let body: Value = serde_json::from_slice(&render(&request, target)).expect("a JSON object");
+            prop_assert_eq!(&body["messages"], &tree::messages(&request));
+            prop_assert_eq!(&body["model"], "m");
+        }
+    }
+
+    #[test]
+    fn a_targets_extra_body_still_stands_over_the_messages() {
+        let request = Request {
+            messages: vec![Message { role: Role::User, content: vec![Part::Text("hi".into())] }],
+            ..Request::default()
+        };
+        let Value::Object(extra) = json!({"messages": [{"role": "user", "content": "fixed"}], "seed": 7}) else {
+            panic!()
+        };
+        let target = Rendering { model: "m", ask_usage: false, reasoning: false, added: &[], extra: Some(&extra) };
+        let body: Value = serde_json::from_slice(&render(&request, target)).unwrap();
+        assert_eq!(body["messages"], json!([{"role": "user", "content": "fixed"}]));
+        assert_eq!(body["seed"], 7);
+    }
 
     #[test]
     fn a_system_message_between_tool_calls_and_their_results_follows_the_results() {
