@@ -11,7 +11,13 @@
 //!   (a field of an unexpected type, a duplicate key, no `model`, or a line break in the data,
 //!   which could not be written back as one `data:` line).
 //!
-//! Either way the deltas, usage and id are the same; the tests below hold both to it.
+//! Either way the deltas, usage and id are the same; the tests below hold both to it. Nested
+//! objects are read as objects only ([`super::Obj`]), and a text with a surrogate escape goes
+//! the tree's way ([`super::has_surrogate_escape`]). What the borrowed reading still takes that
+//! the tree refuses is grammatical JSON in fields Shield does not read: a number beyond `f64`
+//! (`"created":1e400`) or nesting past serde_json's 128 levels. Such a chunk is relayed as the
+//! upstream wrote it, as a proxy that does not read it would, where the tree reading dropped it
+//! as malformed.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -22,6 +28,7 @@ use serde_json::value::RawValue;
 use shield_core::exchange::Delta;
 use shield_core::usage::TokenUsage;
 
+use super::Obj;
 use super::completion::{UsageView, stop_of};
 
 /// A chunk as the upstream sent it, for a caller of its shape.
@@ -168,9 +175,9 @@ struct View<'a> {
     #[serde(borrow, default)]
     id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    choices: Option<Vec<ChoiceView<'a>>>,
+    choices: Option<Vec<Obj<ChoiceView<'a>>>>,
     #[serde(default)]
-    usage: Option<UsageView>,
+    usage: Option<Obj<UsageView>>,
     /// Present (even as `null`): the provider's error, which the tree reading classifies.
     #[serde(default, deserialize_with = "present")]
     error: bool,
@@ -179,7 +186,7 @@ struct View<'a> {
 #[derive(Deserialize)]
 struct ChoiceView<'a> {
     #[serde(borrow, default)]
-    delta: Option<DeltaView<'a>>,
+    delta: Option<Obj<DeltaView<'a>>>,
     #[serde(borrow, default)]
     finish_reason: Option<Cow<'a, str>>,
 }
@@ -189,7 +196,7 @@ struct DeltaView<'a> {
     #[serde(borrow, default)]
     content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    tool_calls: Option<Vec<CallView<'a>>>,
+    tool_calls: Option<Vec<Obj<CallView<'a>>>>,
 }
 
 #[derive(Deserialize)]
@@ -199,7 +206,7 @@ struct CallView<'a> {
     #[serde(borrow, default)]
     id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    function: Option<FunctionView<'a>>,
+    function: Option<Obj<FunctionView<'a>>>,
 }
 
 #[derive(Deserialize)]
@@ -218,7 +225,7 @@ fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D:
 fn read_raw(data: &str) -> Option<Read> {
     // One `data:` line when written back, and an object (the borrowed parse would take an array
     // whose elements line up with its fields).
-    if data.contains(['\n', '\r']) || !data.trim_start().starts_with('{') {
+    if data.contains(['\n', '\r']) || !data.trim_start().starts_with('{') || super::has_surrogate_escape(data) {
         return None;
     }
     let view: View<'_> = serde_json::from_str(data).ok()?;
@@ -245,7 +252,7 @@ fn read_raw(data: &str) -> Option<Read> {
     Some(Read::Chunk(ReadChunk {
         deltas,
         usage: view.usage.is_some(),
-        reported: view.usage.as_ref().and_then(UsageView::tokens),
+        reported: view.usage.as_ref().and_then(|usage| usage.tokens()),
         id: view.id.map(Cow::into_owned),
         native: NativeChunk::Raw { data: data.to_string(), model },
     }))
@@ -322,6 +329,28 @@ mod tests {
             assert!(read_raw(data).is_none(), "{data}");
             assert!(matches!(read(data), Read::Chunk(ReadChunk { native: NativeChunk::Tree(_), .. })), "{data}");
         }
+        // Arrays where the tree finds no object: no deltas, no usage figures (issue 33 review).
+        for data in [
+            r#"{"model":"m","choices":[[{"content":"hi"},"stop"]]}"#,
+            r#"{"model":"m","choices":[{"delta":["hi"]}]}"#,
+            r#"{"model":"m","choices":[],"usage":[7,2]}"#,
+            r#"{"model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"prompt_tokens_details":[5]}}"#,
+            r#"{"model":"m","choices":[{"delta":{"tool_calls":[["c1"]]}}]}"#,
+        ] {
+            let (read, tree) = (chunk(read(data)), chunk(read_tree(data)));
+            assert_eq!((read.deltas, read.usage, read.reported), (tree.deltas, tree.usage, tree.reported), "{data}");
+        }
+        // A lone surrogate in a field Shield does not read: refused as the tree refuses it.
+        let lone = r#"{"model":"m","logprobs":"\ud83d","choices":[{"delta":{"content":"hi"}}]}"#;
+        assert!(matches!(read(lone), Read::Malformed));
+        let pair = r#"{"model":"m","choices":[{"delta":{"content":"\ud83d\ude00"}}]}"#;
+        assert_eq!(chunk(read(pair)).deltas, [Delta::Text("😀".into())]);
+        // A number beyond f64 in a field Shield does not read: relayed as written (module doc).
+        let huge = r#"{"model":"m","created":1e400,"choices":[{"delta":{"content":"hi"}}]}"#;
+        assert!(matches!(read_tree(huge), Read::Malformed));
+        let relayed = chunk(read(huge));
+        assert_eq!(relayed.deltas, [Delta::Text("hi".into())]);
+        assert!(String::from_utf8(relayed.native.event("t")).unwrap().contains(r#""created":1e400"#));
         // No `model`: the tree's event gains one.
         let read_chunk = chunk(read(r#"{"choices":[{"delta":{"content":"x"}}]}"#));
         assert_eq!(parsed_event(read_chunk.native, "t")["model"], "t");

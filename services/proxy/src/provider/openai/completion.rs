@@ -23,6 +23,8 @@ use serde_json::{Map, Value};
 use shield_core::exchange::{self, Block, Stop};
 use shield_core::usage::TokenUsage;
 
+use super::Obj;
+
 /// An OpenAI-shaped answer as the upstream sent it.
 #[derive(Debug)]
 pub struct OpenAiAnswer(Repr);
@@ -52,9 +54,9 @@ struct View<'a> {
     model: &'a RawValue,
     #[serde(borrow, default)]
     id: Option<Cow<'a, str>>,
-    choices: Vec<ChoiceView<'a>>,
+    choices: Vec<Obj<ChoiceView<'a>>>,
     #[serde(default)]
-    usage: Option<UsageView>,
+    usage: Option<Obj<UsageView>>,
     /// Present only to send such an answer down the general path (it drops the key).
     #[serde(borrow, default)]
     x_shield: Option<&'a RawValue>,
@@ -70,9 +72,9 @@ pub(super) struct UsageView {
     #[serde(default)]
     completion_tokens: Option<u64>,
     #[serde(default)]
-    prompt_tokens_details: Option<DetailsView>,
+    prompt_tokens_details: Option<Obj<DetailsView>>,
     #[serde(default)]
-    completion_tokens_details: Option<DetailsView>,
+    completion_tokens_details: Option<Obj<DetailsView>>,
 }
 
 #[derive(Deserialize)]
@@ -100,7 +102,7 @@ impl UsageView {
 #[derive(Deserialize)]
 struct ChoiceView<'a> {
     #[serde(borrow, default)]
-    message: Option<MessageView<'a>>,
+    message: Option<Obj<MessageView<'a>>>,
     #[serde(borrow, default)]
     finish_reason: Option<Cow<'a, str>>,
 }
@@ -110,7 +112,7 @@ struct MessageView<'a> {
     #[serde(borrow, default)]
     content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    tool_calls: Option<Vec<ToolCallView<'a>>>,
+    tool_calls: Option<Vec<Obj<ToolCallView<'a>>>>,
 }
 
 #[derive(Deserialize)]
@@ -118,7 +120,7 @@ struct ToolCallView<'a> {
     #[serde(borrow, default)]
     id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    function: Option<FunctionView<'a>>,
+    function: Option<Obj<FunctionView<'a>>>,
 }
 
 #[derive(Deserialize)]
@@ -240,6 +242,9 @@ impl RawCompletion {
     /// The borrowed look at `text`; `None` sends it down the general path.
     fn parse(text: &str) -> Option<(RawCompletion, exchange::Answer, Option<TokenUsage>)> {
         let bytes = text.as_bytes();
+        if super::has_surrogate_escape(text) {
+            return None;
+        }
         let view: View<'_> = serde_json::from_str(text).ok()?;
         if view.x_shield.is_some() {
             return None;
@@ -264,7 +269,7 @@ impl RawCompletion {
             }
             typed.stop(choice.finish_reason.as_deref());
         }
-        let usage = view.usage.as_ref().and_then(UsageView::tokens);
+        let usage = view.usage.as_ref().and_then(|usage| usage.tokens());
         let raw = RawCompletion { bytes: Vec::new(), model: start..start + model.len(), end };
         Some((raw, typed.answer, usage))
     }
@@ -345,6 +350,19 @@ mod tests {
         assert_eq!(out["x_shield"], json!({"mine": true}), "an upstream's own x_shield is dropped");
         let parts = br#"{"model":"m","choices":[{"message":{"content":[{"type":"text","text":"a"}]}}]}"#;
         assert!(parse(parts).is_some_and(|(c, ..)| !is_raw(&c)));
+        // Arrays where a tree finds no object, and a lone surrogate a tree refuses: read as the
+        // tree reads them.
+        for odd in [
+            &br#"{"model":"m","choices":[[{"content":"hi"},"stop"]]}"#[..],
+            br#"{"model":"m","choices":[{"message":["hi"]}],"usage":[7,2]}"#,
+            br#"{"model":"m","choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":1,"completion_tokens":2,"prompt_tokens_details":[5]}}"#,
+        ] {
+            let (completion, typed, usage) = parse(odd).unwrap();
+            assert!(!is_raw(&completion));
+            let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(odd) else { panic!() };
+            assert_eq!((typed, usage), (typed_of(&map), map.get("usage").and_then(super::super::usage_of)));
+        }
+        assert!(parse(br#"{"model":"m","x":"\udc00","choices":[{"message":{"content":"x"}}]}"#).is_none());
         let duplicate = br#"{"model":"m","model":"n","choices":[]}"#;
         assert!(parse(duplicate).is_some_and(|(c, ..)| !is_raw(&c)));
         let no_model = br#"{"choices":[{"message":{"content":"x"}}]}"#;
