@@ -138,7 +138,10 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Obj<T> {
 /// a text goes the tree's way, so that what one reading refuses the other does too. (An emoji
 /// escaped as a pair also goes that way; only speed differs.)
 fn has_surrogate_escape(data: &str) -> bool {
-    data.as_bytes().windows(4).any(|w| matches!(w, [b'\\', b'u', b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F']))
+    let bytes = data.as_bytes();
+    memchr::memchr_iter(b'\\', bytes).any(|at| {
+        matches!(bytes.get(at + 1..at + 4), Some([b'u', b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F']))
+    })
 }
 
 /// OpenAI's `usage` object: `prompt_tokens` (cached ones included, counted again in
