@@ -99,6 +99,23 @@ impl Scanned {
     pub fn is_clean(&self) -> bool {
         [&self.pii, &self.secrets].into_iter().flatten().all(|found| found.is_empty())
     }
+
+    /// The findings of `scans` added up, kind by kind; a detector is `None` only where it was
+    /// in no scan.
+    pub fn sum<'s>(scans: impl IntoIterator<Item = &'s Scanned>) -> Scanned {
+        let mut sum = Scanned::default();
+        for scan in scans {
+            for (total, found) in [(&mut sum.pii, &scan.pii), (&mut sum.secrets, &scan.secrets)] {
+                if let Some(found) = found {
+                    let total = total.get_or_insert_with(Default::default);
+                    for (kind, n) in found {
+                        *total.entry(kind).or_insert(0) += n;
+                    }
+                }
+            }
+        }
+        sum
+    }
 }
 
 impl GuardrailPolicy {
@@ -147,15 +164,8 @@ impl GuardrailPolicy {
 
     /// The modes applied to findings summed over `scans`.
     pub fn verdict<'s>(&self, scans: impl IntoIterator<Item = &'s Scanned>) -> Verdict {
-        let mut pii = crate::detect::Findings::new();
-        let mut secrets = crate::detect::Findings::new();
-        for scan in scans {
-            for (total, found) in [(&mut pii, &scan.pii), (&mut secrets, &scan.secrets)] {
-                for (kind, n) in found.iter().flatten() {
-                    *total.entry(kind).or_insert(0) += n;
-                }
-            }
-        }
+        let sum = Scanned::sum(scans);
+        let (pii, secrets) = (sum.pii.unwrap_or_default(), sum.secrets.unwrap_or_default());
         let mut verdict = Verdict::default();
         for (name, detector, findings) in
             [("pii_detection", &self.pii_detection, pii), ("secrets_detection", &self.secrets_detection, secrets)]

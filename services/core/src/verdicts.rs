@@ -155,17 +155,7 @@ type Table = HashMap<u128, Remembered, foldhash::fast::FixedState>;
 
 /// The findings of `scans` added up, as remembered (`None` when nothing was found).
 fn summed(scans: &[Scanned]) -> Remembered {
-    let mut sum = Scanned::default();
-    for scan in scans {
-        for (total, found) in [(&mut sum.pii, &scan.pii), (&mut sum.secrets, &scan.secrets)] {
-            if let Some(found) = found {
-                let total = total.get_or_insert_with(Default::default);
-                for (kind, n) in found {
-                    *total.entry(kind).or_insert(0) += n;
-                }
-            }
-        }
-    }
+    let sum = Scanned::sum(scans);
     (!sum.is_clean()).then(|| Box::new(sum))
 }
 

@@ -29,7 +29,7 @@ use shield_core::exchange::Delta;
 use shield_core::usage::TokenUsage;
 
 use super::Obj;
-use super::completion::{UsageView, stop_of};
+use super::completion::{MessageView, UsageView, stop_of};
 
 /// A chunk as the upstream sent it, for a caller of its shape.
 #[derive(Debug, Clone)]
@@ -186,35 +186,9 @@ struct View<'a> {
 #[derive(Deserialize)]
 struct ChoiceView<'a> {
     #[serde(borrow, default)]
-    delta: Option<Obj<DeltaView<'a>>>,
+    delta: Option<Obj<MessageView<'a>>>,
     #[serde(borrow, default)]
     finish_reason: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct DeltaView<'a> {
-    #[serde(borrow, default)]
-    content: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    tool_calls: Option<Vec<Obj<CallView<'a>>>>,
-}
-
-#[derive(Deserialize)]
-struct CallView<'a> {
-    #[serde(default)]
-    index: Option<u64>,
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    function: Option<Obj<FunctionView<'a>>>,
-}
-
-#[derive(Deserialize)]
-struct FunctionView<'a> {
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    arguments: Option<Cow<'a, str>>,
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {

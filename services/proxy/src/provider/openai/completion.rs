@@ -107,28 +107,32 @@ struct ChoiceView<'a> {
     finish_reason: Option<Cow<'a, str>>,
 }
 
+/// A choice's `message`, or a stream chunk's `delta` ([`super::chunk`]): the same fields.
 #[derive(Deserialize)]
-struct MessageView<'a> {
+pub(super) struct MessageView<'a> {
     #[serde(borrow, default)]
-    content: Option<Cow<'a, str>>,
+    pub content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    tool_calls: Option<Vec<Obj<ToolCallView<'a>>>>,
+    pub tool_calls: Option<Vec<Obj<ToolCallView<'a>>>>,
 }
 
 #[derive(Deserialize)]
-struct ToolCallView<'a> {
+pub(super) struct ToolCallView<'a> {
+    /// Which call a chunk's piece belongs to (a whole answer's calls are in order).
+    #[serde(default)]
+    pub index: Option<u64>,
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    pub id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    function: Option<Obj<FunctionView<'a>>>,
+    pub function: Option<Obj<FunctionView<'a>>>,
 }
 
 #[derive(Deserialize)]
-struct FunctionView<'a> {
+pub(super) struct FunctionView<'a> {
     #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
+    pub name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    arguments: Option<Cow<'a, str>>,
+    pub arguments: Option<Cow<'a, str>>,
 }
 
 /// `finish_reason` as the typed stop.

@@ -136,10 +136,9 @@ fn messages(request: &exchange::Request) -> Vec<u8> {
     let mut held = Vec::new();
     for message in &request.messages {
         match message.role {
-            Role::System if awaiting_results => held.push(written.system(&texts(&message.content, "\n"))),
             Role::System => {
                 let rendered = written.system(&texts(&message.content, "\n"));
-                written.order.push(rendered);
+                if awaiting_results { held.push(rendered) } else { written.order.push(rendered) }
             }
             Role::User => {
                 written.user(message, &mut held);
