@@ -117,9 +117,15 @@ def cpu_ticks(pid):
 
 def cpu_split(pid):
     """(utime, stime) of `pid`, in clock ticks: user space and the kernel on its behalf."""
+    return proc_stat(pid)[:2]
+
+
+def proc_stat(pid):
+    """(utime, stime, minor page faults) of `pid`: a fault is the kernel giving the process a
+    page it touched for the first time (or again, after the allocator gave it back)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]), int(fields[12])
+    return int(fields[11]), int(fields[12]), int(fields[7])
 
 
 def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None, pid=None):
@@ -133,7 +139,7 @@ def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None, pid
     script.close()
     threads = "-t2" if connections > 1 else "-t1"
     subprocess.run(["wrk", threads, f"-c{connections}", "-d2s", "-s", script.name, url], capture_output=True)  # warm-up
-    before = cpu_split(pid) if pid else None
+    before = proc_stat(pid) if pid else None
     out = subprocess.run(
         ["wrk", threads, f"-c{connections}", f"-d{duration or DURATION}s", "--latency", "-s", script.name, url],
         capture_output=True, text=True,
@@ -143,14 +149,15 @@ def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None, pid
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     pct = {p: to_ms(v) for p, v in re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M)}
     answered = int(re.search(r"(\d+) requests in", out).group(1))
-    cpu_us = user_us = None
+    cpu_us = user_us = faults = None
     if pid:
-        after = cpu_split(pid)
+        after = proc_stat(pid)
         per_request = 1e6 / os.sysconf("SC_CLK_TCK") / max(answered, 1)
         user_us = (after[0] - before[0]) * per_request
         cpu_us = user_us + (after[1] - before[1]) * per_request
+        faults = (after[2] - before[2]) / max(answered, 1)
     return {"rps": rps, "p50": pct["50"], "p99": pct["99"], "non_2xx": int(errors.group(1)) if errors else 0,
-            "cpu_us": cpu_us, "user_us": user_us}
+            "cpu_us": cpu_us, "user_us": user_us, "faults": faults}
 
 
 def paced(url, headers, pid=None):
@@ -170,7 +177,7 @@ def paced(url, headers, pid=None):
     ok = sum(v for k, v in codes.items() if k.startswith("2"))
     return {"rps": report["summary"]["requestsPerSec"], "p50": report["latencyPercentiles"]["p50"] * 1000,
             "p99": report["latencyPercentiles"]["p99"] * 1000, "non_2xx": sum(codes.values()) - ok, "cpu_us": None,
-            "user_us": None}
+            "user_us": None, "faults": None}
 
 
 def ttft(port, path, headers, n=300):
@@ -218,11 +225,13 @@ def print_c20(results, baseline):
     print("paths: direct / nginx / shield / base (SHIELD_BENCH_BASELINE) to the mock LLM; s-* the same to a static nginx backend")
     # CPU per request split: user space (the gateway's own instructions) and the kernel on its
     # behalf (system calls, loopback TCP): issue 33 asks why the floor ratio moves with the CPU.
-    print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}{'CPU us/req':>12}{'user':>8}{'kernel':>8}")
+    # Page faults per request: memory the kernel hands the process afresh, counted in kernel time.
+    print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}{'CPU us/req':>12}{'user':>8}{'kernel':>8}"
+          f"{'faults':>8}")
     for name, r in results.items():
         cpu = f"{r['cpu_us']:>12.1f}" if r.get("cpu_us") is not None else f"{'':>12}"
         if r.get("user_us") is not None:
-            cpu += f"{r['user_us']:>8.1f}{r['cpu_us'] - r['user_us']:>8.1f}"
+            cpu += f"{r['user_us']:>8.1f}{r['cpu_us'] - r['user_us']:>8.1f}{r['faults']:>8.2f}"
         print(f"{name:<10}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}{cpu}")
     for prefix in [p for p in ("", "s-") if f"{p}shield" in results and f"{p}nginx" in results]:
         s_, n_ = results[f"{prefix}shield"], results[f"{prefix}nginx"]

@@ -1,22 +1,33 @@
 //! The proxy's chat request parser on arbitrary bytes: it refuses or accepts, never panics;
 //! what it accepts is typed (the typed request's text and size readable) and yields an
-//! upstream body that is JSON with the target's model in it; a tenant's memo of checked tool
-//! schemas reads it alike.
+//! upstream body that is JSON with the target's model in it; a tenant's memo (checked tool
+//! schemas, messages and tools known by their bytes) reads it alike, and so does a reader that
+//! refused it: what a memo reading accepts, the plain reading accepts.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use shield_core::chat_request::ChatRequest;
-use shield_core::json_read::CheckedSchemas;
+use shield_core::verdicts::Verdicts;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(request) = ChatRequest::parse(data) else { return };
-    // A tenant's memo of the tool schemas that passed changes nothing: read twice with it
-    // (walked and remembered, then taken from it), the same request.
-    let (passed, shared) = (CheckedSchemas::default(), bytes::Bytes::copy_from_slice(data));
+    // A tenant's memo changes nothing: read twice with it (each message and the tools read and
+    // remembered, then known by their bytes), the same request, the same characters, the same
+    // error.
+    let (memo, shared) = (Verdicts::default().of("tenant"), bytes::Bytes::copy_from_slice(data));
+    let plain = ChatRequest::parse(data);
     for _ in 0..2 {
-        let again = ChatRequest::parse_remembering(&shared, Some(&passed)).expect("read as without the memo");
-        assert_eq!(again.exchange, request.exchange);
+        let again = ChatRequest::parse_remembering(&shared, Some(&memo));
+        match (&plain, &again) {
+            (Ok(plain), Ok(again)) => {
+                assert_eq!(again.exchange.prompt_chars(), plain.exchange.prompt_chars());
+                assert_eq!(again.exchange.tools.len(), plain.exchange.tools.len());
+                assert_eq!(again.exchange, plain.exchange);
+            }
+            (Err(plain), Err(again)) => assert_eq!(plain, again),
+            (plain, again) => panic!("read {:?} without the memo, {:?} with it", plain.is_ok(), again.is_ok()),
+        }
     }
+    let Ok(request) = plain else { return };
     let _ = request.check_routable();
     let _ = (request.stream(), request.max_output_tokens(), request.wants_usage(), request.prompt_chars());
     let _ = request.prompt_text();

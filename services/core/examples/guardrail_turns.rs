@@ -91,8 +91,8 @@ fn session(seed: u64, turns: usize) -> Request {
     let mut request = Request { system: vec![words.text(12_000)], ..Default::default() };
     for turn in 0..turns {
         let id = format!("toolu_{seed}_{turn}");
-        request.messages.push(Message { role: Role::User, content: vec![Part::Text(words.text(300))] });
-        request.messages.push(Message {
+        request.messages.to_mut().push(Message { role: Role::User, content: vec![Part::Text(words.text(300))] });
+        request.messages.to_mut().push(Message {
             role: Role::Assistant,
             content: vec![
                 Part::Text(words.text(200)),
@@ -103,11 +103,11 @@ fn session(seed: u64, turns: usize) -> Request {
                 },
             ],
         });
-        request.messages.push(Message {
+        request.messages.to_mut().push(Message {
             role: Role::User,
             content: vec![Part::ToolResult { id, content: words.text(3_000), is_error: false }],
         });
-        request.messages.push(Message { role: Role::Assistant, content: vec![Part::Text(words.text(400))] });
+        request.messages.to_mut().push(Message { role: Role::Assistant, content: vec![Part::Text(words.text(400))] });
     }
     request
 }

@@ -175,16 +175,22 @@ impl ChatRequest {
         Self::parse_remembering(body, None)
     }
 
-    /// [`Self::parse_shared`], with the tool schemas the tenant sent before and that passed the
-    /// check a tree reading makes: a resent schema is not walked again
-    /// ([`crate::json_read::CheckedSchemas`]).
+    /// [`Self::parse_shared`], with what the tenant's earlier requests told (its memo): a tool
+    /// schema that passed the check a tree reading makes is not walked again
+    /// ([`crate::json_read::CheckedSchemas`]), and a message whose bytes it sent before is not
+    /// read at all until something asks for it (`direct::read_known`).
     pub fn parse_remembering(
         body: &bytes::Bytes,
-        passed: Option<&crate::json_read::CheckedSchemas>,
+        memo: Option<&crate::verdicts::Memo>,
     ) -> Result<ChatRequest, BadRequest> {
         let malformed = |e: serde_json::Error| BadRequest(format!("malformed JSON body: {e}"));
         if body.len() >= crate::verbatim::WORTH_IT {
-            match direct::read(body, passed) {
+            let known = memo.and_then(|memo| direct::read_known(body, memo));
+            let read = match known {
+                Some(read) => Ok(read),
+                None => direct::read(body, memo.map(crate::verdicts::Memo::schemas)),
+            };
+            match read {
                 // Relayed from its text, so its keys must be plain and distinct: a body with a key
                 // written with escapes, or twice, is read as a tree.
                 Ok(read) => {
@@ -371,8 +377,8 @@ fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
                 schema: Schema::of_value(function.get("parameters").unwrap_or(&empty_schema())),
             })
         })
-        .collect();
-    typed(fields, typed_messages, tools)
+        .collect::<Vec<Tool>>();
+    typed(fields, typed_messages.into(), tools.into())
 }
 
 /// A tool's schema when it gives none.
@@ -386,7 +392,7 @@ fn tool_result_text(content: Vec<Part>) -> String {
 }
 
 /// The typed request: `messages` and `tools` as read, the rest from `fields`.
-fn typed(fields: &Map<String, Value>, messages: Vec<Message>, tools: Vec<Tool>) -> exchange::Request {
+fn typed(fields: &Map<String, Value>, messages: exchange::History, tools: exchange::ToolList) -> exchange::Request {
     let text = |v: &Value| v.as_str().map(str::to_string);
     let tool_choice = match fields.get("tool_choice") {
         Some(Value::String(choice)) if choice == "auto" => Some(ToolChoice::Auto),

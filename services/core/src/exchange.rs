@@ -16,8 +16,10 @@ pub struct Request {
     /// The top-level system prompt, in parts (Anthropic's `system`; OpenAI's shape has none:
     /// its system messages stay in [`Request::messages`] where they stand).
     pub system: Vec<String>,
-    pub messages: Vec<Message>,
-    pub tools: Vec<Tool>,
+    /// The conversation; typed when first read if it came in a large body ([`History`]).
+    pub messages: History,
+    /// Typed when first read if they came in a large body ([`Lazy`]).
+    pub tools: ToolList,
     pub tool_choice: Option<ToolChoice>,
     /// `false`: at most one tool call per turn.
     pub parallel_tool_calls: Option<bool>,
@@ -73,7 +75,7 @@ impl Request {
             text.push_str(part);
             text.push('\n');
         }
-        for message in &self.messages {
+        for message in self.messages.iter() {
             for part in &message.content {
                 let said = match part {
                     Part::Text(said) | Part::Thinking { thinking: said, .. } => said,
@@ -92,17 +94,215 @@ impl Request {
     /// token estimates at 4 characters a token.
     pub fn prompt_chars(&self) -> usize {
         let system: usize = self.system.iter().map(String::len).sum();
-        let messages: usize = self
-            .messages
-            .iter()
-            .flat_map(|m| &m.content)
-            .map(|part| match part {
-                Part::Text(text) => text.len(),
-                Part::ToolResult { content, .. } => content.len(),
-                _ => 0,
-            })
-            .sum();
+        let messages = match self.messages.sent() {
+            Some(sent) => sent.known.chars,
+            None => self.messages.iter().map(Message::prompt_chars).sum(),
+        };
         system + messages
+    }
+}
+
+/// A list read from a large body only when something reads it (issue 33): typed, or the spans
+/// of the body's text it was sent as, with what the pipeline reads on every request (`K`)
+/// known without reading them (remembered from the tenant's earlier turns,
+/// [`crate::verdicts::Memo`]). An agent resends its whole history and its two dozen tools on
+/// every turn, and typing them was most of a large request's instructions; on the same-shape
+/// path only the guardrails and the token estimate read them, and those read what is known.
+///
+/// Reads as the typed `Vec<T>` (`Deref`), typing it then; [`Lazy::to_mut`] changes it (and
+/// drops what was sent). [`Lazy::len`] and [`Lazy::is_empty`] answer without typing.
+pub struct Lazy<T, K> {
+    typed: Vec<T>,
+    sent: Option<Box<Spans<T, K>>>,
+}
+
+/// A request's messages ([`Told`]: their guardrail units and characters known).
+pub type History = Lazy<Message, Told>;
+
+/// A request's tools (their number known).
+pub type ToolList = Lazy<Tool, ()>;
+
+/// What is known of each message as sent.
+#[derive(Debug, Clone, Default)]
+pub struct Told {
+    /// Each message's guardrail unit: the keyed hash of its text, `None` for a message with no
+    /// text ([`crate::verdicts::units`]).
+    pub units: Vec<Option<u128>>,
+    /// [`Message::prompt_chars`] summed over the messages.
+    pub chars: usize,
+    /// Each message's [`Turn`].
+    pub turns: Vec<Turn>,
+}
+
+/// What an adapter reads of a message's form on every request, known without typing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    pub role: Role,
+    /// It calls a tool.
+    pub calls_tools: bool,
+    /// Its first part is thinking (or redacted thinking).
+    pub starts_thinking: bool,
+}
+
+impl Turn {
+    pub fn of(message: &Message) -> Turn {
+        Turn {
+            role: message.role,
+            calls_tools: message.content.iter().any(|part| matches!(part, Part::ToolUse { .. })),
+            starts_thinking: matches!(message.content.first(), Some(Part::Thinking { .. } | Part::RedactedThinking(_))),
+        }
+    }
+}
+
+impl History {
+    /// Each message's [`Turn`], from what is known of them while they are as sent.
+    pub fn turns(&self) -> Vec<Turn> {
+        match self.sent() {
+            Some(sent) => sent.known.turns.clone(),
+            None => self.iter().map(Turn::of).collect(),
+        }
+    }
+
+    /// The last message's [`Turn`] of those in `role`, without typing the history.
+    pub fn last_turn(&self, role: Role) -> Option<Turn> {
+        match self.sent() {
+            Some(sent) => sent.known.turns.iter().rev().find(|turn| turn.role == role).copied(),
+            None => self.iter().rev().find(|message| message.role == role).map(Turn::of),
+        }
+    }
+}
+
+/// A list as sent: the body's text, the spans it reads from, and what is known of it.
+pub struct Spans<T, K> {
+    pub text: bytes::Bytes,
+    pub spans: Vec<std::ops::Range<usize>>,
+    /// How many items the spans read to.
+    pub len: usize,
+    pub known: K,
+    /// Reads one span: the reader of the shape it was sent in, which read the same bytes
+    /// before. `None`: a span that holds no item (a tool without a name).
+    pub read: fn(&[u8]) -> Option<T>,
+    typed: std::sync::OnceLock<Vec<T>>,
+}
+
+impl<T, K> Spans<T, K> {
+    pub fn new(
+        text: bytes::Bytes,
+        spans: Vec<std::ops::Range<usize>>,
+        len: usize,
+        known: K,
+        read: fn(&[u8]) -> Option<T>,
+    ) -> Spans<T, K> {
+        Spans { text, spans, len, known, read, typed: std::sync::OnceLock::new() }
+    }
+
+    fn typed(&self) -> &Vec<T> {
+        self.typed.get_or_init(|| {
+            let spans = self.spans.iter().map(|span| self.text.get(span.clone()).unwrap_or_default());
+            spans.filter_map(self.read).collect()
+        })
+    }
+}
+
+impl<T, K> Lazy<T, K> {
+    /// A list known by its spans, typed when first read.
+    pub fn of_sent(sent: Spans<T, K>) -> Lazy<T, K> {
+        Lazy { typed: Vec::new(), sent: Some(Box::new(sent)) }
+    }
+
+    /// The list as sent, while it is (nothing has changed it).
+    pub fn sent(&self) -> Option<&Spans<T, K>> {
+        self.sent.as_deref()
+    }
+
+    pub fn len(&self) -> usize {
+        self.sent.as_ref().map_or(self.typed.len(), |sent| sent.len)
+    }
+
+    /// Whether it is typed (read from its spans, or never anything else).
+    pub fn is_typed(&self) -> bool {
+        self.sent.as_ref().is_none_or(|sent| sent.typed.get().is_some())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The typed list, to change.
+    pub fn to_mut(&mut self) -> &mut Vec<T> {
+        if let Some(sent) = self.sent.take() {
+            sent.typed();
+            self.typed = sent.typed.into_inner().unwrap_or_default();
+        }
+        &mut self.typed
+    }
+}
+
+impl<T, K> Default for Lazy<T, K> {
+    fn default() -> Self {
+        Lazy { typed: Vec::new(), sent: None }
+    }
+}
+
+impl<T, K> std::ops::Deref for Lazy<T, K> {
+    type Target = Vec<T>;
+
+    fn deref(&self) -> &Vec<T> {
+        match &self.sent {
+            Some(sent) => sent.typed(),
+            None => &self.typed,
+        }
+    }
+}
+
+impl<'l, T, K> IntoIterator for &'l Lazy<T, K> {
+    type Item = &'l T;
+    type IntoIter = std::slice::Iter<'l, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl<T, K> From<Vec<T>> for Lazy<T, K> {
+    fn from(typed: Vec<T>) -> Lazy<T, K> {
+        Lazy { typed, sent: None }
+    }
+}
+
+impl<T, K> FromIterator<T> for Lazy<T, K> {
+    fn from_iter<I: IntoIterator<Item = T>>(items: I) -> Lazy<T, K> {
+        Lazy::from(items.into_iter().collect::<Vec<_>>())
+    }
+}
+
+impl<T: Clone, K: Clone> Clone for Lazy<T, K> {
+    fn clone(&self) -> Lazy<T, K> {
+        Lazy {
+            typed: self.typed.clone(),
+            sent: self.sent.as_ref().map(|sent| {
+                Box::new(Spans {
+                    text: sent.text.clone(),
+                    spans: sent.spans.clone(),
+                    len: sent.len,
+                    known: sent.known.clone(),
+                    read: sent.read,
+                    typed: sent.typed.clone(),
+                })
+            }),
+        }
+    }
+}
+
+impl<T: PartialEq, K> PartialEq for Lazy<T, K> {
+    fn eq(&self, other: &Lazy<T, K>) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: std::fmt::Debug, K> std::fmt::Debug for Lazy<T, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
     }
 }
 
@@ -119,6 +319,20 @@ pub enum Role {
 pub struct Message {
     pub role: Role,
     pub content: Vec<Part>,
+}
+
+impl Message {
+    /// Characters of its text and tool results: its share of [`Request::prompt_chars`].
+    pub fn prompt_chars(&self) -> usize {
+        self.content
+            .iter()
+            .map(|part| match part {
+                Part::Text(text) => text.len(),
+                Part::ToolResult { content, .. } => content.len(),
+                _ => 0,
+            })
+            .sum()
+    }
 }
 
 /// Texts one per line, as `join("\n")` writes them, keeping the first one's buffer: a tool's

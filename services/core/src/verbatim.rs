@@ -17,6 +17,7 @@ use std::ops::Range;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+use crate::json_scan::{back_space, skip_space};
 use crate::spliced::{Spliced, Splicer};
 
 /// The top-level fields of an object body, each with the bytes of its value as sent.
@@ -126,29 +127,7 @@ fn push_key(out: &mut Vec<u8>, key: &str, first: &mut bool) {
 
 /// Each top-level key (as written, unescaped keys only) with the span of its value.
 fn spans(body: &[u8]) -> Option<Vec<(&str, Range<usize>)>> {
-    let mut at = skip_space(body, 0);
-    (body.get(at) == Some(&b'{')).then_some(())?;
-    at = skip_space(body, at + 1);
-    let mut spans = Vec::new();
-    if body.get(at) == Some(&b'}') {
-        return (skip_space(body, at + 1) == body.len()).then_some(spans);
-    }
-    loop {
-        (body.get(at) == Some(&b'"')).then_some(())?;
-        let end = string_end(body, at)?;
-        let key = std::str::from_utf8(body.get(at + 1..end - 1)?).ok().filter(|key| !key.contains('\\'))?;
-        at = skip_space(body, end);
-        (body.get(at) == Some(&b':')).then_some(())?;
-        let start = skip_space(body, at + 1);
-        let end = value_end(body, start)?;
-        spans.push((key, start..end));
-        at = skip_space(body, end);
-        match body.get(at)? {
-            b',' => at = skip_space(body, at + 1),
-            b'}' => return (skip_space(body, at + 1) == body.len()).then_some(spans),
-            _ => return None,
-        }
-    }
+    Some(crate::json_scan::fields(body, &[])?.into_iter().map(|field| (field.key, field.value)).collect())
 }
 
 /// The top-level keys of a body as a direct reader met them, in order, each with the offset
@@ -166,65 +145,10 @@ impl Keys {
         let inside = at >= start && at + key.len() <= start + body.len();
         self.0.push((key.to_string(), inside.then(|| at - start)));
     }
-}
 
-/// Just past the last byte before `end` that is not white space.
-fn back_space(body: &[u8], mut end: usize) -> usize {
-    while end > 0 && body.get(end - 1).is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
-        end -= 1;
-    }
-    end
-}
-
-fn skip_space(body: &[u8], mut at: usize) -> usize {
-    while body.get(at).is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
-        at += 1;
-    }
-    at
-}
-
-/// The index just past the string that opens at `at`.
-fn string_end(body: &[u8], at: usize) -> Option<usize> {
-    let mut from = at + 1;
-    loop {
-        let found = from + memchr::memchr2(b'"', b'\\', body.get(from..)?)?;
-        if body.get(found) == Some(&b'\\') {
-            from = found + 2;
-        } else {
-            return Some(found + 1);
-        }
-    }
-}
-
-/// The index just past the value that starts at `at`.
-fn value_end(body: &[u8], at: usize) -> Option<usize> {
-    match body.get(at)? {
-        b'"' => string_end(body, at),
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut i = at;
-            loop {
-                match body.get(i)? {
-                    b'"' => {
-                        i = string_end(body, i)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(i + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                i += 1;
-            }
-        }
-        _ => {
-            let rest = body.get(at..)?;
-            Some(at + rest.iter().position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))?)
-        }
+    /// Notes `key`, whose text starts at `at` in the body (a scan found it there).
+    pub fn found(&mut self, key: &str, at: usize) {
+        self.0.push((key.to_string(), Some(at)));
     }
 }
 

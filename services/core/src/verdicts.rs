@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::exchange::{Part, Request};
+use crate::exchange::{History, Message, Part, Request, Turn};
 use crate::guardrails::{GuardrailPolicy, Scanned};
 use crate::json_read::CheckedSchemas;
 use crate::keyed_hash::HashKey;
@@ -52,19 +52,46 @@ pub const PREFIX_WINDOW: usize = 16;
 
 /// One text the guardrails judge on its own: a system part, or a message's text parts in
 /// order (concatenated, as they are scanned).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Unit<'r> {
     /// A system part or a one-part message: nearly every unit, and no allocation.
     One(&'r str),
     Parts(Vec<&'r str>),
+    /// A message of a history known by its span ([`crate::exchange::Lazy`]): the keyed hash of
+    /// its text, remembered with it, and the message, typed only if its text is read.
+    Known {
+        hash: u128,
+        history: &'r History,
+        index: usize,
+    },
 }
 
-impl Unit<'_> {
+impl<'r> Unit<'r> {
     /// The unit's text as one string (borrowed when it has one part).
-    pub fn joined(&self) -> Cow<'_, str> {
+    pub fn joined(&self) -> Cow<'r, str> {
         match self {
             Unit::One(one) => Cow::Borrowed(one),
             Unit::Parts(parts) => Cow::Owned(parts.concat()),
+            Unit::Known { history, index, .. } => match history.get(*index) {
+                Some(message) => Unit::of(message).joined(),
+                None => Cow::Borrowed(""),
+            },
+        }
+    }
+
+    /// The unit of a message: its text parts.
+    pub fn of(message: &'r Message) -> Unit<'r> {
+        let text = |part: &'r Part| match part {
+            Part::Text(said) | Part::Thinking { thinking: said, .. } => Some(said.as_str()),
+            Part::ToolResult { content, .. } => Some(content.as_str()),
+            Part::Opaque { text, .. } => Some(text.as_str()),
+            Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => None,
+        };
+        let mut texts = message.content.iter().filter_map(text);
+        match (texts.next(), texts.next()) {
+            (None, _) => Unit::One(""),
+            (Some(one), None) => Unit::One(one),
+            (Some(first), Some(second)) => Unit::Parts([first, second].into_iter().chain(texts).collect()),
         }
     }
 
@@ -72,29 +99,53 @@ impl Unit<'_> {
         match self {
             Unit::One(one) => one.is_empty(),
             Unit::Parts(parts) => parts.iter().all(|part| part.is_empty()),
+            Unit::Known { .. } => false,
         }
     }
 }
 
 /// The units of a request: the texts [`Request::text`] reads, split where one message ends.
-/// Units with no text are left out.
+/// Units with no text are left out. A history known by its spans gives its units' hashes.
 pub fn units<'r>(request: &'r Request) -> Vec<Unit<'r>> {
-    let text = |part: &'r Part| match part {
-        Part::Text(said) | Part::Thinking { thinking: said, .. } => Some(said.as_str()),
-        Part::ToolResult { content, .. } => Some(content.as_str()),
-        Part::Opaque { text, .. } => Some(text.as_str()),
-        Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => None,
-    };
     let system = request.system.iter().map(|part| Unit::One(part.as_str()));
-    let messages = request.messages.iter().map(|message| {
-        let mut texts = message.content.iter().filter_map(text);
-        match (texts.next(), texts.next()) {
-            (None, _) => Unit::One(""),
-            (Some(one), None) => Unit::One(one),
-            (Some(first), Some(second)) => Unit::Parts([first, second].into_iter().chain(texts).collect()),
+    let units: Vec<Unit<'r>> = match request.messages.sent() {
+        Some(sent) => {
+            let history = &request.messages;
+            let known = sent.known.units.iter().enumerate();
+            system
+                .chain(known.filter_map(|(index, hash)| hash.map(|hash| Unit::Known { hash, history, index })))
+                .collect()
         }
-    });
-    system.chain(messages).filter(|unit| !unit.is_empty()).collect()
+        None => system.chain(request.messages.iter().map(Unit::of)).collect(),
+    };
+    units.into_iter().filter(|unit| !unit.is_empty()).collect()
+}
+
+/// What is remembered of a message as sent, under the keyed hash of its bytes: the hash of its
+/// guardrail unit's text (`None`: it has none) and its share of the prompt's characters. Its
+/// findings are the unit's, remembered under that hash. Bytes remembered here were read whole
+/// by serde_json once, so the same bytes again are a message that reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Known {
+    pub unit: Option<u128>,
+    pub chars: usize,
+    pub turn: Turn,
+}
+
+/// An entry of the table of bodies' parts as sent: a message ([`Known`]), or a `tools` array
+/// (how many tools it reads to). 32 bytes: the unit's hash without its `Option` tag (a hash of
+/// zero is taken for one of one, a chance of 2^-128), the counts in 32 bits.
+#[derive(Debug, Clone, Copy)]
+enum Told {
+    Message { unit: Option<std::num::NonZeroU128>, chars: u32, turn: Turn },
+    Tools { count: u32 },
+}
+
+impl Told {
+    fn message(known: Known) -> Told {
+        let unit = known.unit.map(|hash| std::num::NonZeroU128::new(hash).unwrap_or(std::num::NonZeroU128::MIN));
+        Told::Message { unit, chars: u32::try_from(known.chars).unwrap_or(u32::MAX), turn: known.turn }
+    }
 }
 
 /// Units judged, across all tenants since start: what `shield_guardrail_units_total` shows.
@@ -131,6 +182,7 @@ impl Verdicts {
                 Arc::new(Memo {
                     key: self.key.clone(),
                     generations: Mutex::default(),
+                    sent: Mutex::default(),
                     counts: self.counts.clone(),
                     schemas: CheckedSchemas::default(),
                 })
@@ -143,7 +195,9 @@ impl Verdicts {
 #[derive(Debug)]
 pub struct Memo {
     key: Arc<HashKey>,
-    generations: Mutex<Generations>,
+    generations: Mutex<Generations<Remembered>>,
+    /// Messages and `tools` arrays as sent, by the keyed hash of their bytes.
+    sent: Mutex<Generations<Told>>,
     counts: Arc<Counts>,
     schemas: CheckedSchemas,
 }
@@ -151,7 +205,7 @@ pub struct Memo {
 /// Findings, or `None` for a text the detectors found nothing in (nearly all: one pointer).
 type Remembered = Option<Box<Scanned>>;
 
-type Table = HashMap<u128, Remembered, foldhash::fast::FixedState>;
+type Table<V> = HashMap<u128, V, foldhash::fast::FixedState>;
 
 /// The findings of `scans` added up, as remembered (`None` when nothing was found).
 fn summed(scans: &[Scanned]) -> Remembered {
@@ -159,17 +213,28 @@ fn summed(scans: &[Scanned]) -> Remembered {
     (!sum.is_clean()).then(|| Box::new(sum))
 }
 
-#[derive(Debug, Default)]
-struct Generations {
-    current: Table,
-    previous: Table,
+#[derive(Debug)]
+struct Generations<V> {
+    current: Table<V>,
+    previous: Table<V>,
     /// Lookups made: what the tests read to see a prefix stand for the units before it.
     #[cfg(test)]
     lookups: usize,
 }
 
-impl Generations {
-    fn get(&mut self, key: u128) -> Option<Remembered> {
+impl<V> Default for Generations<V> {
+    fn default() -> Self {
+        Generations {
+            current: Table::default(),
+            previous: Table::default(),
+            #[cfg(test)]
+            lookups: 0,
+        }
+    }
+}
+
+impl<V: Clone> Generations<V> {
+    fn get(&mut self, key: u128) -> Option<V> {
         #[cfg(test)]
         {
             self.lookups += 1;
@@ -182,7 +247,7 @@ impl Generations {
         Some(scanned)
     }
 
-    fn insert(&mut self, key: u128, scanned: Remembered) {
+    fn insert(&mut self, key: u128, scanned: V) {
         if self.current.len() >= GENERATION {
             self.previous = std::mem::take(&mut self.current);
         }
@@ -279,10 +344,14 @@ impl Memo {
         self.len() == 0
     }
 
-    /// The text's keyed hash, with the detectors and their revision in its top byte. One call
-    /// for the single-part units nearly all are.
+    /// The text's keyed hash, with the detectors and their revision in its top byte.
     fn key(&self, detectors: u8, unit: &Unit<'_>) -> u128 {
-        let text = match unit {
+        self.text_hash(unit) ^ (u128::from(DETECTORS_REVISION << 2 | detectors) << 120)
+    }
+
+    /// The keyed hash of a unit's text. One call for the single-part units nearly all are.
+    pub fn text_hash(&self, unit: &Unit<'_>) -> u128 {
+        match unit {
             Unit::One(one) => self.key.hash(one.as_bytes()),
             Unit::Parts(parts) => {
                 let mut hasher = self.key.hasher();
@@ -291,8 +360,59 @@ impl Memo {
                 }
                 hasher.digest128()
             }
+            Unit::Known { hash, .. } => *hash,
+        }
+    }
+
+    /// What this tenant's earlier requests told of each message as sent, by the keyed hash of
+    /// its bytes (in the domain of its shape, [`crate::remembered`]): one lock for a whole
+    /// history.
+    pub fn known(&self, keys: &[u128]) -> Vec<Option<Known>> {
+        let mut sent = self.sent.lock();
+        let known = |told| match told {
+            Some(Told::Message { unit, chars, turn }) => {
+                Some(Known { unit: unit.map(std::num::NonZeroU128::get), chars: chars as usize, turn })
+            }
+            _ => None,
         };
-        text ^ (u128::from(DETECTORS_REVISION << 2 | detectors) << 120)
+        keys.iter().map(|key| known(sent.get(*key))).collect()
+    }
+
+    /// Remembers messages as sent, each read whole by serde_json.
+    pub fn remember(&self, read: impl IntoIterator<Item = (u128, Known)>) {
+        let mut sent = self.sent.lock();
+        for (key, known) in read {
+            sent.insert(key, Told::message(known));
+        }
+    }
+
+    /// How many tools a `tools` array this tenant sent before read to, by the keyed hash of its
+    /// bytes (in the domain of its shape, [`crate::remembered`]).
+    pub fn known_tools(&self, key: u128) -> Option<usize> {
+        match self.sent.lock().get(key) {
+            Some(Told::Tools { count }) => Some(count as usize),
+            _ => None,
+        }
+    }
+
+    /// Remembers a `tools` array as sent, read whole (its schemas checked) to `count` tools.
+    pub fn remember_tools(&self, key: u128, count: usize) {
+        self.sent.lock().insert(key, Told::Tools { count: u32::try_from(count).unwrap_or(u32::MAX) });
+    }
+
+    /// The keyed hash of a part of a body as sent, a [`Memo::known`] key.
+    pub fn bytes_hash(&self, bytes: &[u8]) -> u128 {
+        self.key.hash(bytes)
+    }
+
+    /// What a message typed from its bytes tells: its unit's text hash and its characters.
+    pub fn know(&self, message: &Message) -> Known {
+        let unit = Unit::of(message);
+        Known {
+            unit: (!unit.is_empty()).then(|| self.text_hash(&unit)),
+            chars: message.prompt_chars(),
+            turn: Turn::of(message),
+        }
     }
 }
 
@@ -427,7 +547,7 @@ mod tests {
     #[test]
     fn a_message_in_parts_is_one_unit_and_keeps_nothing_of_its_text() {
         let mut req = request(&[]);
-        req.messages.push(Message {
+        req.messages.to_mut().push(Message {
             role: Role::User,
             content: vec![Part::Text("key sk-proj-abcdefghij".into()), Part::Text("klmnopqrstuvwxyz0123".into())],
         });

@@ -12,8 +12,10 @@
 use serde::de::{MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 
-use crate::exchange::{Message, Part, Role, Schema, Tool};
+use crate::exchange::{History, Message, Part, Role, Schema, Tool, ToolList};
 use crate::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Skip, TREE_ONLY, Text, entries};
+use crate::remembered::{self, Shape as Sent};
+use crate::verdicts::Memo;
 
 /// What `messages` was, as sent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,9 +43,9 @@ impl Shape {
 #[derive(Debug, Default)]
 pub(super) struct Read {
     pub fields: Map<String, Value>,
-    pub messages: Vec<Message>,
+    pub messages: History,
     pub shape: Shape,
-    pub tools: Vec<Tool>,
+    pub tools: ToolList,
     /// Where each top-level key stands ([`crate::verbatim::Verbatim::of_keys`]).
     pub keys: crate::verbatim::Keys,
 }
@@ -66,6 +68,54 @@ pub(super) fn read(body: &[u8], passed: Option<&CheckedSchemas>) -> Result<Read,
         .map_err(|e| if e.to_string().starts_with(TREE_ONLY) { Unread::TreeOnly } else { Unread::Malformed(e) })
 }
 
+/// A body read with its tenant's memo ([`crate::remembered`], issue 33): a message or a
+/// `tools` array whose bytes the tenant sent before is not read, and the history and tools are
+/// typed from their spans only if something asks for them; every other field is read from its
+/// span as [`read`] reads it. `None`: read the body with [`read`].
+pub(super) fn read_known(body: &bytes::Bytes, memo: &Memo) -> Option<Read> {
+    let mut read = Read::default();
+    let mut history = None;
+    for field in remembered::fields(body)? {
+        read.keys.found(field.key, field.key_at);
+        let text = body.get(field.value.clone())?;
+        match field.key {
+            "messages" => {
+                let items = field.items.as_deref()?;
+                read.shape = Shape::Array(items.len());
+                history = Some(remembered::history(Sent::ChatCompletions, body, items, memo, message_of)?);
+            }
+            "tools" => {
+                let all = |text: &[u8]| {
+                    let typed = json_read::whole(text, Tools(Some(memo.schemas()))).ok()?.unwrap_or_default();
+                    Some(remembered::Read { typed, remember: true })
+                };
+                read.tools = remembered::tools(Sent::ChatCompletions, body, &field, memo, all, tool_of)?;
+            }
+            key => {
+                read.fields.insert(key.to_string(), serde_json::from_slice(text).ok()?);
+            }
+        }
+    }
+    read.messages = history?;
+    Some(read)
+}
+
+/// A message typed from its span. Every span reads: a value that is no object is an empty user
+/// turn, as in [`read`].
+fn message_of(span: &[u8]) -> Option<Message> {
+    json_read::whole(span, OneMessage).ok().map(SentMessage::typed)
+}
+
+/// One tool of a `tools` array, typed from its span as [`Tools`] types it.
+fn tool_of(span: &[u8]) -> Option<Tool> {
+    let function = json_read::whole(span, OneTool(None)).ok()??;
+    Some(Tool {
+        name: function.name?,
+        description: function.description.unwrap_or_default(),
+        schema: function.parameters.map_or_else(|| Schema::of_value(&super::empty_schema()), Schema::of_raw),
+    })
+}
+
 /// The top-level object of the body it holds.
 struct Body<'b> {
     bytes: &'b [u8],
@@ -83,9 +133,9 @@ impl<'de> Reader<'de> for Body<'_> {
                 "messages" => {
                     let messages = map.next_value_seed(Lenient(Messages))?;
                     read.shape = messages.as_ref().map_or(Shape::Other, |m| Shape::Array(m.len()));
-                    read.messages = messages.unwrap_or_default();
+                    read.messages = messages.unwrap_or_default().into();
                 }
-                "tools" => read.tools = map.next_value_seed(Lenient(Tools(self.passed)))?.unwrap_or_default(),
+                "tools" => read.tools = map.next_value_seed(Lenient(Tools(self.passed)))?.unwrap_or_default().into(),
                 _ => {
                     read.fields.insert(key.to_string(), map.next_value()?);
                 }
@@ -588,6 +638,31 @@ mod tests {
                 prop_assert_eq!(&super::super::typed(&again.fields, again.messages, again.tools), &direct);
             }
 
+            // Read with the tenant's memo, twice: each message read and remembered, then known
+            // by its bytes and not read; the same request either way, and the same guardrail
+            // units and characters before anything types the history.
+            let memo = crate::verdicts::Verdicts::default().of("tenant");
+            let shared = bytes::Bytes::copy_from_slice(body.as_bytes());
+            for turn in 0..2 {
+                let Some(known) = read_known(&shared, &memo) else {
+                    prop_assert!(!matches!(read.shape, Shape::Array(_)), "an array of messages not read by its spans");
+                    break;
+                };
+                prop_assert_eq!(known.shape, read.shape);
+                prop_assert_eq!(known.messages.sent().map(|sent| sent.spans.len()), Some(direct.messages.len()));
+                let lazy = super::super::typed(&known.fields, known.messages, known.tools);
+                prop_assert_eq!(lazy.prompt_chars(), direct.prompt_chars(), "turn {}", turn);
+                let hashes = |request| crate::verdicts::units(request).iter().map(|unit| memo.text_hash(unit)).collect::<Vec<_>>();
+                prop_assert_eq!(hashes(&lazy), hashes(&direct));
+                prop_assert_eq!(lazy.tools.len(), direct.tools.len());
+                prop_assert_eq!(lazy.messages.turns(), direct.messages.turns());
+                prop_assert!(lazy.messages.sent().is_some(), "nothing typed the history");
+                prop_assert!(turn == 0 || !matches!(tools, Json::Array(_)) || lazy.tools.sent().is_some(), "nor the tools, known");
+                prop_assert_eq!(&lazy, &direct);
+            }
+            let remembered = super::super::ChatRequest::parse_remembering(&shared, Some(&memo)).unwrap();
+            prop_assert_eq!(remembered.exchange.as_ref(), &direct);
+
             let request = super::super::ChatRequest::parse(body.as_bytes()).unwrap();
             prop_assert!(request.openai_fields().is_some_and(|f| !f.contains_key("messages")), "read directly");
             prop_assert_eq!(request.exchange.as_ref(), &direct);
@@ -599,6 +674,45 @@ mod tests {
             }
             let from_tree: Value = serde_json::from_slice(&changed.upstream_body("t", None, true, &[]).unwrap().to_vec()).unwrap();
             prop_assert_eq!(relayed, from_tree);
+        }
+    }
+
+    /// A history known by its spans is judged as its typed reading is, whichever detectors run
+    /// (a detector switched on reads the texts, typing the history then), and a message edited
+    /// in place is read again.
+    #[test]
+    fn a_known_history_is_judged_as_the_typed_one() {
+        use crate::guardrails::{Detector, GuardrailPolicy, Mode};
+        let body = |tool_output: &str| {
+            let messages = serde_json::json!([
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": [{"type": "text", "text": "mail "}, {"type": "text", "text": "jane@example.com"}]},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c", "content": tool_output},
+            ]);
+            let body = serde_json::json!({"model": "m", "messages": messages, "pad": "p".repeat(4096)}).to_string();
+            bytes::Bytes::from(body)
+        };
+        let policy = |pii, secrets| GuardrailPolicy {
+            pii_detection: Detector { mode: pii },
+            secrets_detection: Detector { mode: secrets },
+            ..Default::default()
+        };
+        let memo = crate::verdicts::Verdicts::default().of("tenant");
+        for output in ["clean output", "key sk-proj-abcdefghijklmnopqrstuvwxyz012345"] {
+            let sent = body(output);
+            let typed = super::super::ChatRequest::parse(&sent).unwrap();
+            for policy in
+                [policy(Mode::Monitor, Mode::Off), policy(Mode::Off, Mode::Block), policy(Mode::Warn, Mode::Monitor)]
+            {
+                let want = policy.check_request(&typed.exchange, None);
+                for _ in 0..2 {
+                    let known = super::super::ChatRequest::parse_remembering(&sent, Some(&memo)).unwrap();
+                    assert!(known.exchange.messages.sent().is_some());
+                    assert_eq!(policy.check_request(&known.exchange, Some(&memo)), want, "{output}");
+                    assert_eq!(known.exchange.prompt_chars(), typed.exchange.prompt_chars());
+                }
+            }
         }
     }
 

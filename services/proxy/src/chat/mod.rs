@@ -38,7 +38,7 @@ pub async fn chat_completions(
         let caller = admit(&req, &state).await?;
         let raw = body::read(&req, payload).await?;
         let memo = crate::pipeline::schemas_memo(&state, &caller, &raw);
-        let request = ChatRequest::parse_remembering(&raw, memo.as_ref().map(|memo| memo.schemas()))?;
+        let request = ChatRequest::parse_remembering(&raw, memo.as_deref())?;
         let ingress = Ingress { stream: true, default_path: Some("chat/completions") };
         let served = pipeline(&req, caller, raw, &request, &state, &egress, ingress).await?;
         Ok::<_, ProxyError>(served.render(|outcome| match outcome {

@@ -15,8 +15,10 @@
 use serde::de::{MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 use shield_core::chat_request::MAX_MESSAGES;
-use shield_core::exchange::{Message, Part, Role, Schema, Tool};
+use shield_core::exchange::{History, Message, Part, Role, Schema, Tool, ToolList};
 use shield_core::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Skip, Text, entries};
+use shield_core::remembered::{self, Shape};
+use shield_core::verdicts::Memo;
 
 /// A body read directly: every top-level field but `messages`, `system` and `tools` as values,
 /// those three typed.
@@ -24,9 +26,9 @@ use shield_core::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Skip, 
 pub(super) struct Read {
     pub fields: Map<String, Value>,
     pub system: Vec<String>,
-    pub messages: Vec<Message>,
+    pub messages: History,
     pub system_messages: bool,
-    pub tools: Vec<Tool>,
+    pub tools: ToolList,
     /// `tools ({kind})` for each server tool, in order.
     pub server_tools: Vec<String>,
     /// Where each top-level key stands ([`shield_core::verbatim::Verbatim::of_keys`]).
@@ -45,6 +47,74 @@ fn as_a_tree<E: serde::de::Error>() -> E {
 pub(super) fn read(body: &[u8], passed: Option<&CheckedSchemas>) -> Option<Read> {
     let read = json_read::whole(body, Body { bytes: body, passed }).ok()??;
     (1..=MAX_MESSAGES).contains(&read.messages.len()).then_some(read)
+}
+
+/// A body read with its tenant's memo (`shield_core::remembered`, issue 33): a message or a
+/// `tools` array whose bytes the tenant sent before is not read, and the history and tools are
+/// typed from their spans only if something asks for them; every other field is read from its
+/// span as [`read`] reads it. `None`: read the body with [`read`].
+pub(super) fn read_known(body: &bytes::Bytes, memo: &Memo) -> Option<Read> {
+    let mut read = Read::default();
+    let mut history = None;
+    for field in remembered::fields(body)? {
+        read.keys.found(field.key, field.key_at);
+        let text = body.get(field.value.clone())?;
+        match field.key {
+            "messages" => {
+                let items = field.items.as_deref()?;
+                (1..=MAX_MESSAGES).contains(&items.len()).then_some(())?;
+                history = Some(remembered::history(Shape::Messages, body, items, memo, message_of)?);
+            }
+            "system" => read.system = json_read::whole(text, System).ok()??,
+            "tools" => {
+                let server_tools = &mut read.server_tools;
+                let all = |text: &[u8]| {
+                    let sent = json_read::whole(text, Each(OneTool(Some(memo.schemas())))).ok()?;
+                    let mut typed = Vec::new();
+                    tools_in(sent.into_iter().flatten(), &mut typed, server_tools);
+                    // Server tools are named to the caller on every request: such a list is read.
+                    Some(remembered::Read { typed, remember: server_tools.is_empty() })
+                };
+                read.tools = remembered::tools(Shape::Messages, body, &field, memo, all, tool_of)?;
+            }
+            key => {
+                read.fields.insert(key.to_string(), serde_json::from_slice(text).ok()?);
+            }
+        }
+    }
+    let history = history?;
+    read.system_messages = history.turns().iter().any(|turn| turn.role == Role::System);
+    read.messages = history;
+    read.system.retain(|part| !part.is_empty());
+    Some(read)
+}
+
+/// The tools of a `tools` array as sent, and its server tools named.
+fn tools_in(sent: impl IntoIterator<Item = SentTool>, tools: &mut Vec<Tool>, server_tools: &mut Vec<String>) {
+    for tool in sent {
+        match tool.kind.as_deref() {
+            None | Some("custom") => tools.push(Tool {
+                name: tool.name.unwrap_or_default(),
+                description: tool.description.unwrap_or_default(),
+                schema: tool
+                    .schema
+                    .map_or_else(|| Schema::of_value(&serde_json::json!({"type": "object"})), Schema::of_raw),
+            }),
+            Some(kind) => server_tools.push(format!("tools ({kind})")),
+        }
+    }
+}
+
+/// One tool of a `tools` array this tenant sent before (with no server tools), from its span.
+fn tool_of(span: &[u8]) -> Option<Tool> {
+    let mut tools = Vec::with_capacity(1);
+    tools_in([json_read::whole(span, OneTool(None)).ok()?], &mut tools, &mut Vec::new());
+    tools.pop()
+}
+
+/// A message typed from its span (`None`: one the tree reading reads).
+fn message_of(span: &[u8]) -> Option<Message> {
+    json_read::whole(span, OneMessage).ok()?.map(|Typed(message)| message)
 }
 
 /// The top-level object of the body it holds (`None`: not an object, or no `messages` array).
@@ -68,19 +138,10 @@ impl<'de> Reader<'de> for Body<'_> {
                 }
                 "system" => read.system = map.next_value_seed(Lenient(System))?.ok_or_else(as_a_tree)?,
                 "tools" => {
-                    for tool in map.next_value_seed(Lenient(Each(OneTool(self.passed))))?.into_iter().flatten() {
-                        match tool.kind.as_deref() {
-                            None | Some("custom") => read.tools.push(Tool {
-                                name: tool.name.unwrap_or_default(),
-                                description: tool.description.unwrap_or_default(),
-                                schema: tool.schema.map_or_else(
-                                    || Schema::of_value(&serde_json::json!({"type": "object"})),
-                                    Schema::of_raw,
-                                ),
-                            }),
-                            Some(kind) => read.server_tools.push(format!("tools ({kind})")),
-                        }
-                    }
+                    let sent = map.next_value_seed(Lenient(Each(OneTool(self.passed))))?;
+                    let mut tools = Vec::new();
+                    tools_in(sent.into_iter().flatten(), &mut tools, &mut read.server_tools);
+                    read.tools = tools.into();
                 }
                 _ => {
                     read.fields.insert(key.to_string(), map.next_value()?);
@@ -90,7 +151,7 @@ impl<'de> Reader<'de> for Body<'_> {
         })?;
         let Some(messages) = messages else { return Ok(None) };
         read.system_messages = messages.iter().any(|typed| typed.0.role == Role::System);
-        read.messages = messages.into_iter().map(|typed| typed.0).collect();
+        read.messages = messages.into_iter().map(|typed| typed.0).collect::<Vec<_>>().into();
         // Empty system parts are dropped, as the tree reading drops them.
         read.system.retain(|part| !part.is_empty());
         Ok(Some(read))

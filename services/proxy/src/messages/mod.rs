@@ -36,7 +36,7 @@ pub async fn messages(
         let raw = body::read(&req, payload).await?;
         let memo = crate::pipeline::schemas_memo(&state, &caller, &raw);
         let headers = request::Headers::of(req.headers());
-        let request = request::normalise_remembering(&raw, headers, false, memo.as_ref().map(|memo| memo.schemas()))?;
+        let request = request::normalise_remembering(&raw, headers, false, memo.as_deref())?;
         let served = pipeline(&req, caller, raw, &request, &state, &egress, INGRESS).await?;
         Ok::<_, ProxyError>(served.render(|outcome| match outcome {
             Outcome::Relayed(response) => response,

@@ -20,9 +20,11 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 use shield_core::chat_request::{AnthropicOrigin, BadRequest, ChatRequest, MAX_MESSAGES, Origin};
-use shield_core::exchange::{self, Effort, Image, Message, Part, Reasoning, Role, Schema, Tool, ToolChoice};
-use shield_core::json_read::CheckedSchemas;
+use shield_core::exchange::{
+    self, Effort, History, Image, Message, Part, Reasoning, Role, Schema, Tool, ToolChoice, ToolList,
+};
 use shield_core::verbatim::Verbatim;
+use shield_core::verdicts::Memo;
 
 /// The caller's Anthropic headers, forwarded as sent to Anthropic targets.
 #[derive(Default)]
@@ -66,10 +68,9 @@ pub fn normalise_remembering(
     body: &bytes::Bytes,
     headers: Headers,
     count_only: bool,
-    passed: Option<&CheckedSchemas>,
+    memo: Option<&Memo>,
 ) -> Result<ChatRequest, BadRequest> {
-    let direct =
-        (body.len() >= shield_core::verbatim::WORTH_IT).then(|| Sent::read(body, count_only, passed)).flatten();
+    let direct = (body.len() >= shield_core::verbatim::WORTH_IT).then(|| Sent::read(body, count_only, memo)).flatten();
     let (sent, verbatim) = match direct {
         Some((sent, verbatim)) => (sent, Some(verbatim)),
         None => {
@@ -99,9 +100,9 @@ struct Sent {
     original: Map<String, Value>,
     model: String,
     system: Vec<String>,
-    messages: Vec<Message>,
+    messages: History,
     system_messages: bool,
-    tools: Vec<Tool>,
+    tools: ToolList,
     found: Found,
 }
 
@@ -122,8 +123,9 @@ fn model_of(original: &Map<String, Value>, count_only: bool) -> Result<String, B
 impl Sent {
     /// Read directly ([`super::direct`]), with its fields' text for the relay; `None`: read it
     /// as a tree (so too a body whose keys are written with escapes, or twice).
-    fn read(body: &bytes::Bytes, count_only: bool, passed: Option<&CheckedSchemas>) -> Option<(Sent, Verbatim)> {
-        let read = super::direct::read(body, passed)?;
+    fn read(body: &bytes::Bytes, count_only: bool, memo: Option<&Memo>) -> Option<(Sent, Verbatim)> {
+        let known = memo.and_then(|memo| super::direct::read_known(body, memo));
+        let read = known.or_else(|| super::direct::read(body, memo.map(Memo::schemas)))?;
         let model = model_of(&read.fields, count_only).ok()?;
         let verbatim = Verbatim::of_keys(body, read.keys)?;
         let sent = Sent {
@@ -198,7 +200,7 @@ impl Sent {
                 Some(kind) => found.unmapped.push(format!("tools ({kind})")),
             }
         }
-        Ok(Sent { original, model, system, messages: typed, system_messages, tools, found })
+        Ok(Sent { original, model, system, messages: typed.into(), system_messages, tools: tools.into(), found })
     }
 
     /// The rest of the body typed beside the history, and the request.

@@ -266,17 +266,13 @@ fn forwarded_beta(beta: &str, strip: &[String]) -> Option<HeaderValue> {
 /// starting with thinking: Anthropic refuses that ("a final assistant message must start with
 /// a thinking block"). It happens when a turn was answered by a target of another flavor (a
 /// failover on a mixed route): such a request goes without `thinking`, and the caller is told.
-fn thinking_breaks_history(original: &Map<String, Value>, messages: &[exchange::Message]) -> bool {
-    use exchange::{Part, Role};
+fn thinking_breaks_history(original: &Map<String, Value>, messages: &exchange::History) -> bool {
     let thinks =
         original.get("thinking").and_then(|t| t.get("type")).and_then(Value::as_str).is_some_and(|t| t != "disabled");
-    // The typed turns hold every block's kind where it stood (a directly read body has no tree
-    // of them; a string content is one text part, as it is one text block).
-    let Some(last_assistant) = messages.iter().rev().find(|m| m.role == Role::Assistant) else { return false };
-    let calls_tools = last_assistant.content.iter().any(|part| matches!(part, Part::ToolUse { .. }));
-    let starts_thinking =
-        matches!(last_assistant.content.first(), Some(Part::Thinking { .. } | Part::RedactedThinking(_)));
-    thinks && calls_tools && !starts_thinking
+    // What each turn holds is known without typing the history (a directly read body has no
+    // tree of it; a string content is one text part, as it is one text block).
+    let last_assistant = || messages.last_turn(exchange::Role::Assistant);
+    thinks && last_assistant().is_some_and(|turn| turn.calls_tools && !turn.starts_thinking)
 }
 
 /// For a model that does not take `role: "system"` messages inside `messages`: each becomes a

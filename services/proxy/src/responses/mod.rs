@@ -382,8 +382,8 @@ fn parse(fields: Map<String, Value>, sealer: &Sealer) -> Result<(ChatRequest, Ve
     };
     let typed = exchange::Request {
         system: fields.get("instructions").and_then(Value::as_str).map(str::to_string).into_iter().collect(),
-        messages,
-        tools,
+        messages: messages.into(),
+        tools: tools.into(),
         tool_choice,
         parallel_tool_calls: fields.get("parallel_tool_calls").and_then(Value::as_bool),
         max_tokens: fields.get("max_output_tokens").and_then(Value::as_u64),

@@ -249,14 +249,31 @@ proptest! {
             }
             (direct, tree) => prop_assert_eq!(direct.as_ref().err(), tree.as_ref().err()),
         }
-        // With the tenant's checked schemas, twice (walked and remembered, then taken from the
-        // memo): the same request or the same error.
-        let passed = shield_core::json_read::CheckedSchemas::default();
-        for _ in 0..2 {
-            let again = crate::messages::request::normalise_remembering(
-                &bytes::Bytes::from(body.clone()), headers(), false, Some(&passed));
+        // With the tenant's memo, twice (each message read and remembered, then known by its
+        // bytes and not read): the same request or the same error; the same characters, turns
+        // and guardrail units before anything types the history.
+        let memo = shield_core::verdicts::Verdicts::default().of("tenant");
+        let shared = bytes::Bytes::from(body.clone());
+        for turn in 0..2 {
+            let again = crate::messages::request::normalise_remembering(&shared, headers(), false, Some(&memo));
             match (&again, &direct) {
                 (Ok(again), Ok(direct)) => {
+                    let (known, typed) = (&again.exchange, &direct.exchange);
+                    prop_assert_eq!(known.prompt_chars(), typed.prompt_chars());
+                    prop_assert_eq!(known.messages.turns(), typed.messages.turns());
+                    prop_assert_eq!(known.tools.len(), typed.tools.len());
+                    let units = |request| {
+                        shield_core::verdicts::units(request).iter().map(|unit| memo.text_hash(unit)).collect::<Vec<_>>()
+                    };
+                    prop_assert_eq!(units(known), units(typed));
+                    let by_spans = read(body.as_bytes(), None).is_some();
+                    prop_assert!(!by_spans || known.messages.sent().is_some(), "read directly, not by spans (turn {})", turn);
+                    if by_spans && turn == 1 {
+                        let target = target("anthropic");
+                        crate::provider::for_target(&target).body(again, &target, true);
+                        prop_assert!(!known.messages.is_typed(), "the same-shape relay typed the history");
+                        prop_assert!(known.tools.sent().is_none() || !known.tools.is_typed(), "or the tools");
+                    }
                     prop_assert_eq!(seen(again), seen(direct));
                     prop_assert_eq!(upstream(again), upstream(direct));
                 }
@@ -297,6 +314,56 @@ fn a_common_agent_turn_is_read_directly() {
     let origin = request.anthropic().unwrap();
     assert!(!origin.original.contains_key("messages"), "no tree of the history kept");
     assert_eq!(origin.full().get("messages"), serde_json::from_str::<Value>(&body).unwrap().get("messages"));
+}
+
+/// An agent's turn resent with thinking on: whether its last assistant turn breaks thinking
+/// (tool calls without a thinking block first: `thinking` is dropped) is told from what is known
+/// of the turns, as from the typed ones, and the same-shape body is relayed without typing the
+/// history.
+#[test]
+fn thinking_is_judged_from_known_turns() {
+    let memo = shield_core::verdicts::Verdicts::default().of("tenant");
+    for starts_thinking in [true, false] {
+        let mut turn = agent_turn();
+        turn["thinking"] = serde_json::json!({"type": "enabled", "budget_tokens": 1024});
+        if !starts_thinking {
+            turn["messages"][1]["content"].as_array_mut().unwrap().remove(0);
+        }
+        let body = bytes::Bytes::from(padded(turn));
+        let target = target("anthropic");
+        let typed = normalise(&body, headers(), false).unwrap();
+        let typed_body: Value =
+            serde_json::from_slice(&crate::provider::for_target(&target).body(&typed, &target, true).to_vec()).unwrap();
+        assert_eq!(typed_body.get("thinking").is_some(), starts_thinking);
+        for _ in 0..2 {
+            let known = crate::messages::request::normalise_remembering(&body, headers(), false, Some(&memo)).unwrap();
+            let sent = crate::provider::for_target(&target).body(&known, &target, true).to_vec();
+            assert_eq!(serde_json::from_slice::<Value>(&sent).unwrap(), typed_body);
+            assert!(known.exchange.messages.sent().is_some() && !known.exchange.messages.is_typed());
+        }
+    }
+}
+
+/// The same message bytes are another message in another shape (a `tool_result` block is a
+/// tool's result to Messages, an unknown part to Chat Completions): what one shape's reading
+/// remembered is never taken for the other's, so the secret in the result is found.
+#[test]
+fn a_message_known_in_one_shape_is_read_again_in_the_other() {
+    use shield_core::guardrails::{Detector, GuardrailPolicy, Mode};
+    let memo = shield_core::verdicts::Verdicts::default().of("tenant");
+    let message = r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"key sk-proj-abcdefghijklmnopqrstuvwxyz012345"}]}"#;
+    let pad = "p".repeat(shield_core::verbatim::WORTH_IT);
+    let chat = format!(r#"{{"model":"team","messages":[{message}],"pad":"{pad}"}}"#);
+    let messages = format!(r#"{{"model":"team","max_tokens":64,"messages":[{message}],"pad":"{pad}"}}"#);
+    let policy = GuardrailPolicy { secrets_detection: Detector { mode: Mode::Block }, ..Default::default() };
+    let chat = ChatRequest::parse_remembering(&bytes::Bytes::from(chat), Some(&memo)).unwrap();
+    assert!(chat.exchange.messages.sent().is_some());
+    assert_eq!(policy.check_request(&chat.exchange, Some(&memo)).blocked_by, None, "an unknown part: no text");
+    let body = bytes::Bytes::from(messages);
+    let known = crate::messages::request::normalise_remembering(&body, headers(), false, Some(&memo)).unwrap();
+    assert!(known.exchange.messages.sent().is_some());
+    assert_eq!(policy.check_request(&known.exchange, Some(&memo)).blocked_by, Some("secrets_detection"));
+    assert_eq!(known.exchange.prompt_chars(), normalise(&body, headers(), false).unwrap().exchange.prompt_chars());
 }
 
 /// Each of these is read as a tree: the direct reading declines what only a tree types, and

@@ -420,7 +420,8 @@ fn thinking_anthropic_did_not_sign_is_not_sent() {
                 role: Role::User,
                 content: vec![Part::ToolResult { id: "t1".into(), content: "ok".into(), is_error: false }],
             },
-        ],
+        ]
+        .into(),
         reasoning: Some(exchange::Reasoning { effort: Some(exchange::Effort::Low), fields: vec!["reasoning_effort"] }),
         ..Default::default()
     };

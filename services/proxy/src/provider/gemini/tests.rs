@@ -132,7 +132,8 @@ fn a_signature_goes_back_on_the_call_it_came_with() {
                     Part::ToolUse { id: id.clone(), name: "search".into(), input: input.clone() },
                 ],
             },
-        ],
+        ]
+        .into(),
         ..Default::default()
     };
     let body = generate_request(&history, &target(json!({})));
@@ -240,7 +241,8 @@ fn another_providers_signature_is_never_sent_and_the_stand_in_only_on_a_turns_fi
                     call("b"),
                 ],
             },
-        ],
+        ]
+        .into(),
         ..Default::default()
     };
     let body = generate_request(&history, &target(json!({})));

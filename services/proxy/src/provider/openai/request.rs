@@ -412,7 +412,7 @@ mod tests {
         let role = prop_oneof![Just(Role::System), Just(Role::User), Just(Role::Assistant)];
         let message = (role, prop::collection::vec(part(), 0..4)).prop_map(|(role, content)| Message { role, content });
         (prop::collection::vec(text(), 0..3), prop::collection::vec(message, 0..8))
-            .prop_map(|(system, messages)| Request { system, messages, ..Request::default() })
+            .prop_map(|(system, messages)| Request { system, messages: messages.into(), ..Request::default() })
     }
 
     proptest! {
@@ -431,7 +431,7 @@ mod tests {
     #[test]
     fn a_targets_extra_body_still_stands_over_the_messages() {
         let request = Request {
-            messages: vec![Message { role: Role::User, content: vec![Part::Text("hi".into())] }],
+            messages: vec![Message { role: Role::User, content: vec![Part::Text("hi".into())] }].into(),
             ..Request::default()
         };
         let Value::Object(extra) = json!({"messages": [{"role": "user", "content": "fixed"}], "seed": 7}) else {
@@ -460,7 +460,8 @@ mod tests {
                         Part::Text("and?".into()),
                     ],
                 },
-            ],
+            ]
+            .into(),
             max_tokens: Some(10),
             ..Request::default()
         };

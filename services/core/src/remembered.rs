@@ -1,0 +1,134 @@
+//! A large request body read with its tenant's memo (issue 33), whatever its shape: the parts
+//! each shape's direct reader shares (Chat Completions' in [`crate::chat_request`], Messages'
+//! in the proxy). An agent resends its whole history and its two dozen tools on every turn;
+//! reading them (every byte of every string, eight at a time, each copied) was most of such a
+//! request's instructions, and on the same-shape path nothing but the guardrails and the token
+//! estimate reads them.
+//!
+//! So the body's top-level fields are found by a scan ([`crate::json_scan`]); `messages` is
+//! kept as the spans of its items. A message whose bytes the tenant sent before is not read: what
+//! the pipeline reads of it is remembered ([`Known`]: its guardrail unit's hash, its characters,
+//! its [`crate::exchange::Turn`]), and serde_json read the same bytes whole then, so they read.
+//! Each other message is read from its span by the shape's reader and remembered. `tools` is
+//! known by its bytes (how many tools it reads to) or read and remembered. The history and the
+//! tools are typed from their spans only when something reads them ([`Lazy`]).
+//!
+//! Every function answers `None` where the shape's reading of the whole body might not answer
+//! alike (a key written with escapes or twice, serde_json's raw-value token, nesting near its
+//! recursion limit, a span that does not read): the caller then reads the body whole, which
+//! accepts or refuses it in serde_json's words.
+
+use bytes::Bytes;
+
+use crate::exchange::{History, Lazy, Message, Spans, Told, Tool, ToolList};
+use crate::json_scan::{self, Field, Item};
+use crate::verdicts::{Known, Memo};
+
+/// The API shape a body came in. The same bytes read in another shape are another message (a
+/// `tool` role, a `tool_result` block): each shape's messages and tools are remembered under keys
+/// of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    ChatCompletions,
+    Messages,
+}
+
+/// What a key stands for.
+#[derive(Clone, Copy)]
+enum Part {
+    Message,
+    Tools,
+}
+
+impl Shape {
+    /// The key of `bytes` as sent in this shape, as `part`: the memo's keyed hash of the bytes,
+    /// its top byte changed by the domain (two keys of different domains are equal only if
+    /// their hashes differ by exactly that: a chance of 2^-128).
+    fn key(self, memo: &Memo, part: Part, bytes: &[u8]) -> u128 {
+        let domain = 1 + 2 * self as u8 + part as u8;
+        memo.bytes_hash(bytes) ^ (u128::from(domain) << 120)
+    }
+}
+
+/// Spans read alone nest less deeply than in the body (the body and `messages` or `tools`
+/// enclose them), so serde_json's recursion limit (128) would not refuse there what it refuses
+/// in the body: a body nested past this is read whole.
+pub const DEEPEST: usize = 100;
+
+/// The top-level fields of `body`, `messages` and `tools` with their items.
+pub fn fields(body: &Bytes) -> Option<Vec<Field<'_>>> {
+    simdutf8::basic::from_utf8(body).ok()?;
+    let fields = json_scan::fields(body, &["messages", "tools"])?;
+    for (i, field) in fields.iter().enumerate() {
+        let repeated = fields.get(..i).unwrap_or_default().iter().any(|earlier| earlier.key == field.key);
+        if repeated || field.depth > DEEPEST || field.key == crate::chat_request::RAW_VALUE_TOKEN {
+            return None;
+        }
+    }
+    Some(fields)
+}
+
+/// The history the `items` of `messages` hold: each message the memo knows by its bytes taken
+/// as known, each other read with `read` (the shape's reader of one message; `None`: give up)
+/// and remembered.
+pub fn history(
+    shape: Shape,
+    body: &Bytes,
+    items: &[Item],
+    memo: &Memo,
+    read: fn(&[u8]) -> Option<Message>,
+) -> Option<History> {
+    let span = |item: &Item| body.get(item.span.clone()).unwrap_or_default();
+    let keys: Vec<u128> = items.iter().map(|item| shape.key(memo, Part::Message, span(item))).collect();
+    let mut fresh = Vec::new();
+    let mut told = Told { units: Vec::with_capacity(items.len()), chars: 0, turns: Vec::with_capacity(items.len()) };
+    for ((item, key), known) in items.iter().zip(&keys).zip(memo.known(&keys)) {
+        let Known { unit, chars, turn } = match known {
+            Some(known) => known,
+            None => {
+                (item.depth <= DEEPEST).then_some(())?;
+                let message = read(body.get(item.span.clone())?)?;
+                let known = memo.know(&message);
+                fresh.push((*key, known));
+                known
+            }
+        };
+        told.units.push(unit);
+        told.chars += chars;
+        told.turns.push(turn);
+    }
+    memo.remember(fresh);
+    let spans = items.iter().map(|item| item.span.clone()).collect();
+    Some(Lazy::of_sent(Spans::new(body.clone(), spans, items.len(), told, read)))
+}
+
+/// The tools a `tools` field holds: known by its bytes, or read whole with `read_all` (the
+/// shape's reader, the tenant's checked schemas at hand; `None`: give up), and remembered when
+/// it says so. Typed again with `read_one`, one item at a time, if something reads them.
+pub fn tools(
+    shape: Shape,
+    body: &Bytes,
+    field: &Field<'_>,
+    memo: &Memo,
+    read_all: impl FnOnce(&[u8]) -> Option<Read<Tool>>,
+    read_one: fn(&[u8]) -> Option<Tool>,
+) -> Option<ToolList> {
+    let text = body.get(field.value.clone())?;
+    let key = shape.key(memo, Part::Tools, text);
+    if let (Some(count), Some(items)) = (memo.known_tools(key), &field.items) {
+        let spans = items.iter().map(|item| item.span.clone()).collect();
+        return Some(Lazy::of_sent(Spans::new(body.clone(), spans, count, (), read_one)));
+    }
+    let read = read_all(text)?;
+    if read.remember {
+        memo.remember_tools(key, read.typed.len());
+    }
+    Some(read.typed.into())
+}
+
+/// What a shape's reader made of a whole list: its items, and whether the same bytes may be
+/// taken as known next time (a list that holds what only a tree reading keeps may not).
+pub struct Read<T> {
+    pub typed: Vec<T>,
+    pub remember: bool,
+}
