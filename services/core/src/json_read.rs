@@ -225,8 +225,12 @@ pub fn whole<'de, R: Reader<'de>>(body: &'de [u8], reader: R) -> serde_json::Res
 pub fn checked<E: serde::de::Error>(
     raw: Box<serde_json::value::RawValue>,
     remaining: u8,
-    passed: Option<&CheckedSchemas>,
+    schemas: Schemas<'_>,
 ) -> Result<Box<serde_json::value::RawValue>, E> {
+    let passed = match schemas {
+        Schemas::Passed => return Ok(raw),
+        Schemas::Check(passed) => passed,
+    };
     let key = passed.map(|passed| (passed, passed.key(raw.get(), remaining)));
     if key.is_some_and(|(passed, key)| passed.contains(key)) {
         return Ok(raw);
@@ -238,6 +242,16 @@ pub fn checked<E: serde::de::Error>(
         passed.insert(key);
     }
     Ok(raw)
+}
+
+/// How [`checked`] checks a schema.
+#[derive(Debug, Clone, Copy)]
+pub enum Schemas<'p> {
+    /// Walked as a tree would read it, unless the tenant's checked schemas hold it.
+    Check(Option<&'p CheckedSchemas>),
+    /// Not walked: read from bytes that were read whole and passed before (a `tools` array the
+    /// tenant sent before, [`crate::remembered`]).
+    Passed,
 }
 
 /// The schema texts one tenant sent that [`checked`] accepted, each as a keyed hash of the text
@@ -441,7 +455,7 @@ mod tests {
             let Ok(raw) = serde_json::from_str::<Box<RawValue>>(&text) else { return Ok(()) };
             let enclosing = usize::from(RECURSION_LIMIT - remaining);
             let tree = serde_json::from_str::<serde_json::Value>(&format!("{}{text}{}", "[".repeat(enclosing), "]".repeat(enclosing)));
-            let check = checked::<serde_json::Error>(raw.clone(), remaining, None).is_ok();
+            let check = checked::<serde_json::Error>(raw.clone(), remaining, Schemas::Check(None)).is_ok();
             // The raw-value token is refused whatever a tree makes of it: such a body is read
             // as a tree, which decides.
             if text.contains("serde_json::private::RawValue") {
@@ -453,10 +467,10 @@ mod tests {
             // it is found there, and at another depth (walked afresh there).
             let passed = CheckedSchemas::default();
             for _ in 0..2 {
-                prop_assert_eq!(checked::<serde_json::Error>(raw.clone(), remaining, Some(&passed)).is_ok(), check);
+                prop_assert_eq!(checked::<serde_json::Error>(raw.clone(), remaining, Schemas::Check(Some(&passed))).is_ok(), check);
             }
-            let shallow = checked::<serde_json::Error>(raw.clone(), 3, None).is_ok();
-            prop_assert_eq!(checked::<serde_json::Error>(raw, 3, Some(&passed)).is_ok(), shallow);
+            let shallow = checked::<serde_json::Error>(raw.clone(), 3, Schemas::Check(None)).is_ok();
+            prop_assert_eq!(checked::<serde_json::Error>(raw, 3, Schemas::Check(Some(&passed))).is_ok(), shallow);
         }
     }
 
@@ -464,7 +478,12 @@ mod tests {
     #[test]
     fn what_a_tree_refuses_is_refused() {
         let check = |text: &str, remaining: u8| {
-            checked::<serde_json::Error>(serde_json::from_str::<Box<RawValue>>(text).unwrap(), remaining, None).is_ok()
+            checked::<serde_json::Error>(
+                serde_json::from_str::<Box<RawValue>>(text).unwrap(),
+                remaining,
+                Schemas::Check(None),
+            )
+            .is_ok()
         };
         assert!(check(r#"{"type": "object", "properties": {"a": {"type": "string"}}}"#, 124));
         assert!(!check(r#"{"a": "\ud800"}"#, 124));
@@ -488,13 +507,24 @@ mod tests {
         let refused = r#"{"a": 1e999}"#;
         let (passed, other) = (CheckedSchemas::default(), CheckedSchemas::default());
         passed.insert(passed.key(refused, 124));
-        assert!(checked::<serde_json::Error>(raw(refused), 124, Some(&passed)).is_ok(), "taken from the memo");
-        assert!(checked::<serde_json::Error>(raw(refused), 12, Some(&passed)).is_err(), "another depth");
-        assert!(checked::<serde_json::Error>(raw(refused), 124, Some(&other)).is_err(), "another tenant's memo");
-        assert!(checked::<serde_json::Error>(raw(refused), 124, Some(&passed)).is_ok());
+        assert!(
+            checked::<serde_json::Error>(raw(refused), 124, Schemas::Check(Some(&passed))).is_ok(),
+            "taken from the memo"
+        );
+        assert!(
+            checked::<serde_json::Error>(raw(refused), 12, Schemas::Check(Some(&passed))).is_err(),
+            "another depth"
+        );
+        assert!(
+            checked::<serde_json::Error>(raw(refused), 124, Schemas::Check(Some(&other))).is_err(),
+            "another tenant's memo"
+        );
+        assert!(checked::<serde_json::Error>(raw(refused), 124, Schemas::Check(Some(&passed))).is_ok());
 
         let first = r#"{"type": "object"}"#;
-        assert!(checked::<serde_json::Error>(raw(first), 124, Some(&other)).is_ok() && other.len() == 1);
+        assert!(
+            checked::<serde_json::Error>(raw(first), 124, Schemas::Check(Some(&other))).is_ok() && other.len() == 1
+        );
         for n in 0..2 * SCHEMA_GENERATION {
             other.insert(other.key(&n.to_string(), 124));
         }

@@ -13,7 +13,7 @@ use serde::de::{MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 
 use crate::exchange::{History, Message, Part, Role, Schema, Tool, ToolList};
-use crate::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Skip, TREE_ONLY, Text, entries};
+use crate::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Schemas, Skip, TREE_ONLY, Text, entries};
 use crate::remembered::{self, Shape as Sent};
 use crate::verdicts::Memo;
 
@@ -86,7 +86,8 @@ pub(super) fn read_known(body: &bytes::Bytes, memo: &Memo) -> Option<Read> {
             }
             "tools" => {
                 let all = |text: &[u8]| {
-                    let typed = json_read::whole(text, Tools(Some(memo.schemas()))).ok()?.unwrap_or_default();
+                    let typed =
+                        json_read::whole(text, Tools(Schemas::Check(Some(memo.schemas())))).ok()?.unwrap_or_default();
                     Some(remembered::Read { typed, remember: true })
                 };
                 read.tools = remembered::tools(Sent::ChatCompletions, body, &field, memo, all, tool_of)?;
@@ -108,7 +109,7 @@ fn message_of(span: &[u8]) -> Option<Message> {
 
 /// One tool of a `tools` array, typed from its span as [`Tools`] types it.
 fn tool_of(span: &[u8]) -> Option<Tool> {
-    let function = json_read::whole(span, OneTool(None)).ok()??;
+    let function = json_read::whole(span, OneTool(Schemas::Passed)).ok()??;
     Some(Tool {
         name: function.name?,
         description: function.description.unwrap_or_default(),
@@ -135,7 +136,10 @@ impl<'de> Reader<'de> for Body<'_> {
                     read.shape = messages.as_ref().map_or(Shape::Other, |m| Shape::Array(m.len()));
                     read.messages = messages.unwrap_or_default().into();
                 }
-                "tools" => read.tools = map.next_value_seed(Lenient(Tools(self.passed)))?.unwrap_or_default().into(),
+                "tools" => {
+                    read.tools =
+                        map.next_value_seed(Lenient(Tools(Schemas::Check(self.passed))))?.unwrap_or_default().into()
+                }
                 _ => {
                     read.fields.insert(key.to_string(), map.next_value()?);
                 }
@@ -368,7 +372,7 @@ struct SentFunction {
 #[derive(Clone, Copy)]
 enum Function<'p> {
     Call,
-    Tool(Option<&'p CheckedSchemas>),
+    Tool(Schemas<'p>),
 }
 
 /// The depth serde_json has left at a tool's `parameters`: the body, `tools`, the tool and its
@@ -390,7 +394,7 @@ impl<'de> Reader<'de> for Function<'_> {
                     // checks, so a malformed schema could fail later than a tree reading fails
                     // and in other words: any failure here is the tree's to name.
                     let raw = map.next_value().map_err(|_: A::Error| serde::de::Error::custom(TREE_ONLY))?;
-                    let passed = if let Function::Tool(passed) = self { passed } else { None };
+                    let passed = if let Function::Tool(schemas) = self { schemas } else { Schemas::Check(None) };
                     function.parameters = Some(json_read::checked(raw, PARAMETERS_REMAINING, passed)?);
                 }
                 _ => {
@@ -404,7 +408,7 @@ impl<'de> Reader<'de> for Function<'_> {
 }
 
 /// `tools`: each function tool with a name.
-struct Tools<'p>(Option<&'p CheckedSchemas>);
+struct Tools<'p>(Schemas<'p>);
 
 impl<'de> Reader<'de> for Tools<'_> {
     type Out = Option<Vec<Tool>>;
@@ -429,7 +433,7 @@ impl<'de> Reader<'de> for Tools<'_> {
 }
 
 #[derive(Clone, Copy)]
-struct OneTool<'p>(Option<&'p CheckedSchemas>);
+struct OneTool<'p>(Schemas<'p>);
 
 impl<'de> Reader<'de> for OneTool<'_> {
     type Out = Option<SentFunction>;

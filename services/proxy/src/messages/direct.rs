@@ -16,7 +16,7 @@ use serde::de::{MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 use shield_core::chat_request::MAX_MESSAGES;
 use shield_core::exchange::{History, Message, Part, Role, Schema, Tool, ToolList};
-use shield_core::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Skip, Text, entries};
+use shield_core::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Schemas, Skip, Text, entries};
 use shield_core::remembered::{self, Shape};
 use shield_core::verdicts::Memo;
 
@@ -69,7 +69,7 @@ pub(super) fn read_known(body: &bytes::Bytes, memo: &Memo) -> Option<Read> {
             "tools" => {
                 let server_tools = &mut read.server_tools;
                 let all = |text: &[u8]| {
-                    let sent = json_read::whole(text, Each(OneTool(Some(memo.schemas())))).ok()?;
+                    let sent = json_read::whole(text, Each(OneTool(Schemas::Check(Some(memo.schemas()))))).ok()?;
                     let mut typed = Vec::new();
                     tools_in(sent.into_iter().flatten(), &mut typed, server_tools);
                     // Server tools are named to the caller on every request: such a list is read.
@@ -108,7 +108,7 @@ fn tools_in(sent: impl IntoIterator<Item = SentTool>, tools: &mut Vec<Tool>, ser
 /// One tool of a `tools` array this tenant sent before (with no server tools), from its span.
 fn tool_of(span: &[u8]) -> Option<Tool> {
     let mut tools = Vec::with_capacity(1);
-    tools_in([json_read::whole(span, OneTool(None)).ok()?], &mut tools, &mut Vec::new());
+    tools_in([json_read::whole(span, OneTool(Schemas::Passed)).ok()?], &mut tools, &mut Vec::new());
     tools.pop()
 }
 
@@ -138,7 +138,7 @@ impl<'de> Reader<'de> for Body<'_> {
                 }
                 "system" => read.system = map.next_value_seed(Lenient(System))?.ok_or_else(as_a_tree)?,
                 "tools" => {
-                    let sent = map.next_value_seed(Lenient(Each(OneTool(self.passed))))?;
+                    let sent = map.next_value_seed(Lenient(Each(OneTool(Schemas::Check(self.passed)))))?;
                     let mut tools = Vec::new();
                     tools_in(sent.into_iter().flatten(), &mut tools, &mut read.server_tools);
                     read.tools = tools.into();
@@ -404,7 +404,7 @@ struct SentTool {
 }
 
 #[derive(Clone, Copy)]
-struct OneTool<'p>(Option<&'p CheckedSchemas>);
+struct OneTool<'p>(Schemas<'p>);
 
 /// The depth serde_json has left at a tool's `input_schema`: the body, `tools` and the tool
 /// enclose it.
