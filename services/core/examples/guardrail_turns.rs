@@ -3,6 +3,9 @@
 //! ~3 KB result. Prints, for each turn, the median time of the guardrail stage (PII and secrets
 //! detectors on) over many independent sessions: `before` scans every text (the stage as it
 //! was), `after` reads the tenant's memo of texts judged before and scans only the new ones.
+//! The last two columns time what the proxy does with the turn's Chat Completions body: read
+//! it and judge it, without the memo (`read before`: every message read and scanned) and with
+//! it (`read after`: a message sent before is known by its bytes, not read, and not scanned).
 //!
 //! `cargo run --release -p shield-core --example guardrail_turns [SESSIONS]` (default 40). A
 //! benchmark, not a test: it times on whatever the machine is doing, so compare the two columns
@@ -10,6 +13,7 @@
 
 use std::time::Instant;
 
+use shield_core::chat_request::ChatRequest;
 use shield_core::exchange::{Message, Part, Request, Role};
 use shield_core::guardrails::{Detector, GuardrailPolicy, Mode};
 use shield_core::verdicts::Verdicts;
@@ -112,6 +116,26 @@ fn session(seed: u64, turns: usize) -> Request {
     request
 }
 
+/// The session's request as a Chat Completions body (the system prompt as a system message).
+fn chat_body(request: &Request) -> bytes::Bytes {
+    let mut messages = vec![serde_json::json!({"role": "system", "content": request.system.join("\n")})];
+    for message in request.messages.iter() {
+        for part in &message.content {
+            messages.push(match (message.role, part) {
+                (Role::Assistant, Part::ToolUse { id, name, input }) => serde_json::json!({"role": "assistant",
+                    "tool_calls": [{"id": id, "type": "function", "function": {"name": name, "arguments": input}}]}),
+                (_, Part::ToolResult { id, content, .. }) => {
+                    serde_json::json!({"role": "tool", "tool_call_id": id, "content": content})
+                }
+                (Role::Assistant, Part::Text(text)) => serde_json::json!({"role": "assistant", "content": text}),
+                (_, Part::Text(text)) => serde_json::json!({"role": "user", "content": text}),
+                _ => continue,
+            });
+        }
+    }
+    bytes::Bytes::from(serde_json::json!({"model": "agent", "messages": messages}).to_string())
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -126,12 +150,13 @@ fn main() {
     };
     let verdicts = Verdicts::default();
     let memo = verdicts.of("bench");
+    // The bodies' memo: another tenant's, so that the typed requests above do not warm it.
+    let bodies_memo = verdicts.of("bodies");
     let mut rows = Vec::new();
     for turn in 1..=TURNS {
         let requests: Vec<Request> = (0..sessions).map(|s| session(s, turn)).collect();
         let bytes = requests[0].text().len();
-        let mut before = Vec::new();
-        let mut after = Vec::new();
+        let (mut before, mut after, mut read_before, mut read_after) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for request in &requests {
             let started = Instant::now();
             let fresh = policy.check_request(request, None);
@@ -140,19 +165,35 @@ fn main() {
             let remembered = policy.check_request(request, Some(&memo));
             after.push(started.elapsed().as_secs_f64() * 1e6);
             assert_eq!(fresh, remembered, "a remembered verdict is the fresh one");
+
+            let body = chat_body(request);
+            let started = Instant::now();
+            let read = ChatRequest::parse_shared(&body).expect("a chat body");
+            let fresh = policy.check_request(&read.exchange, None);
+            read_before.push(started.elapsed().as_secs_f64() * 1e6);
+            let started = Instant::now();
+            let read = ChatRequest::parse_remembering(&body, Some(&bodies_memo)).expect("a chat body");
+            let remembered = policy.check_request(&read.exchange, Some(&bodies_memo));
+            read_after.push(started.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(fresh, remembered, "a body read with the memo is judged as without it");
         }
-        rows.push((turn, bytes, median(before), median(after)));
+        rows.push((turn, bytes, [median(before), median(after), median(read_before), median(read_after)]));
     }
-    println!("turn  text KB  before us  after us");
-    for (turn, bytes, before, after) in &rows {
-        println!("{turn:>4}{:>9.1}{before:>11.1}{after:>10.1}", *bytes as f64 / 1024.0);
+    println!("turn  text KB  before us  after us  read before us  read after us");
+    for (turn, bytes, [before, after, read_before, read_after]) in &rows {
+        println!(
+            "{turn:>4}{:>9.1}{before:>11.1}{after:>10.1}{read_before:>16.1}{read_after:>15.1}",
+            *bytes as f64 / 1024.0
+        );
     }
-    let at = |turn: usize| rows[turn - 1];
-    let (b5, a5, b50, a50) = (at(5).2, at(5).3, at(50).2, at(50).3);
+    let ratio = |column: usize| rows[49].2[column] / rows[4].2[column];
     println!(
-        "turn 50 / turn 5: before {:.2}x, after {:.2}x (target: after within 1.20x); memo holds {} texts",
-        b50 / b5,
-        a50 / a5,
+        "turn 50 / turn 5: before {:.2}x, after {:.2}x (target: after within 1.20x); read before {:.2}x, read after \
+         {:.2}x; memo holds {} texts",
+        ratio(0),
+        ratio(1),
+        ratio(2),
+        ratio(3),
         memo.len()
     );
 }

@@ -163,6 +163,18 @@ impl History {
         }
     }
 
+    /// Message `index`, typed alone from its span while the history is not typed (a guardrail
+    /// reading the text of a message new on this turn types that message, not the history).
+    pub fn one(&self, index: usize) -> Option<std::borrow::Cow<'_, Message>> {
+        match self.sent() {
+            Some(sent) if sent.typed.get().is_none() => {
+                let span = sent.text.get(sent.spans.get(index)?.clone())?;
+                (sent.read)(span).map(std::borrow::Cow::Owned)
+            }
+            _ => self.get(index).map(std::borrow::Cow::Borrowed),
+        }
+    }
+
     /// The last message's [`Turn`] of those in `role`, without typing the history.
     pub fn last_turn(&self, role: Role) -> Option<Turn> {
         match self.sent() {

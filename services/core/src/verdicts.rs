@@ -72,8 +72,9 @@ impl<'r> Unit<'r> {
         match self {
             Unit::One(one) => Cow::Borrowed(one),
             Unit::Parts(parts) => Cow::Owned(parts.concat()),
-            Unit::Known { history, index, .. } => match history.get(*index) {
-                Some(message) => Unit::of(message).joined(),
+            Unit::Known { history, index, .. } => match history.one(*index) {
+                Some(Cow::Borrowed(message)) => Unit::of(message).joined(),
+                Some(Cow::Owned(message)) => Cow::Owned(Unit::of(&message).joined().into_owned()),
                 None => Cow::Borrowed(""),
             },
         }

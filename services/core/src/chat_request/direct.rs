@@ -715,6 +715,8 @@ mod tests {
                     assert!(known.exchange.messages.sent().is_some());
                     assert_eq!(policy.check_request(&known.exchange, Some(&memo)), want, "{output}");
                     assert_eq!(known.exchange.prompt_chars(), typed.exchange.prompt_chars());
+                    // A message new on this turn is typed alone for its scan, not the history.
+                    assert!(!known.exchange.messages.is_typed());
                 }
             }
         }
