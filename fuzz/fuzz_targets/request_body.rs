@@ -13,10 +13,14 @@ fuzz_target!(|data: &[u8]| {
     // A tenant's memo changes nothing: read twice with it (each message and the tools read and
     // remembered, then known by their bytes), the same request, the same characters, the same
     // error.
+    // The memo of one tenant for the whole run as well, so that what one input's messages left
+    // in it is read back by another's.
+    static RUN: std::sync::OnceLock<std::sync::Arc<shield_core::verdicts::Memo>> = std::sync::OnceLock::new();
+    let run = RUN.get_or_init(|| Verdicts::default().of("run"));
     let (memo, shared) = (Verdicts::default().of("tenant"), bytes::Bytes::copy_from_slice(data));
     let plain = ChatRequest::parse(data);
-    for _ in 0..2 {
-        let again = ChatRequest::parse_remembering(&shared, Some(&memo));
+    for memo in [&memo, &memo, run] {
+        let again = ChatRequest::parse_remembering(&shared, Some(memo));
         match (&plain, &again) {
             (Ok(plain), Ok(again)) => {
                 assert_eq!(again.exchange.prompt_chars(), plain.exchange.prompt_chars());

@@ -62,6 +62,9 @@ impl Verbatim {
         // An object: a reader that met no key may have read an array or a string.
         (text.get(skip_space(text, 0)) == Some(&b'{')).then_some(())?;
         let mut fields: Vec<(String, Range<usize>)> = Vec::with_capacity(keys.len());
+        // Distinct keys, checked with a set: a body of many thousand keys costs their number,
+        // not its square.
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
         for i in 0..keys.len() {
             let (key, at) = keys.get_mut(i).map(|(key, at)| (std::mem::take(key), *at))?;
             let at = at?;
@@ -82,7 +85,7 @@ impl Verbatim {
                     back_space(text, close - 1)
                 }
             };
-            (start < end && fields.iter().all(|(k, _)| *k != key)).then_some(())?;
+            (start < end && seen.insert(key.clone())).then_some(())?;
             fields.push((key, start..end));
         }
         Some(Verbatim { text: body.clone(), fields })

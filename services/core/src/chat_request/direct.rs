@@ -660,7 +660,7 @@ mod tests {
                 prop_assert_eq!(hashes(&lazy), hashes(&direct));
                 prop_assert_eq!(lazy.tools.len(), direct.tools.len());
                 prop_assert_eq!(lazy.messages.turns(), direct.messages.turns());
-                prop_assert!(lazy.messages.sent().is_some(), "nothing typed the history");
+                prop_assert!(lazy.messages.sent().is_some() && !lazy.messages.is_typed(), "nothing typed the history");
                 prop_assert!(turn == 0 || !matches!(tools, Json::Array(_)) || lazy.tools.sent().is_some(), "nor the tools, known");
                 prop_assert_eq!(&lazy, &direct);
             }
@@ -762,12 +762,22 @@ mod tests {
             let tree = serde_json::from_str::<Value>(&body).is_ok();
             let direct = super::super::ChatRequest::parse(body.as_bytes());
             assert_eq!(direct.is_ok(), tree, "depth {depth} in {at}: {:?}", direct.err());
+            // With a tenant's memo, twice (read, then known by its bytes): spans read alone nest
+            // less deeply than in the body, and are refused alike all the same.
+            let (memo, shared) = (crate::verdicts::Verdicts::default().of("t"), bytes::Bytes::from(body.clone()));
+            for _ in 0..2 {
+                let known = super::super::ChatRequest::parse_remembering(&shared, Some(&memo));
+                assert_eq!(known.as_ref().err(), direct.as_ref().err(), "depth {depth} in {at}, with the memo");
+            }
             direct.err().map(|e| e.0)
         };
         for at in ["message", "ignored", "tool"] {
             assert_eq!(parse(100, at), None);
             let refused = parse(100_000, at).unwrap();
             assert!(refused.contains("recursion limit"), "{refused}");
+            for depth in 120..=130 {
+                parse(depth, at);
+            }
         }
     }
 
