@@ -55,16 +55,13 @@ impl Shape {
 /// in the body: a body nested past this is read whole.
 pub const DEEPEST: usize = 100;
 
-/// More top-level fields than any API's request has: such a body is read whole.
-const MOST_FIELDS: usize = 64;
-
 /// The top-level fields of `body`, `messages` and `tools` with their items.
 pub fn fields(body: &Bytes) -> Option<Vec<Field<'_>>> {
     simdutf8::basic::from_utf8(body).ok()?;
     let fields = json_scan::fields(body, &["messages", "tools"])?;
     // A few fields: each compared with those before it costs less than a set, and a body of
     // thousands of keys (read whole, then) cannot make it quadratic.
-    (fields.len() <= MOST_FIELDS).then_some(())?;
+    (fields.len() <= crate::verbatim::MOST_KEYS).then_some(())?;
     for (i, field) in fields.iter().enumerate() {
         let repeated = fields.get(..i).unwrap_or_default().iter().any(|earlier| earlier.key == field.key);
         if repeated || field.depth > DEEPEST || field.key == crate::chat_request::RAW_VALUE_TOKEN {

@@ -33,6 +33,9 @@ pub struct Verbatim {
 /// a one-line prompt).
 pub const WORTH_IT: usize = 2048;
 
+/// More top-level keys than any API's request has ([`Verbatim::of_keys`]).
+pub const MOST_KEYS: usize = 64;
+
 impl Verbatim {
     /// [`Verbatim::of`] for a body of at least [`WORTH_IT`] bytes.
     pub fn of_large(body: &Bytes, fields: &Map<String, Value>) -> Option<Verbatim> {
@@ -61,10 +64,11 @@ impl Verbatim {
         let text: &[u8] = body;
         // An object: a reader that met no key may have read an array or a string.
         (text.get(skip_space(text, 0)) == Some(&b'{')).then_some(())?;
+        // Distinct keys are checked each against those before it: a body of more keys than any
+        // request has is written from its parsed fields instead, so that many thousand keys
+        // cannot make the check quadratic.
+        (keys.len() <= MOST_KEYS).then_some(())?;
         let mut fields: Vec<(String, Range<usize>)> = Vec::with_capacity(keys.len());
-        // Distinct keys, checked with a set: a body of many thousand keys costs their number,
-        // not its square.
-        let mut seen = std::collections::HashSet::with_capacity(keys.len());
         for i in 0..keys.len() {
             let (key, at) = keys.get_mut(i).map(|(key, at)| (std::mem::take(key), *at))?;
             let at = at?;
@@ -85,7 +89,7 @@ impl Verbatim {
                     back_space(text, close - 1)
                 }
             };
-            (start < end && seen.insert(key.clone())).then_some(())?;
+            (start < end && fields.iter().all(|(k, _)| *k != key)).then_some(())?;
             fields.push((key, start..end));
         }
         Some(Verbatim { text: body.clone(), fields })
