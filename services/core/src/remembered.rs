@@ -19,10 +19,61 @@
 //! accepts or refuses it in serde_json's words.
 
 use bytes::Bytes;
+use serde_json::{Map, Value};
 
 use crate::exchange::{History, Lazy, Message, Spans, Told, Tool, ToolList};
 use crate::json_scan::{self, Field, Item};
+use crate::verbatim::Keys;
 use crate::verdicts::{Known, Memo};
+
+/// What one API shape reads of its body's parts; [`read`] does the rest alike for every shape.
+pub trait ShapeReader {
+    const SHAPE: Shape;
+
+    /// One message, from its span (`None`: give up).
+    fn message(span: &[u8]) -> Option<Message>;
+
+    /// One tool of a `tools` array read before (its schemas passed then), from its span.
+    fn tool(span: &[u8]) -> Option<Tool>;
+
+    /// A `tools` array read whole, its schemas checked with the tenant's (`None`: give up).
+    fn tools(&mut self, text: &[u8], memo: &Memo) -> Option<Read<Tool>>;
+
+    /// A top-level field only this shape reads otherwise than as a value: `Some(true)` when it
+    /// took it, `Some(false)` to have it read as a value, `None` to give up.
+    fn field(&mut self, _key: &str, _text: &[u8]) -> Option<bool> {
+        Some(false)
+    }
+}
+
+/// A body read by its spans: its other top-level fields as values, where its keys stand, its
+/// history and its tools.
+pub struct Body {
+    pub fields: Map<String, Value>,
+    pub keys: Keys,
+    pub messages: History,
+    pub tools: ToolList,
+}
+
+/// `body`, read by its spans with the tenant's memo: `messages` ([`history`]) and `tools`
+/// ([`tools`]) as known or read and remembered, the shape's own fields by `reader`, every
+/// other field read from its span as a value. `None`: read the body whole (no `messages` too).
+pub fn read<R: ShapeReader>(body: &Bytes, memo: &Memo, reader: &mut R) -> Option<Body> {
+    let (mut values, mut keys, mut messages, mut tools) = (Map::new(), Keys::default(), None, ToolList::default());
+    for field in fields(body)? {
+        keys.found(field.key, field.key_at);
+        let text = body.get(field.value.clone())?;
+        match field.key {
+            "messages" => messages = Some(history(R::SHAPE, body, field.items.as_deref()?, memo, R::message)?),
+            "tools" => tools = self::tools(R::SHAPE, body, &field, memo, |text| reader.tools(text, memo), R::tool)?,
+            key if reader.field(key, text)? => {}
+            key => {
+                values.insert(key.to_string(), serde_json::from_slice(text).ok()?);
+            }
+        }
+    }
+    Some(Body { fields: values, keys, messages: messages?, tools })
+}
 
 /// The API shape a body came in. The same bytes read in another shape are another message (a
 /// `tool` role, a `tool_result` block): each shape's messages and tools are remembered under keys
@@ -56,7 +107,7 @@ impl Shape {
 pub const DEEPEST: usize = 100;
 
 /// The top-level fields of `body`, `messages` and `tools` with their items.
-pub fn fields(body: &Bytes) -> Option<Vec<Field<'_>>> {
+fn fields(body: &Bytes) -> Option<Vec<Field<'_>>> {
     simdutf8::basic::from_utf8(body).ok()?;
     let fields = json_scan::fields(body, &["messages", "tools"])?;
     // A few fields: each compared with those before it costs less than a set, and a body of
@@ -77,7 +128,7 @@ pub fn fields(body: &Bytes) -> Option<Vec<Field<'_>>> {
 /// The history the `items` of `messages` hold: each message the memo knows by its bytes taken
 /// as known, each other read with `read` (the shape's reader of one message; `None`: give up)
 /// and remembered.
-pub fn history(
+fn history(
     shape: Shape,
     body: &Bytes,
     items: &[Item],
@@ -111,7 +162,7 @@ pub fn history(
 /// The tools a `tools` field holds: known by its bytes, or read whole with `read_all` (the
 /// shape's reader, the tenant's checked schemas at hand; `None`: give up), and remembered when
 /// it says so. Typed again with `read_one`, one item at a time, if something reads them.
-pub fn tools(
+fn tools(
     shape: Shape,
     body: &Bytes,
     field: &Field<'_>,

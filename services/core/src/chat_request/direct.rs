@@ -73,48 +73,37 @@ pub(super) fn read(body: &[u8], passed: Option<&CheckedSchemas>) -> Result<Read,
 /// typed from their spans only if something asks for them; every other field is read from its
 /// span as [`read`] reads it. `None`: read the body with [`read`].
 pub(super) fn read_known(body: &bytes::Bytes, memo: &Memo) -> Option<Read> {
-    let mut read = Read::default();
-    let mut history = None;
-    for field in remembered::fields(body)? {
-        read.keys.found(field.key, field.key_at);
-        let text = body.get(field.value.clone())?;
-        match field.key {
-            "messages" => {
-                let items = field.items.as_deref()?;
-                read.shape = Shape::Array(items.len());
-                history = Some(remembered::history(Sent::ChatCompletions, body, items, memo, message_of)?);
-            }
-            "tools" => {
-                let all = |text: &[u8]| {
-                    let typed =
-                        json_read::whole(text, Tools(Schemas::Check(Some(memo.schemas())))).ok()?.unwrap_or_default();
-                    Some(remembered::Read { typed, remember: true })
-                };
-                read.tools = remembered::tools(Sent::ChatCompletions, body, &field, memo, all, tool_of)?;
-            }
-            key => {
-                read.fields.insert(key.to_string(), serde_json::from_slice(text).ok()?);
-            }
-        }
+    let sent = remembered::read(body, memo, &mut Chat)?;
+    let shape = Shape::Array(sent.messages.len());
+    Some(Read { fields: sent.fields, messages: sent.messages, shape, tools: sent.tools, keys: sent.keys })
+}
+
+/// Chat Completions' readers of a body's parts ([`remembered::read`]).
+struct Chat;
+
+impl remembered::ShapeReader for Chat {
+    const SHAPE: Sent = Sent::ChatCompletions;
+
+    /// A message typed from its span. Every span reads: a value that is no object is an empty user
+    /// turn, as in [`read`].
+    fn message(span: &[u8]) -> Option<Message> {
+        json_read::whole(span, OneMessage).ok().map(SentMessage::typed)
     }
-    read.messages = history?;
-    Some(read)
-}
 
-/// A message typed from its span. Every span reads: a value that is no object is an empty user
-/// turn, as in [`read`].
-fn message_of(span: &[u8]) -> Option<Message> {
-    json_read::whole(span, OneMessage).ok().map(SentMessage::typed)
-}
+    /// One tool of a `tools` array, typed from its span as [`Tools`] types it.
+    fn tool(span: &[u8]) -> Option<Tool> {
+        let function = json_read::whole(span, OneTool(Schemas::Passed)).ok()??;
+        Some(Tool {
+            name: function.name?,
+            description: function.description.unwrap_or_default(),
+            schema: function.parameters.map_or_else(|| Schema::of_value(&super::empty_schema()), Schema::of_raw),
+        })
+    }
 
-/// One tool of a `tools` array, typed from its span as [`Tools`] types it.
-fn tool_of(span: &[u8]) -> Option<Tool> {
-    let function = json_read::whole(span, OneTool(Schemas::Passed)).ok()??;
-    Some(Tool {
-        name: function.name?,
-        description: function.description.unwrap_or_default(),
-        schema: function.parameters.map_or_else(|| Schema::of_value(&super::empty_schema()), Schema::of_raw),
-    })
+    fn tools(&mut self, text: &[u8], memo: &Memo) -> Option<remembered::Read<Tool>> {
+        let typed = json_read::whole(text, Tools(Schemas::Check(Some(memo.schemas())))).ok()?.unwrap_or_default();
+        Some(remembered::Read { typed, remember: true })
+    }
 }
 
 /// The top-level object of the body it holds.

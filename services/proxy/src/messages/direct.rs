@@ -54,39 +54,60 @@ pub(super) fn read(body: &[u8], passed: Option<&CheckedSchemas>) -> Option<Read>
 /// typed from their spans only if something asks for them; every other field is read from its
 /// span as [`read`] reads it. `None`: read the body with [`read`].
 pub(super) fn read_known(body: &bytes::Bytes, memo: &Memo) -> Option<Read> {
-    let mut read = Read::default();
-    let mut history = None;
-    for field in remembered::fields(body)? {
-        read.keys.found(field.key, field.key_at);
-        let text = body.get(field.value.clone())?;
-        match field.key {
-            "messages" => {
-                let items = field.items.as_deref()?;
-                (1..=MAX_MESSAGES).contains(&items.len()).then_some(())?;
-                history = Some(remembered::history(Shape::Messages, body, items, memo, message_of)?);
-            }
-            "system" => read.system = json_read::whole(text, System).ok()??,
-            "tools" => {
-                let server_tools = &mut read.server_tools;
-                let all = |text: &[u8]| {
-                    let sent = json_read::whole(text, Each(OneTool(Schemas::Check(Some(memo.schemas()))))).ok()?;
-                    let mut typed = Vec::new();
-                    tools_in(sent.into_iter().flatten(), &mut typed, server_tools);
-                    // Server tools are named to the caller on every request: such a list is read.
-                    Some(remembered::Read { typed, remember: server_tools.is_empty() })
-                };
-                read.tools = remembered::tools(Shape::Messages, body, &field, memo, all, tool_of)?;
-            }
-            key => {
-                read.fields.insert(key.to_string(), serde_json::from_slice(text).ok()?);
-            }
-        }
+    let mut shape = MessagesShape::default();
+    let sent = remembered::read(body, memo, &mut shape)?;
+    (1..=MAX_MESSAGES).contains(&sent.messages.len()).then_some(())?;
+    let MessagesShape { mut system, server_tools } = shape;
+    // Empty system parts are dropped, as the tree reading drops them.
+    system.retain(|part| !part.is_empty());
+    Some(Read {
+        fields: sent.fields,
+        system,
+        system_messages: sent.messages.last_turn(Role::System).is_some(),
+        messages: sent.messages,
+        tools: sent.tools,
+        server_tools,
+        keys: sent.keys,
+    })
+}
+
+/// Messages' readers of a body's parts ([`remembered::read`]), and what they found besides.
+#[derive(Default)]
+struct MessagesShape {
+    system: Vec<String>,
+    server_tools: Vec<String>,
+}
+
+impl remembered::ShapeReader for MessagesShape {
+    const SHAPE: Shape = Shape::Messages;
+
+    /// A message typed from its span (`None`: one the tree reading reads).
+    fn message(span: &[u8]) -> Option<Message> {
+        json_read::whole(span, OneMessage).ok()?.map(|Typed(message)| message)
     }
-    let history = history?;
-    read.system_messages = history.turns().iter().any(|turn| turn.role == Role::System);
-    read.messages = history;
-    read.system.retain(|part| !part.is_empty());
-    Some(read)
+
+    /// One tool of a `tools` array this tenant sent before (with no server tools), from its span.
+    fn tool(span: &[u8]) -> Option<Tool> {
+        let mut tools = Vec::with_capacity(1);
+        tools_in([json_read::whole(span, OneTool(Schemas::Passed)).ok()?], &mut tools, &mut Vec::new());
+        tools.pop()
+    }
+
+    fn tools(&mut self, text: &[u8], memo: &Memo) -> Option<remembered::Read<Tool>> {
+        let sent = json_read::whole(text, Each(OneTool(Schemas::Check(Some(memo.schemas()))))).ok()?;
+        let mut typed = Vec::new();
+        tools_in(sent.into_iter().flatten(), &mut typed, &mut self.server_tools);
+        // Server tools are named to the caller on every request: such a list is read.
+        Some(remembered::Read { typed, remember: self.server_tools.is_empty() })
+    }
+
+    fn field(&mut self, key: &str, text: &[u8]) -> Option<bool> {
+        if key != "system" {
+            return Some(false);
+        }
+        self.system = json_read::whole(text, System).ok()??;
+        Some(true)
+    }
 }
 
 /// The tools of a `tools` array as sent, and its server tools named.
@@ -103,18 +124,6 @@ fn tools_in(sent: impl IntoIterator<Item = SentTool>, tools: &mut Vec<Tool>, ser
             Some(kind) => server_tools.push(format!("tools ({kind})")),
         }
     }
-}
-
-/// One tool of a `tools` array this tenant sent before (with no server tools), from its span.
-fn tool_of(span: &[u8]) -> Option<Tool> {
-    let mut tools = Vec::with_capacity(1);
-    tools_in([json_read::whole(span, OneTool(Schemas::Passed)).ok()?], &mut tools, &mut Vec::new());
-    tools.pop()
-}
-
-/// A message typed from its span (`None`: one the tree reading reads).
-fn message_of(span: &[u8]) -> Option<Message> {
-    json_read::whole(span, OneMessage).ok()?.map(|Typed(message)| message)
 }
 
 /// The top-level object of the body it holds (`None`: not an object, or no `messages` array).
