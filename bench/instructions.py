@@ -15,7 +15,8 @@ Usage: python3 bench/instructions.py [-n N] [-r ROUTE] [-k KEY] [-a BYTES [-m]] 
 (ROUTE: bench-static, the default; bench-limited, the same with rate limits; bench, the mock.
 KEY: plain, the default; governed, a key with an allow-list, an expiry and a budget, issue 32;
 -a BYTES: a Claude-Code-shaped request of about BYTES instead of the one-line prompt, issue 33;
--m: that request in Messages' shape, to /v1/messages)
+-m: that request in Messages' shape, to /v1/messages: converted for the OpenAI-shaped target of
+bench-static, relayed as sent with -r bench-static-messages)
 Needs valgrind and oha (`cargo install oha`).
 """
 import glob

@@ -82,6 +82,13 @@ STATIC_COMPLETION = json.dumps({
     "usage": {"prompt_tokens": 14, "completion_tokens": 48, "total_tokens": 62,
               "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}},
 }, separators=(",", ":"))
+# The same answer in Messages' shape, at /v1/messages (the `bench-static-messages` route: a
+# Messages request relayed to an Anthropic-shaped target, for bench/instructions.py -m).
+STATIC_MESSAGE = json.dumps({
+    "id": "msg_static0123456789", "type": "message", "role": "assistant", "model": "static-1",
+    "content": [{"type": "text", "text": "Hello! This is a fixed answer from a static backend."}],
+    "stop_reason": "end_turn", "stop_sequence": None, "usage": {"input_tokens": 14, "output_tokens": 12},
+}, separators=(",", ":"))
 
 
 def free_port():
@@ -307,12 +314,16 @@ def main():
         request("PUT", f"{admin}/gateway/targets/static", token, {
             "base_url": f"http://127.0.0.1:{ports['static']}/v1", "model": "static-1", "allow_private": True, "auth": {"mode": "none"},
             "price": price})
+        request("PUT", f"{admin}/gateway/targets/static-anthropic", token, {
+            "base_url": f"http://127.0.0.1:{ports['static']}/v1", "model": "static-1", "flavor": "anthropic",
+            "allow_private": True, "auth": {"mode": "none"}, "price": price})
         # What a production route has on: a rule (that does not match), a budget, guardrails.
         production = {"rules": [{"when": {"role": ["contractor"]}, "deny": "Contractors cannot use this route"}],
                       "budget": {"monthly": 1000000, "at_limit": "warn"}}
         request("PUT", f"{admin}/guardrails", token, {"pii_detection": {"mode": "monitor"}, "secrets_detection": {"mode": "monitor"}})
         request("PUT", f"{admin}/gateway/routes/bench", token, {"targets": ["mock"], **production})
         request("PUT", f"{admin}/gateway/routes/bench-static", token, {"targets": ["static"], **production})
+        request("PUT", f"{admin}/gateway/routes/bench-static-messages", token, {"targets": ["static-anthropic"], **production})
         request("PUT", f"{admin}/gateway/routes/bench-limited", token, {
             "targets": ["static"], **production, "limits": {"rpm": 10_000_000, "tpm": 10_000_000_000}})
         key = request("POST", f"{admin}/keys", token, {"name": "bench"})["key"]
@@ -328,7 +339,8 @@ def main():
         # worker's own CPU per request (what a plain proxy hop costs) is printed.
         def static_server(port):
             return ("\n  server {\n    listen 127.0.0.1:%d;\n    location / { default_type application/json; "
-                    "return 200 '%s'; }\n  }" % (port, STATIC_COMPLETION))
+                    "return 200 '%s'; }\n    location /v1/messages { default_type application/json; return 200 '%s'; }\n  }"
+                    % (port, STATIC_COMPLETION, STATIC_MESSAGE))
 
         def head(name):
             return (f"worker_processes 1; daemon off; pid {work}/{name}.pid; error_log {work}/{name}-error.log;\n"

@@ -414,7 +414,7 @@ fn typed(fields: &Map<String, Value>, messages: exchange::History, tools: exchan
     }
     .map(|effort| Reasoning { effort: Some(effort), fields: vec!["reasoning_effort"] });
     exchange::Request {
-        system: Vec::new(),
+        system: Default::default(),
         messages,
         tools,
         tool_choice,

@@ -13,9 +13,10 @@
 /// every other adapter renders this.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Request {
-    /// The top-level system prompt, in parts (Anthropic's `system`; OpenAI's shape has none:
-    /// its system messages stay in [`Request::messages`] where they stand).
-    pub system: Vec<String>,
+    /// The top-level system prompt, in parts, none empty (Anthropic's `system`; OpenAI's shape
+    /// has none: its system messages stay in [`Request::messages`] where they stand). Typed
+    /// when first read if it came in a large body ([`SystemPrompt`]).
+    pub system: SystemPrompt,
     /// The conversation; typed when first read if it came in a large body ([`History`]).
     pub messages: History,
     /// Typed when first read if they came in a large body ([`Lazy`]).
@@ -71,7 +72,7 @@ impl Request {
     /// text, tool results and thinking, and the text of parts other shapes cannot carry.
     pub fn text(&self) -> String {
         let mut text = String::new();
-        for part in &self.system {
+        for part in self.system.iter() {
             text.push_str(part);
             text.push('\n');
         }
@@ -93,7 +94,10 @@ impl Request {
     /// Characters of the prompt's text (system, message text and tool results): the basis of
     /// token estimates at 4 characters a token.
     pub fn prompt_chars(&self) -> usize {
-        let system: usize = self.system.iter().map(String::len).sum();
+        let system = match self.system.sent() {
+            Some(sent) => sent.known.chars,
+            None => self.system.iter().map(String::len).sum(),
+        };
         let messages = match self.messages.sent() {
             Some(sent) => sent.known.chars,
             None => self.messages.iter().map(Message::prompt_chars).sum(),
@@ -122,15 +126,19 @@ pub type History = Lazy<Message, Told>;
 /// A request's tools (their number known).
 pub type ToolList = Lazy<Tool, ()>;
 
-/// What is known of each message as sent.
+/// A request's system prompt parts ([`Told`]: their guardrail units and characters known;
+/// no turns). Claude Code's is 14 KB, the same on every turn.
+pub type SystemPrompt = Lazy<String, Told>;
+
+/// What is known of each message (or system prompt part) as sent, one entry a span.
 #[derive(Debug, Clone, Default)]
 pub struct Told {
-    /// Each message's guardrail unit: the keyed hash of its text, `None` for a message with no
-    /// text ([`crate::verdicts::units`]).
+    /// Each span's guardrail unit: the keyed hash of its text, `None` for one with no text
+    /// ([`crate::verdicts::units`]; a system prompt part with none is no part).
     pub units: Vec<Option<u128>>,
-    /// [`Message::prompt_chars`] summed over the messages.
+    /// [`Message::prompt_chars`] summed over the messages (a system prompt's: its length).
     pub chars: usize,
-    /// Each message's [`Turn`].
+    /// Each message's [`Turn`] (none for a system prompt).
     pub turns: Vec<Turn>,
 }
 

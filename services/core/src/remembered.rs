@@ -21,7 +21,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::exchange::{History, Lazy, Message, Spans, Told, Tool, ToolList};
+use crate::exchange::{History, Lazy, Message, Spans, SystemPrompt, Told, Tool, ToolList};
 use crate::json_scan::{self, Field, Item};
 use crate::verbatim::Keys;
 use crate::verdicts::{Known, Memo};
@@ -44,6 +44,23 @@ pub trait ShapeReader {
     fn field(&mut self, _key: &str, _text: &[u8]) -> Option<bool> {
         Some(false)
     }
+
+    /// Whether the shape has a top-level `system` prompt (Messages'), a string or an array of
+    /// blocks, read part by part ([`ShapeReader::system_text`], [`ShapeReader::system_block`]);
+    /// a shape without one reads a `system` field as any other.
+    const HAS_SYSTEM: bool = false;
+
+    /// A system prompt sent as a string, from its span: its text (`Some(None)`: none), `None`
+    /// to give up.
+    fn system_text(_span: &[u8]) -> Option<Option<String>> {
+        None
+    }
+
+    /// One block of a system prompt sent as an array, from its span: its text (`Some(None)`:
+    /// none, as a block of another type), `None` to give up.
+    fn system_block(_span: &[u8]) -> Option<Option<String>> {
+        None
+    }
 }
 
 /// A body read by its spans: its other top-level fields as values, where its keys stand, its
@@ -51,28 +68,32 @@ pub trait ShapeReader {
 pub struct Body {
     pub fields: Map<String, Value>,
     pub keys: Keys,
+    pub system: SystemPrompt,
     pub messages: History,
     pub tools: ToolList,
 }
 
-/// `body`, read by its spans with the tenant's memo: `messages` ([`history`]) and `tools`
-/// ([`tools`]) as known or read and remembered, the shape's own fields by `reader`, every
-/// other field read from its span as a value. `None`: read the body whole (no `messages` too).
+/// `body`, read by its spans with the tenant's memo: `messages` ([`history`]), `tools`
+/// ([`tools`]) and a shape's `system` ([`system`]) as known or read and remembered, the shape's
+/// own fields by `reader`, every other field read from its span as a value. `None`: read the
+/// body whole (no `messages` too).
 pub fn read<R: ShapeReader>(body: &Bytes, memo: &Memo, reader: &mut R) -> Option<Body> {
-    let (mut values, mut keys, mut messages, mut tools) = (Map::new(), Keys::default(), None, ToolList::default());
+    let (mut values, mut keys, mut messages) = (Map::new(), Keys::default(), None);
+    let (mut system, mut tools) = (SystemPrompt::default(), ToolList::default());
     for field in fields(body)? {
         keys.found(field.key, field.key_at);
         let text = body.get(field.value.clone())?;
         match field.key {
             "messages" => messages = Some(history(R::SHAPE, body, field.items.as_deref()?, memo, R::message)?),
             "tools" => tools = self::tools(R::SHAPE, body, &field, memo, |text| reader.tools(text, memo), R::tool)?,
+            "system" if R::HAS_SYSTEM => system = self::system::<R>(body, &field, memo)?,
             key if reader.field(key, text)? => {}
             key => {
                 values.insert(key.to_string(), serde_json::from_slice(text).ok()?);
             }
         }
     }
-    Some(Body { fields: values, keys, messages: messages?, tools })
+    Some(Body { fields: values, keys, system, messages: messages?, tools })
 }
 
 /// The API shape a body came in. The same bytes read in another shape are another message (a
@@ -84,11 +105,14 @@ pub enum Shape {
     Messages,
 }
 
-/// What a key stands for.
+/// What a key stands for. The same bytes are another thing as another part: `"abc"` is a
+/// system prompt's text as the whole `system`, and a block with no text in its array.
 #[derive(Clone, Copy)]
 enum Part {
     Message,
     Tools,
+    SystemText,
+    SystemBlock,
 }
 
 impl Shape {
@@ -96,7 +120,7 @@ impl Shape {
     /// its top byte changed by the domain (two keys of different domains are equal only if
     /// their hashes differ by exactly that: a chance of 2^-128).
     fn key(self, memo: &Memo, part: Part, bytes: &[u8]) -> u128 {
-        let domain = 1 + 2 * self as u8 + part as u8;
+        let domain = 1 + 4 * self as u8 + part as u8;
         memo.bytes_hash(bytes) ^ (u128::from(domain) << 120)
     }
 }
@@ -109,7 +133,7 @@ pub const DEEPEST: usize = 100;
 /// The top-level fields of `body`, `messages` and `tools` with their items.
 fn fields(body: &Bytes) -> Option<Vec<Field<'_>>> {
     simdutf8::basic::from_utf8(body).ok()?;
-    let fields = json_scan::fields(body, &["messages", "tools"])?;
+    let fields = json_scan::fields(body, &["messages", "tools", "system"])?;
     // A few fields: each compared with those before it costs less than a set, and a body of
     // thousands of keys (read whole, then) cannot make it quadratic.
     (fields.len() <= crate::verbatim::MOST_KEYS).then_some(())?;
@@ -135,8 +159,51 @@ fn history(
     memo: &Memo,
     read: fn(&[u8]) -> Option<Message>,
 ) -> Option<History> {
+    let told = told(shape, Part::Message, body, items, memo, |span| read(span).map(|message| memo.know(&message)))?;
+    let spans = items.iter().map(|item| item.span.clone()).collect();
+    Some(Lazy::of_sent(Spans::new(body.clone(), spans, items.len(), told, read)))
+}
+
+/// The system prompt a `system` field holds, part by part as [`history`] reads messages: a
+/// string (one part), an array of blocks (a part each), or `null` (none). Parts with no text
+/// are no parts, as the whole reading drops them. `None`: give up (another type, a part that
+/// does not read).
+fn system<R: ShapeReader>(body: &Bytes, field: &Field<'_>, memo: &Memo) -> Option<SystemPrompt> {
+    // Non-capturing, so a plain `fn` the lazy list keeps: the shape's readers, empty texts dropped.
+    let text: fn(&[u8]) -> Option<String> = |span| R::system_text(span).flatten().filter(|text| !text.is_empty());
+    let block: fn(&[u8]) -> Option<String> = |span| R::system_block(span).flatten().filter(|text| !text.is_empty());
+    let (part, read_fresh, read, items) = match (body.get(field.value.start)?, &field.items) {
+        (b'"', _) => {
+            let whole = Item { span: field.value.clone(), depth: field.depth };
+            (Part::SystemText, R::system_text as fn(&[u8]) -> Option<Option<String>>, text, vec![whole])
+        }
+        (b'[', Some(items)) => (Part::SystemBlock, R::system_block as fn(&[u8]) -> _, block, items.clone()),
+        _ if body.get(field.value.clone())? == b"null" => return Some(SystemPrompt::default()),
+        _ => return None,
+    };
+    let know = |span: &[u8]| {
+        let said = read_fresh(span)?.filter(|text| !text.is_empty());
+        Some(memo.know_system_part(said.as_deref()))
+    };
+    let told = told(R::SHAPE, part, body, &items, memo, know)?;
+    let len = told.units.iter().flatten().count();
+    let spans = items.into_iter().map(|item| item.span).collect();
+    Some(Lazy::of_sent(Spans::new(body.clone(), spans, len, told, read)))
+}
+
+/// What is known of the spans `items` of a body, sent as `part`: each the memo knows by its
+/// bytes taken as known, each other read and told of by `know` (`None`: give up) and
+/// remembered.
+fn told(
+    shape: Shape,
+    part: Part,
+    body: &Bytes,
+    items: &[Item],
+    memo: &Memo,
+    know: impl Fn(&[u8]) -> Option<Known>,
+) -> Option<Told> {
     let span = |item: &Item| body.get(item.span.clone()).unwrap_or_default();
-    let keys: Vec<u128> = items.iter().map(|item| shape.key(memo, Part::Message, span(item))).collect();
+    let keys: Vec<u128> = items.iter().map(|item| shape.key(memo, part, span(item))).collect();
     let mut fresh = Vec::new();
     let mut told = Told { units: Vec::with_capacity(items.len()), chars: 0, turns: Vec::with_capacity(items.len()) };
     for ((item, key), known) in items.iter().zip(&keys).zip(memo.known(&keys)) {
@@ -144,19 +211,19 @@ fn history(
             Some(known) => known,
             None => {
                 (item.depth <= DEEPEST).then_some(())?;
-                let message = read(body.get(item.span.clone())?)?;
-                let known = memo.know(&message);
+                let known = know(body.get(item.span.clone())?)?;
                 fresh.push((*key, known));
                 known
             }
         };
         told.units.push(unit);
         told.chars += chars;
-        told.turns.push(turn);
+        if matches!(part, Part::Message) {
+            told.turns.push(turn);
+        }
     }
     memo.remember(fresh);
-    let spans = items.iter().map(|item| item.span.clone()).collect();
-    Some(Lazy::of_sent(Spans::new(body.clone(), spans, items.len(), told, read)))
+    Some(told)
 }
 
 /// The tools a `tools` field holds: known by its bytes, or read whole with `read_all` (the

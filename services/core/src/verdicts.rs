@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::exchange::{History, Message, Part, Request, Turn};
+use crate::exchange::{History, Message, Part, Request, Role, SystemPrompt, Turn};
 use crate::guardrails::{GuardrailPolicy, Scanned};
 use crate::json_read::CheckedSchemas;
 use crate::keyed_hash::HashKey;
@@ -57,13 +57,22 @@ pub enum Unit<'r> {
     /// A system part or a one-part message: nearly every unit, and no allocation.
     One(&'r str),
     Parts(Vec<&'r str>),
-    /// A message of a history known by its span ([`crate::exchange::Lazy`]): the keyed hash of
-    /// its text, remembered with it, and the message, typed only if its text is read.
+    /// A message or system prompt part known by its span ([`crate::exchange::Lazy`]): the
+    /// keyed hash of its text, remembered with it, and where it stands, typed only if its text
+    /// is read.
     Known {
         hash: u128,
-        history: &'r History,
-        index: usize,
+        from: Sent<'r>,
     },
+}
+
+/// Where a unit known by its span stands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sent<'r> {
+    /// Message `index` of the history.
+    Message(&'r History, usize),
+    /// Part `index` of the system prompt (counting only parts with text).
+    System(&'r SystemPrompt, usize),
 }
 
 impl<'r> Unit<'r> {
@@ -72,11 +81,14 @@ impl<'r> Unit<'r> {
         match self {
             Unit::One(one) => Cow::Borrowed(one),
             Unit::Parts(parts) => Cow::Owned(parts.concat()),
-            Unit::Known { history, index, .. } => match history.one(*index) {
+            Unit::Known { from: Sent::Message(history, index), .. } => match history.one(*index) {
                 Some(Cow::Borrowed(message)) => Unit::of(message).joined(),
                 Some(Cow::Owned(message)) => Cow::Owned(Unit::of(&message).joined().into_owned()),
                 None => Cow::Borrowed(""),
             },
+            Unit::Known { from: Sent::System(system, index), .. } => {
+                Cow::Borrowed(system.get(*index).map_or("", String::as_str))
+            }
         }
     }
 
@@ -108,16 +120,22 @@ impl<'r> Unit<'r> {
 /// The units of a request: the texts [`Request::text`] reads, split where one message ends.
 /// Units with no text are left out. A history known by its spans gives its units' hashes.
 pub fn units<'r>(request: &'r Request) -> Vec<Unit<'r>> {
-    let system = request.system.iter().map(|part| Unit::One(part.as_str()));
+    let system: Vec<Unit<'r>> = match request.system.sent() {
+        Some(sent) => {
+            let known = sent.known.units.iter().flatten().enumerate();
+            known.map(|(index, &hash)| Unit::Known { hash, from: Sent::System(&request.system, index) }).collect()
+        }
+        None => request.system.iter().map(|part| Unit::One(part.as_str())).collect(),
+    };
     let units: Vec<Unit<'r>> = match request.messages.sent() {
         Some(sent) => {
             let history = &request.messages;
             let known = sent.known.units.iter().enumerate();
-            system
-                .chain(known.filter_map(|(index, hash)| hash.map(|hash| Unit::Known { hash, history, index })))
-                .collect()
+            let known = known
+                .filter_map(|(index, hash)| hash.map(|hash| Unit::Known { hash, from: Sent::Message(history, index) }));
+            system.into_iter().chain(known).collect()
         }
-        None => system.chain(request.messages.iter().map(Unit::of)).collect(),
+        None => system.into_iter().chain(request.messages.iter().map(Unit::of)).collect(),
     };
     units.into_iter().filter(|unit| !unit.is_empty()).collect()
 }
@@ -406,6 +424,16 @@ impl Memo {
         self.key.hash(bytes)
     }
 
+    /// What a system prompt part read from its bytes tells (`None`: it has no text, and is no
+    /// part): its text's hash and its characters.
+    pub fn know_system_part(&self, text: Option<&str>) -> Known {
+        Known {
+            unit: text.map(|text| self.text_hash(&Unit::One(text))),
+            chars: text.map_or(0, str::len),
+            turn: Turn { role: Role::System, calls_tools: false, starts_thinking: false },
+        }
+    }
+
     /// What a message typed from its bytes tells: its unit's text hash and its characters.
     pub fn know(&self, message: &Message) -> Known {
         let unit = Unit::of(message);
@@ -434,7 +462,7 @@ mod tests {
 
     fn request(texts: &[&str]) -> Request {
         Request {
-            system: vec!["You are a coding agent.".into()],
+            system: vec!["You are a coding agent.".to_string()].into(),
             messages: texts
                 .iter()
                 .enumerate()

@@ -15,7 +15,7 @@
 use serde::de::{MapAccess, SeqAccess};
 use serde_json::{Map, Value};
 use shield_core::chat_request::MAX_MESSAGES;
-use shield_core::exchange::{History, Message, Part, Role, Schema, Tool, ToolList};
+use shield_core::exchange::{History, Message, Part, Role, Schema, SystemPrompt, Tool, ToolList};
 use shield_core::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Schemas, Skip, Text, entries};
 use shield_core::remembered::{self, Shape};
 use shield_core::verdicts::Memo;
@@ -25,7 +25,7 @@ use shield_core::verdicts::Memo;
 #[derive(Debug, Default)]
 pub(super) struct Read {
     pub fields: Map<String, Value>,
-    pub system: Vec<String>,
+    pub system: SystemPrompt,
     pub messages: History,
     pub system_messages: bool,
     pub tools: ToolList,
@@ -57,16 +57,13 @@ pub(super) fn read_known(body: &bytes::Bytes, memo: &Memo) -> Option<Read> {
     let mut shape = MessagesShape::default();
     let sent = remembered::read(body, memo, &mut shape)?;
     (1..=MAX_MESSAGES).contains(&sent.messages.len()).then_some(())?;
-    let MessagesShape { mut system, server_tools } = shape;
-    // Empty system parts are dropped, as the tree reading drops them.
-    system.retain(|part| !part.is_empty());
     Some(Read {
         fields: sent.fields,
-        system,
+        system: sent.system,
         system_messages: sent.messages.last_turn(Role::System).is_some(),
         messages: sent.messages,
         tools: sent.tools,
-        server_tools,
+        server_tools: shape.server_tools,
         keys: sent.keys,
     })
 }
@@ -74,7 +71,6 @@ pub(super) fn read_known(body: &bytes::Bytes, memo: &Memo) -> Option<Read> {
 /// Messages' readers of a body's parts ([`remembered::read`]), and what they found besides.
 #[derive(Default)]
 struct MessagesShape {
-    system: Vec<String>,
     server_tools: Vec<String>,
 }
 
@@ -101,12 +97,14 @@ impl remembered::ShapeReader for MessagesShape {
         Some(remembered::Read { typed, remember: self.server_tools.is_empty() })
     }
 
-    fn field(&mut self, key: &str, text: &[u8]) -> Option<bool> {
-        if key != "system" {
-            return Some(false);
-        }
-        self.system = json_read::whole(text, System).ok()??;
-        Some(true)
+    const HAS_SYSTEM: bool = true;
+
+    fn system_text(span: &[u8]) -> Option<Option<String>> {
+        json_read::whole(span, Text).ok()
+    }
+
+    fn system_block(span: &[u8]) -> Option<Option<String>> {
+        json_read::whole(span, TextOf).ok()
     }
 }
 
@@ -145,7 +143,12 @@ impl<'de> Reader<'de> for Body<'_> {
                     let sent = map.next_value_seed(Lenient(Each(OneMessage)))?.ok_or_else(as_a_tree)?;
                     messages = Some(sent.into_iter().collect::<Option<Vec<Typed>>>().ok_or_else(as_a_tree)?);
                 }
-                "system" => read.system = map.next_value_seed(Lenient(System))?.ok_or_else(as_a_tree)?,
+                "system" => {
+                    let mut system = map.next_value_seed(Lenient(System))?.ok_or_else(as_a_tree)?;
+                    // Empty system parts are dropped, as the tree reading drops them.
+                    system.retain(|part| !part.is_empty());
+                    read.system = system.into();
+                }
                 "tools" => {
                     let sent = map.next_value_seed(Lenient(Each(OneTool(Schemas::Check(self.passed)))))?;
                     let mut tools = Vec::new();
@@ -161,8 +164,6 @@ impl<'de> Reader<'de> for Body<'_> {
         let Some(messages) = messages else { return Ok(None) };
         read.system_messages = messages.iter().any(|typed| typed.0.role == Role::System);
         read.messages = messages.into_iter().map(|typed| typed.0).collect::<Vec<_>>().into();
-        // Empty system parts are dropped, as the tree reading drops them.
-        read.system.retain(|part| !part.is_empty());
         Ok(Some(read))
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use shield_core::chat_request::{AnthropicOrigin, BadRequest, ChatRequest, MAX_MESSAGES, Origin};
 use shield_core::exchange::{
-    self, Effort, History, Image, Message, Part, Reasoning, Role, Schema, Tool, ToolChoice, ToolList,
+    self, Effort, History, Image, Message, Part, Reasoning, Role, Schema, SystemPrompt, Tool, ToolChoice, ToolList,
 };
 use shield_core::verbatim::Verbatim;
 use shield_core::verdicts::Memo;
@@ -99,7 +99,7 @@ struct Sent {
     /// Every field as sent; read directly, all but [`AnthropicOrigin::TYPED_ONLY`].
     original: Map<String, Value>,
     model: String,
-    system: Vec<String>,
+    system: SystemPrompt,
     messages: History,
     system_messages: bool,
     tools: ToolList,
@@ -162,7 +162,7 @@ impl Sent {
                 texts_of(system).ok_or_else(|| bad("system: must be a string or an array of text blocks"))?
             }
         };
-        let system = system.into_iter().filter(|part| !part.is_empty()).collect();
+        let system = system.into_iter().filter(|part| !part.is_empty()).collect::<Vec<_>>().into();
         let mut typed = Vec::with_capacity(messages.len());
         let mut system_messages = false;
         for (i, message) in messages.iter().enumerate() {
@@ -428,7 +428,7 @@ mod tests {
         );
         let typed = &request.exchange;
         assert_eq!(request.model, "claude-sonnet-4-5");
-        assert_eq!(typed.system, ["Be brief."]);
+        assert_eq!(*typed.system, ["Be brief."]);
         assert_eq!(typed.messages[0], Message { role: Role::User, content: vec![Part::Text("find x".into())] });
         assert_eq!(
             typed.messages[1].content,
@@ -526,7 +526,7 @@ mod tests {
                 {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]}));
         let roles: Vec<Role> = request.exchange.messages.iter().map(|m| m.role).collect();
         assert_eq!(roles, [Role::User, Role::System, Role::Assistant, Role::User]);
-        assert_eq!(request.exchange.system, ["You are a coder."]);
+        assert_eq!(*request.exchange.system, ["You are a coder."]);
         assert_eq!(request.exchange.messages[1].content, [Part::Text("reminder".into())]);
         assert!(request.anthropic().unwrap().system_messages);
     }

@@ -168,6 +168,9 @@ fn messages() -> BoxedStrategy<Json> {
 
 fn system() -> BoxedStrategy<Json> {
     let block = object(vec![("type", one_of(&["text"])), ("text", text()), ("cache_control", json())]);
+    // Now and then a string among the blocks: no text there, though the same bytes as the whole
+    // `system` are its text.
+    let block = prop_oneof![8 => block, 1 => text()].boxed();
     prop_oneof![text(), array(block), Just(Json::Null).boxed()].boxed()
 }
 
@@ -273,6 +276,7 @@ proptest! {
                         crate::provider::for_target(&target).body(again, &target, true);
                         prop_assert!(!known.messages.is_typed(), "the same-shape relay typed the history");
                         prop_assert!(known.tools.sent().is_none() || !known.tools.is_typed(), "or the tools");
+                        prop_assert!(known.system.sent().is_none() || !known.system.is_typed(), "or the system prompt");
                     }
                     prop_assert_eq!(seen(again), seen(direct));
                     prop_assert_eq!(upstream(again), upstream(direct));
@@ -364,6 +368,50 @@ fn a_message_known_in_one_shape_is_read_again_in_the_other() {
     assert!(known.exchange.messages.sent().is_some());
     assert_eq!(policy.check_request(&known.exchange, Some(&memo)).blocked_by, Some("secrets_detection"));
     assert_eq!(known.exchange.prompt_chars(), normalise(&body, headers(), false).unwrap().exchange.prompt_chars());
+}
+
+/// The same bytes are a system prompt's text as the whole `system`, and a block with no text
+/// among its blocks: remembered as one, never taken for the other. A system prompt known by its
+/// bytes is judged as the typed one (the secret in it is found on the second turn too, and
+/// after a policy change that rescans it) and relayed without being typed.
+#[test]
+fn a_system_prompt_is_known_by_its_bytes_as_what_it_was_sent_as() {
+    use shield_core::guardrails::{Detector, GuardrailPolicy, Mode};
+    let memo = shield_core::verdicts::Verdicts::default().of("tenant");
+    let said = r#""Be brief. sk-proj-abcdefghijklmnopqrstuvwxyz012345""#;
+    let pad = "p".repeat(shield_core::verbatim::WORTH_IT);
+    let body = |system: &str| {
+        bytes::Bytes::from(format!(
+            r#"{{"model":"team","max_tokens":64,"system":{system},"messages":[{{"role":"user","content":"hi"}}],"pad":"{pad}"}}"#
+        ))
+    };
+    let monitor = GuardrailPolicy { secrets_detection: Detector { mode: Mode::Monitor }, ..Default::default() };
+    let block = GuardrailPolicy { secrets_detection: Detector { mode: Mode::Block }, ..Default::default() };
+    let pii = GuardrailPolicy { pii_detection: Detector { mode: Mode::Block }, ..block.clone() };
+    let forms = [(said.to_string(), 1), (format!("[{said}]"), 0), (format!(r#"[{{"type":"text","text":{said}}}]"#), 1)];
+    for (form, (system, texts)) in forms.into_iter().enumerate() {
+        let sent = body(&system);
+        let typed = normalise(&sent, headers(), false).unwrap();
+        assert_eq!(typed.exchange.system.len(), texts, "{system}");
+        for (turn, policy) in [&monitor, &block, &pii, &block].into_iter().enumerate() {
+            let known = crate::messages::request::normalise_remembering(&sent, headers(), false, Some(&memo)).unwrap();
+            assert!(known.exchange.system.sent().is_some(), "{system}: known by its spans");
+            assert_eq!(known.exchange.system.len(), texts, "{system}");
+            assert_eq!(known.exchange.prompt_chars(), typed.exchange.prompt_chars(), "{system}");
+            let target = target("anthropic");
+            crate::provider::for_target(&target).body(&known, &target, true);
+            assert!(!known.exchange.system.is_typed(), "{system}: relayed without typing the system prompt");
+            let (found, expected) =
+                (policy.check_request(&known.exchange, Some(&memo)), policy.check_request(&typed.exchange, None));
+            assert_eq!(found.blocked_by, expected.blocked_by, "{system}");
+            assert_eq!(format!("{:?}", found.results), format!("{:?}", expected.results), "{system}");
+            // Its text is read only to be scanned: the first time under each set of detectors
+            // (turns 0 and 2), and never again in another form (its verdict is the text's).
+            let scanned = form == 0 && (turn == 0 || turn == 2);
+            assert_eq!(known.exchange.system.is_typed(), scanned, "{system}, turn {turn}");
+            assert_eq!(seen(&known), seen(&typed), "{system}");
+        }
+    }
 }
 
 /// Each of these is read as a tree: the direct reading declines what only a tree types, and

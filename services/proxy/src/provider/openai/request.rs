@@ -411,8 +411,9 @@ mod tests {
     fn history() -> impl Strategy<Value = Request> {
         let role = prop_oneof![Just(Role::System), Just(Role::User), Just(Role::Assistant)];
         let message = (role, prop::collection::vec(part(), 0..4)).prop_map(|(role, content)| Message { role, content });
-        (prop::collection::vec(text(), 0..3), prop::collection::vec(message, 0..8))
-            .prop_map(|(system, messages)| Request { system, messages: messages.into(), ..Request::default() })
+        (prop::collection::vec(text(), 0..3), prop::collection::vec(message, 0..8)).prop_map(|(system, messages)| {
+            Request { system: system.into(), messages: messages.into(), ..Request::default() }
+        })
     }
 
     proptest! {
