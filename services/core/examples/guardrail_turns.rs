@@ -6,6 +6,9 @@
 //! The last two columns time what the proxy does with the turn's Chat Completions body: read
 //! it and judge it, without the memo (`read before`: every message read and scanned) and with
 //! it (`read after`: a message sent before is known by its bytes, not read, and not scanned).
+//! `judged` is the guardrail stage alone on that request as the proxy read it with the memo:
+//! the scanning cost of a turn where every resent message is known by its bytes (its unit's
+//! hash remembered, so its text is neither hashed nor scanned again).
 //!
 //! `cargo run --release -p shield-core --example guardrail_turns [SESSIONS]` (default 40). A
 //! benchmark, not a test: it times on whatever the machine is doing, so compare the two columns
@@ -157,6 +160,7 @@ fn main() {
         let requests: Vec<Request> = (0..sessions).map(|s| session(s, turn)).collect();
         let bytes = requests[0].text().len();
         let (mut before, mut after, mut read_before, mut read_after) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut judged = Vec::new();
         for request in &requests {
             let started = Instant::now();
             let fresh = policy.check_request(request, None);
@@ -171,29 +175,35 @@ fn main() {
             let fresh = ChatRequest::parse_shared(&body).map(|read| policy.check_request(&read.exchange, None));
             read_before.push(started.elapsed().as_secs_f64() * 1e6);
             let started = Instant::now();
-            let remembered = ChatRequest::parse_remembering(&body, Some(&bodies_memo))
-                .map(|read| policy.check_request(&read.exchange, Some(&bodies_memo)));
+            let remembered = ChatRequest::parse_remembering(&body, Some(&bodies_memo)).map(|read| {
+                let judging = Instant::now();
+                let verdict = policy.check_request(&read.exchange, Some(&bodies_memo));
+                judged.push(judging.elapsed().as_secs_f64() * 1e6);
+                verdict
+            });
             read_after.push(started.elapsed().as_secs_f64() * 1e6);
             assert!(fresh.is_ok(), "a chat body");
             assert_eq!(fresh, remembered, "a body read with the memo is judged as without it");
         }
-        rows.push((turn, bytes, [median(before), median(after), median(read_before), median(read_after)]));
+        let medians = [median(before), median(after), median(read_before), median(read_after), median(judged)];
+        rows.push((turn, bytes, medians));
     }
-    println!("turn  text KB  before us  after us  read before us  read after us");
-    for (turn, bytes, [before, after, read_before, read_after]) in &rows {
+    println!("turn  text KB  before us  after us  read before us  read after us  judged us");
+    for (turn, bytes, [before, after, read_before, read_after, judged]) in &rows {
         println!(
-            "{turn:>4}{:>9.1}{before:>11.1}{after:>10.1}{read_before:>16.1}{read_after:>15.1}",
+            "{turn:>4}{:>9.1}{before:>11.1}{after:>10.1}{read_before:>16.1}{read_after:>15.1}{judged:>11.1}",
             *bytes as f64 / 1024.0
         );
     }
     let ratio = |column: usize| rows[49].2[column] / rows[4].2[column];
     println!(
         "turn 50 / turn 5: before {:.2}x, after {:.2}x (target: after within 1.20x); read before {:.2}x, read after \
-         {:.2}x; memo holds {} texts",
+         {:.2}x, judged {:.2}x; memo holds {} texts",
         ratio(0),
         ratio(1),
         ratio(2),
         ratio(3),
+        ratio(4),
         memo.len()
     );
 }

@@ -120,24 +120,28 @@ impl<'r> Unit<'r> {
 /// The units of a request: the texts [`Request::text`] reads, split where one message ends.
 /// Units with no text are left out. A history known by its spans gives its units' hashes.
 pub fn units<'r>(request: &'r Request) -> Vec<Unit<'r>> {
-    let system: Vec<Unit<'r>> = match request.system.sent() {
+    // Into one vector sized once: an agent's history is hundreds of units, and growing the
+    // vector (and filtering it into another) was most of what a turn's judging cost beyond
+    // scanning its new text.
+    let mut units = Vec::with_capacity(request.system.len() + request.messages.len());
+    match request.system.sent() {
         Some(sent) => {
             let known = sent.known.units.iter().flatten().enumerate();
-            known.map(|(index, &hash)| Unit::Known { hash, from: Sent::System(&request.system, index) }).collect()
+            units.extend(known.map(|(index, &hash)| Unit::Known { hash, from: Sent::System(&request.system, index) }));
         }
-        None => request.system.iter().map(|part| Unit::One(part.as_str())).collect(),
-    };
-    let units: Vec<Unit<'r>> = match request.messages.sent() {
+        None => units.extend(request.system.iter().map(|part| Unit::One(part.as_str()))),
+    }
+    match request.messages.sent() {
         Some(sent) => {
-            let history = &request.messages;
-            let known = sent.known.units.iter().enumerate();
-            let known = known
-                .filter_map(|(index, hash)| hash.map(|hash| Unit::Known { hash, from: Sent::Message(history, index) }));
-            system.into_iter().chain(known).collect()
+            let (history, known) = (&request.messages, sent.known.units.iter().enumerate());
+            units.extend(known.filter_map(|(index, hash)| {
+                hash.map(|hash| Unit::Known { hash, from: Sent::Message(history, index) })
+            }));
         }
-        None => system.into_iter().chain(request.messages.iter().map(Unit::of)).collect(),
-    };
-    units.into_iter().filter(|unit| !unit.is_empty()).collect()
+        None => units.extend(request.messages.iter().map(Unit::of)),
+    }
+    units.retain(|unit| !unit.is_empty());
+    units
 }
 
 /// What is remembered of a message as sent, under the keyed hash of its bytes: the hash of its
