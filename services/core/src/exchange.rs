@@ -175,7 +175,7 @@ impl History {
     /// reading the text of a message new on this turn types that message, not the history).
     pub fn one(&self, index: usize) -> Option<std::borrow::Cow<'_, Message>> {
         match self.sent() {
-            Some(sent) if sent.typed.get().is_none() => {
+            Some(sent) if sent.typed.get().is_none() && !sent.whole => {
                 let span = sent.text.get(sent.spans.get(index)?.clone())?;
                 (sent.read)(span).map(std::borrow::Cow::Owned)
             }
@@ -202,6 +202,9 @@ pub struct Spans<T, K> {
     /// Reads one span: the reader of the shape it was sent in, which read the same bytes
     /// before. `None`: a span that holds no item (a tool without a name).
     pub read: fn(&[u8]) -> Option<T>,
+    /// The one span is the whole array, its items found only when it is typed
+    /// ([`Spans::whole`]).
+    whole: bool,
     typed: std::sync::OnceLock<Vec<T>>,
 }
 
@@ -213,13 +216,31 @@ impl<T, K> Spans<T, K> {
         known: K,
         read: fn(&[u8]) -> Option<T>,
     ) -> Spans<T, K> {
-        Spans { text, spans, len, known, read, typed: std::sync::OnceLock::new() }
+        Spans { text, spans, len, known, read, whole: false, typed: std::sync::OnceLock::new() }
+    }
+
+    /// A list sent as the array at `span` of `text`, known by its bytes without its items being
+    /// found ([`crate::json_scan::fields_knowing`]): they are found if it is typed.
+    pub fn whole(
+        text: bytes::Bytes,
+        span: std::ops::Range<usize>,
+        len: usize,
+        known: K,
+        read: fn(&[u8]) -> Option<T>,
+    ) -> Spans<T, K> {
+        Spans { whole: true, ..Spans::new(text, vec![span], len, known, read) }
     }
 
     fn typed(&self) -> &Vec<T> {
         self.typed.get_or_init(|| {
-            let spans = self.spans.iter().map(|span| self.text.get(span.clone()).unwrap_or_default());
-            spans.filter_map(self.read).collect()
+            let read = |span: &std::ops::Range<usize>| self.text.get(span.clone()).and_then(self.read);
+            match (self.whole, self.spans.first()) {
+                (true, Some(array)) => {
+                    let items = crate::json_scan::items(&self.text, array.clone()).unwrap_or_default();
+                    items.iter().filter_map(|item| read(&item.span)).collect()
+                }
+                _ => self.spans.iter().filter_map(read).collect(),
+            }
         })
     }
 }
@@ -307,6 +328,7 @@ impl<T: Clone, K: Clone> Clone for Lazy<T, K> {
                     len: sent.len,
                     known: sent.known.clone(),
                     read: sent.read,
+                    whole: sent.whole,
                     typed: sent.typed.clone(),
                 })
             }),

@@ -109,6 +109,17 @@ pub struct Field<'t> {
 /// in `itemised` with their items, found in the same pass. `None` for a key written with
 /// escapes or holding a control character, or anything but an object.
 pub fn fields<'t>(text: &'t [u8], itemised: &[&str]) -> Option<Vec<Field<'t>>> {
+    fields_knowing(text, itemised, |_, _| None)
+}
+
+/// [`fields`], where `known(key, at)` may tell where the value of `key` that starts at `at`
+/// ends without its being scanned (a value whose bytes were read before: it ends where they
+/// do, a JSON value being delimited by its own bytes); such a field has no items and depth 0.
+pub fn fields_knowing<'t>(
+    text: &'t [u8],
+    itemised: &[&str],
+    mut known: impl FnMut(&str, usize) -> Option<usize>,
+) -> Option<Vec<Field<'t>>> {
     let mut at = skip_space(text, 0);
     (text.get(at) == Some(&b'{')).then_some(())?;
     at = skip_space(text, at + 1);
@@ -126,10 +137,10 @@ pub fn fields<'t>(text: &'t [u8], itemised: &[&str]) -> Option<Vec<Field<'t>>> {
         at = skip_space(text, end);
         (text.get(at) == Some(&b':')).then_some(())?;
         let start = skip_space(text, at + 1);
-        let listed = (itemised.contains(&key) && text.get(start) == Some(&b'[')).then(|| items_at(text, start));
-        let (found, items) = match listed {
-            Some(listed) => {
-                let (items, end) = listed?;
+        let (found, items) = match known(key, start) {
+            Some(end) => (Found { end, depth: 0 }, None),
+            None if itemised.contains(&key) && text.get(start) == Some(&b'[') => {
+                let (items, end) = items_at(text, start)?;
                 let depth = 1 + items.iter().map(|item| item.depth).max().unwrap_or(0);
                 (Found { end, depth }, Some(items))
             }

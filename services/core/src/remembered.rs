@@ -79,13 +79,21 @@ pub struct Body {
 /// body whole (no `messages` too).
 pub fn read<R: ShapeReader>(body: &Bytes, memo: &Memo, reader: &mut R) -> Option<Body> {
     let (mut values, mut keys, mut messages) = (Map::new(), Keys::default(), None);
-    let (mut system, mut tools) = (SystemPrompt::default(), ToolList::default());
-    for field in fields(body)? {
+    let (mut system, mut tools, mut known_tools) = (SystemPrompt::default(), ToolList::default(), None);
+    let found = fields(body, |key, at| {
+        let (end, count) = (key == "tools").then(|| tools_known_at(R::SHAPE, body, memo, at))??;
+        known_tools = Some(count);
+        Some(end)
+    })?;
+    for field in found {
         keys.found(field.key, field.key_at);
         let text = body.get(field.value.clone())?;
         match field.key {
             "messages" => messages = Some(history(R::SHAPE, body, field.items.as_deref()?, memo, R::message)?),
-            "tools" => tools = self::tools(R::SHAPE, body, &field, memo, |text| reader.tools(text, memo), R::tool)?,
+            "tools" => {
+                let read_all = |text: &[u8]| reader.tools(text, memo);
+                tools = self::tools(R::SHAPE, body, &field, known_tools, memo, read_all, R::tool)?;
+            }
             "system" if R::HAS_SYSTEM => system = self::system::<R>(body, &field, memo)?,
             key if reader.field(key, text)? => {}
             key => {
@@ -130,10 +138,11 @@ impl Shape {
 /// in the body: a body nested past this is read whole.
 pub const DEEPEST: usize = 100;
 
-/// The top-level fields of `body`, `messages` and `tools` with their items.
-fn fields(body: &Bytes) -> Option<Vec<Field<'_>>> {
+/// The top-level fields of `body`, `messages`, `tools` and `system` with their items; a value
+/// `known` tells the end of is not scanned ([`json_scan::fields_knowing`]).
+fn fields(body: &Bytes, known: impl FnMut(&str, usize) -> Option<usize>) -> Option<Vec<Field<'_>>> {
     simdutf8::basic::from_utf8(body).ok()?;
-    let fields = json_scan::fields(body, &["messages", "tools", "system"])?;
+    let fields = json_scan::fields_knowing(body, &["messages", "tools", "system"], known)?;
     // A few fields: each compared with those before it costs less than a set, and a body of
     // thousands of keys (read whole, then) cannot make it quadratic.
     (fields.len() <= crate::verbatim::MOST_KEYS).then_some(())?;
@@ -233,21 +242,40 @@ fn tools(
     shape: Shape,
     body: &Bytes,
     field: &Field<'_>,
+    known: Option<usize>,
     memo: &Memo,
     read_all: impl FnOnce(&[u8]) -> Option<Read<Tool>>,
     read_one: fn(&[u8]) -> Option<Tool>,
 ) -> Option<ToolList> {
+    if let Some(count) = known {
+        return Some(Lazy::of_sent(Spans::whole(body.clone(), field.value.clone(), count, (), read_one)));
+    }
     let text = body.get(field.value.clone())?;
     let key = shape.key(memo, Part::Tools, text);
     if let (Some(count), Some(items)) = (memo.known_tools(key), &field.items) {
+        // Known, though not among the lengths looked for: among them from now on.
+        memo.remember_tools(key, text.len(), count);
         let spans = items.iter().map(|item| item.span.clone()).collect();
         return Some(Lazy::of_sent(Spans::new(body.clone(), spans, count, (), read_one)));
     }
     let read = read_all(text)?;
     if read.remember {
-        memo.remember_tools(key, read.typed.len());
+        memo.remember_tools(key, text.len(), read.typed.len());
     }
     Some(read.typed.into())
+}
+
+/// A `tools` array at `at` of `body` that the tenant sent before, found by the lengths of the
+/// arrays it sent last ([`Memo::tools_lengths`]): that many bytes hashed, not scanned (an
+/// agent's two dozen tool schemas, dense with short strings, were most of the scan of its
+/// turn). Where it ends and how many tools it reads to; `None`: scan it.
+fn tools_known_at(shape: Shape, body: &Bytes, memo: &Memo, at: usize) -> Option<(usize, usize)> {
+    memo.tools_lengths().into_iter().filter(|len| *len > 0).find_map(|len| {
+        let end = at.checked_add(len)?;
+        let bytes = body.get(at..end)?;
+        (bytes.first() == Some(&b'[') && bytes.last() == Some(&b']')).then_some(())?;
+        memo.known_tools(shape.key(memo, Part::Tools, bytes)).map(|count| (end, count))
+    })
 }
 
 /// What a shape's reader made of a whole list: its items, and whether the same bytes may be

@@ -42,6 +42,10 @@ use crate::keyed_hash::HashKey;
 /// tenant's two generations stay under 2 MB.
 pub const GENERATION: usize = 16_384;
 
+/// How many `tools` arrays' lengths a memo keeps ([`Memo::tools_lengths`]): a tenant's agents
+/// and their versions send a few different tool lists at a time.
+pub const RECENT_TOOLS: usize = 4;
+
 /// Bumped whenever a detector's patterns change: findings remembered under the old patterns
 /// are then never read.
 const DETECTORS_REVISION: u8 = 1;
@@ -206,6 +210,7 @@ impl Verdicts {
                     key: self.key.clone(),
                     generations: Mutex::default(),
                     sent: Mutex::default(),
+                    tools_lengths: Mutex::default(),
                     counts: self.counts.clone(),
                     schemas: CheckedSchemas::default(),
                 })
@@ -221,6 +226,9 @@ pub struct Memo {
     generations: Mutex<Generations<Remembered>>,
     /// Messages and `tools` arrays as sent, by the keyed hash of their bytes.
     sent: Mutex<Generations<Told>>,
+    /// The lengths of the `tools` arrays remembered last, newest first, distinct: where a
+    /// body's `tools` may end if it is one of them ([`Memo::tools_lengths`]).
+    tools_lengths: Mutex<[usize; RECENT_TOOLS]>,
     counts: Arc<Counts>,
     schemas: CheckedSchemas,
 }
@@ -418,9 +426,24 @@ impl Memo {
         }
     }
 
-    /// Remembers a `tools` array as sent, read whole (its schemas checked) to `count` tools.
-    pub fn remember_tools(&self, key: u128, count: usize) {
+    /// Remembers a `tools` array as sent, `len` bytes read whole (its schemas checked) to
+    /// `count` tools.
+    pub fn remember_tools(&self, key: u128, len: usize, count: usize) {
         self.sent.lock().insert(key, Told::Tools { count: u32::try_from(count).unwrap_or(u32::MAX) });
+        let mut lengths = self.tools_lengths.lock();
+        let at = lengths.iter().position(|known| *known == len).unwrap_or(RECENT_TOOLS - 1);
+        lengths.copy_within(..at, 1);
+        if let Some(newest) = lengths.first_mut() {
+            *newest = len;
+        }
+    }
+
+    /// The byte lengths of the `tools` arrays this tenant sent last (0: none), newest first. An
+    /// agent sends the same tools on every turn: a body's `tools` that is one of these is found
+    /// by hashing that many bytes from where it starts, without scanning it
+    /// ([`crate::remembered`]).
+    pub fn tools_lengths(&self) -> [usize; RECENT_TOOLS] {
+        *self.tools_lengths.lock()
     }
 
     /// The keyed hash of a part of a body as sent, a [`Memo::known`] key.

@@ -711,6 +711,51 @@ mod tests {
         }
     }
 
+    /// A `tools` array the tenant sent before is found by its length and the hash of that many
+    /// bytes, not scanned: wherever it stands in the body, it reads as the same tools. Another
+    /// array of the same length is not taken for it, and bytes after it that are no JSON make
+    /// the body refused as without the memo.
+    #[test]
+    fn a_known_tools_array_is_found_by_its_length_not_scanned() {
+        let tool = |description: &str| {
+            serde_json::json!({"type": "function", "function": {"name": "Read", "description": description,
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}})
+        };
+        let messages = serde_json::json!([{"role": "user", "content": "hi"}]);
+        let pad = "p".repeat(crate::verbatim::WORTH_IT);
+        let first = serde_json::json!([tool("Reads a file."), tool("Lists a dir.")]).to_string();
+        let same_length = serde_json::json!([tool("Reads a file."), tool("Lists a DIR.")]).to_string();
+        assert_eq!(first.len(), same_length.len());
+        let body = |tools: &str, tools_first: bool| {
+            let body = if tools_first {
+                format!(r#"{{"model":"m","tools":{tools},"messages":{messages},"pad":"{pad}"}}"#)
+            } else {
+                format!(r#"{{"model":"m","messages":{messages},"pad":"{pad}","tools":{tools}}}"#)
+            };
+            bytes::Bytes::from(body)
+        };
+        let memo = crate::verdicts::Verdicts::default().of("tenant");
+        let typed = |sent: &bytes::Bytes| super::super::ChatRequest::parse(sent).unwrap().exchange.as_ref().clone();
+        let remembered = |sent: &bytes::Bytes| super::super::ChatRequest::parse_remembering(sent, Some(&memo));
+        let sent = body(&first, false);
+        assert!(remembered(&sent).unwrap().exchange.tools.sent().is_none(), "read, then remembered");
+        assert_eq!(memo.tools_lengths()[0], first.len());
+        for (tools, tools_first) in [(&first, true), (&first, false), (&same_length, true), (&first, true)] {
+            let sent = body(tools, tools_first);
+            let known = remembered(&sent).unwrap();
+            let whole = known.exchange.tools.sent().is_some_and(|sent| sent.spans.len() == 1 && sent.len == 2);
+            assert_eq!(whole, tools == &first, "known by its length: {tools}");
+            assert_eq!(known.exchange.tools.is_typed(), tools != &first, "typed only when read: {tools}");
+            assert_eq!(known.exchange.as_ref(), &typed(&sent), "{tools}");
+        }
+        let broken =
+            bytes::Bytes::from(format!(r#"{{"model":"m","tools":{first}],"messages":{messages},"pad":"{pad}"}}"#));
+        let refused =
+            |read: Result<super::super::ChatRequest, super::super::BadRequest>| read.err().map(|e| e.to_string());
+        assert_eq!(refused(remembered(&broken)), refused(super::super::ChatRequest::parse(&broken)));
+        assert!(refused(remembered(&broken)).is_some());
+    }
+
     #[test]
     fn a_raw_value_key_is_read_as_a_tree_reads_it() {
         const TOKEN: &str = "$serde_json::private::RawValue";
