@@ -113,12 +113,13 @@ pub fn fields<'t>(text: &'t [u8], itemised: &[&str]) -> Option<Vec<Field<'t>>> {
 }
 
 /// [`fields`], where `known(key, at)` may tell where the value of `key` that starts at `at`
-/// ends without its being scanned (a value whose bytes were read before: it ends where they
-/// do, a JSON value being delimited by its own bytes); such a field has no items and depth 0.
+/// ends without its being scanned, all of it or its first items (bytes read before: they end
+/// where they did, a JSON value being delimited by its own bytes), and the items of an array
+/// after those ([`items_after`]); such a field's depth is that of the items it was given.
 pub fn fields_knowing<'t>(
     text: &'t [u8],
     itemised: &[&str],
-    mut known: impl FnMut(&str, usize) -> Option<usize>,
+    mut known: impl FnMut(&str, usize) -> Option<(usize, Option<Vec<Item>>)>,
 ) -> Option<Vec<Field<'t>>> {
     let mut at = skip_space(text, 0);
     (text.get(at) == Some(&b'{')).then_some(())?;
@@ -138,7 +139,10 @@ pub fn fields_knowing<'t>(
         (text.get(at) == Some(&b':')).then_some(())?;
         let start = skip_space(text, at + 1);
         let (found, items) = match known(key, start) {
-            Some(end) => (Found { end, depth: 0 }, None),
+            Some((end, items)) => {
+                let depth = items.iter().flatten().map(|item| 1 + item.depth).max().unwrap_or(0);
+                (Found { end, depth }, items)
+            }
             None if itemised.contains(&key) && text.get(start) == Some(&b'[') => {
                 let (items, end) = items_at(text, start)?;
                 let depth = 1 + items.iter().map(|item| item.depth).max().unwrap_or(0);
@@ -173,10 +177,25 @@ pub fn items(text: &[u8], span: Range<usize>) -> Option<Vec<Item>> {
 fn items_at(text: &[u8], mut at: usize) -> Option<(Vec<Item>, usize)> {
     (text.get(at) == Some(&b'[')).then_some(())?;
     at = skip_space(text, at + 1);
-    let mut items = Vec::new();
     if text.get(at) == Some(&b']') {
-        return Some((items, at + 1));
+        return Some((Vec::new(), at + 1));
     }
+    items_from(text, at, Vec::new())
+}
+
+/// The items of an array after those it holds up to `at`, where an item ends (a separator or
+/// the array's end follows), and the index just past the array.
+pub fn items_after(text: &[u8], at: usize) -> Option<(Vec<Item>, usize)> {
+    let at = skip_space(text, at);
+    match text.get(at)? {
+        b',' => items_from(text, skip_space(text, at + 1), Vec::new()),
+        b']' => Some((Vec::new(), at + 1)),
+        _ => None,
+    }
+}
+
+/// `items`, then each item from `at`, where one starts.
+fn items_from(text: &[u8], mut at: usize, mut items: Vec<Item>) -> Option<(Vec<Item>, usize)> {
     loop {
         let found = value_end(text, at)?;
         items.push(Item { span: at..found.end, depth: found.depth });

@@ -18,13 +18,15 @@
 //! recursion limit, a span that does not read): the caller then reads the body whole, which
 //! accepts or refuses it in serde_json's words.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use crate::exchange::{History, Lazy, Message, Spans, SystemPrompt, Told, Tool, ToolList};
 use crate::json_scan::{self, Field, Item};
 use crate::verbatim::Keys;
-use crate::verdicts::{Known, Memo};
+use crate::verdicts::{Known, Memo, SentPrefix};
 
 /// What one API shape reads of its body's parts; [`read`] does the rest alike for every shape.
 pub trait ShapeReader {
@@ -79,17 +81,29 @@ pub struct Body {
 /// body whole (no `messages` too).
 pub fn read<R: ShapeReader>(body: &Bytes, memo: &Memo, reader: &mut R) -> Option<Body> {
     let (mut values, mut keys, mut messages) = (Map::new(), Keys::default(), None);
-    let (mut system, mut tools, mut known_tools) = (SystemPrompt::default(), ToolList::default(), None);
-    let found = fields(body, |key, at| {
-        let (end, count) = (key == "tools").then(|| tools_known_at(R::SHAPE, body, memo, at))??;
-        known_tools = Some(count);
-        Some(end)
+    let (mut system, mut tools) = (SystemPrompt::default(), ToolList::default());
+    let (mut known_tools, mut known_prefix) = (None, None);
+    let found = fields(body, |key, at| match key {
+        "tools" => {
+            let (end, count) = tools_known_at(R::SHAPE, body, memo, at)?;
+            known_tools = Some(count);
+            Some((end, None))
+        }
+        "messages" => {
+            let (prefix, after, end) = prefix_known_at(R::SHAPE, body, memo, at)?;
+            known_prefix = Some(prefix);
+            Some((end, Some(after)))
+        }
+        _ => None,
     })?;
     for field in found {
         keys.found(field.key, field.key_at);
         let text = body.get(field.value.clone())?;
         match field.key {
-            "messages" => messages = Some(history(R::SHAPE, body, field.items.as_deref()?, memo, R::message)?),
+            "messages" => {
+                let (at, items, prefix) = (field.value.start, field.items.as_deref()?, known_prefix.take());
+                messages = Some(history(R::SHAPE, body, at, prefix, items, memo, R::message)?);
+            }
             "tools" => {
                 let read_all = |text: &[u8]| reader.tools(text, memo);
                 tools = self::tools(R::SHAPE, body, &field, known_tools, memo, read_all, R::tool)?;
@@ -121,6 +135,8 @@ enum Part {
     Tools,
     SystemText,
     SystemBlock,
+    /// A segment of a `messages` array remembered as a prefix ([`SentPrefix`]).
+    MessagesPrefix,
 }
 
 impl Shape {
@@ -128,7 +144,7 @@ impl Shape {
     /// its top byte changed by the domain (two keys of different domains are equal only if
     /// their hashes differ by exactly that: a chance of 2^-128).
     fn key(self, memo: &Memo, part: Part, bytes: &[u8]) -> u128 {
-        let domain = 1 + 4 * self as u8 + part as u8;
+        let domain = 1 + 5 * self as u8 + part as u8;
         memo.bytes_hash(bytes) ^ (u128::from(domain) << 120)
     }
 }
@@ -140,7 +156,10 @@ pub const DEEPEST: usize = 100;
 
 /// The top-level fields of `body`, `messages`, `tools` and `system` with their items; a value
 /// `known` tells the end of is not scanned ([`json_scan::fields_knowing`]).
-fn fields(body: &Bytes, known: impl FnMut(&str, usize) -> Option<usize>) -> Option<Vec<Field<'_>>> {
+fn fields(
+    body: &Bytes,
+    known: impl FnMut(&str, usize) -> Option<(usize, Option<Vec<Item>>)>,
+) -> Option<Vec<Field<'_>>> {
     simdutf8::basic::from_utf8(body).ok()?;
     let fields = json_scan::fields_knowing(body, &["messages", "tools", "system"], known)?;
     // A few fields: each compared with those before it costs less than a set, and a body of
@@ -152,25 +171,104 @@ fn fields(body: &Bytes, known: impl FnMut(&str, usize) -> Option<usize>) -> Opti
             return None;
         }
     }
-    // At most as many messages as any request may hold: a longer one is refused, after a
-    // reading of the whole body (as before the memo), not remembered message by message.
-    let messages = fields.iter().find(|field| field.key == "messages").and_then(|field| field.items.as_ref());
-    messages.is_none_or(|items| items.len() <= crate::chat_request::MAX_MESSAGES).then_some(fields)
+    Some(fields)
 }
 
-/// The history the `items` of `messages` hold: each message the memo knows by its bytes taken
-/// as known, each other read with `read` (the shape's reader of one message; `None`: give up)
-/// and remembered.
+/// The history a `messages` array at `at` holds: the items of a `prefix` the tenant sent before
+/// as they were then, then each of `items` the memo knows by its bytes taken as known, each
+/// other read with `read` (the shape's reader of one message; `None`: give up) and remembered.
+/// The whole array is remembered as the prefix of the next turn's.
 fn history(
     shape: Shape,
     body: &Bytes,
+    at: usize,
+    prefix: Option<Arc<SentPrefix>>,
     items: &[Item],
     memo: &Memo,
     read: fn(&[u8]) -> Option<Message>,
 ) -> Option<History> {
-    let told = told(shape, Part::Message, body, items, memo, |span| read(span).map(|message| memo.know(&message)))?;
-    let spans = items.iter().map(|item| item.span.clone()).collect();
-    Some(Lazy::of_sent(Spans::new(body.clone(), spans, items.len(), told, read)))
+    // At most as many messages as any request may hold: a longer one is refused, after a
+    // reading of the whole body (as before the memo), not remembered message by message.
+    let before = prefix.as_ref().map_or(0, |prefix| prefix.spans.len());
+    (before + items.len() <= crate::chat_request::MAX_MESSAGES).then_some(())?;
+    let added = told(shape, Part::Message, body, items, memo, |span| read(span).map(|message| memo.know(&message)))?;
+    let (mut spans, mut all) = match &prefix {
+        Some(prefix) => (prefix.spans.iter().map(|span| span.start + at..span.end + at).collect(), prefix.told.clone()),
+        None => (Vec::with_capacity(items.len()), Told::default()),
+    };
+    spans.extend(items.iter().map(|item| item.span.clone()));
+    all.units.extend(added.units);
+    all.chars += added.chars;
+    all.turns.extend(added.turns);
+    if let Some(last) = items.last() {
+        remember_prefix(shape, body, at, prefix.as_ref(), last.span.end, &spans, &all, memo);
+    }
+    let len = spans.len();
+    Some(Lazy::of_sent(Spans::new(body.clone(), spans, len, all, read)))
+}
+
+/// The `messages` array at `at` of `body` as far as one of the tenant's last ones
+/// ([`SentPrefix`]): that prefix, the items after it and where the array ends. `None`: scan it.
+fn prefix_known_at(shape: Shape, body: &Bytes, memo: &Memo, at: usize) -> Option<(Arc<SentPrefix>, Vec<Item>, usize)> {
+    let prefix = memo.prefixes().into_iter().find(|prefix| {
+        let Some(end) = prefix.segments.last().and_then(|len| at.checked_add(*len)) else { return false };
+        body.get(at..end).is_some_and(|bytes| bytes.ends_with(&prefix.tail))
+            && chain(shape, memo, body, at, &prefix.segments) == Some(prefix.key)
+    })?;
+    let (after, end) = json_scan::items_after(body, at + prefix.segments.last()?)?;
+    Some((prefix, after, end))
+}
+
+/// The chain of keyed hashes of the segments of `body` from `at` that `segments` end
+/// ([`SentPrefix::key`]).
+fn chain(shape: Shape, memo: &Memo, body: &[u8], at: usize, segments: &[usize]) -> Option<u128> {
+    let mut key = 0u128;
+    let mut from = at;
+    for end in segments {
+        let to = at.checked_add(*end)?;
+        key = link(shape, memo, key, body.get(from..to)?);
+        from = to;
+    }
+    Some(key)
+}
+
+/// The chain `key` continued by the bytes of one more segment.
+fn link(shape: Shape, memo: &Memo, key: u128, segment: &[u8]) -> u128 {
+    let mut linked = [0u8; 32];
+    let (before, added) = linked.split_at_mut(16);
+    before.copy_from_slice(&key.to_le_bytes());
+    added.copy_from_slice(&shape.key(memo, Part::MessagesPrefix, segment).to_le_bytes());
+    memo.bytes_hash(&linked)
+}
+
+/// Remembers the `messages` array at `at`, up to `end` (where its last item ends), as a prefix
+/// of its session's next turn: `extended` and one segment more.
+#[allow(clippy::too_many_arguments)] // one call, the parts of the history just read
+fn remember_prefix(
+    shape: Shape,
+    body: &Bytes,
+    at: usize,
+    extended: Option<&Arc<SentPrefix>>,
+    end: usize,
+    spans: &[std::ops::Range<usize>],
+    told: &Told,
+    memo: &Memo,
+) {
+    let (key, mut segments, from) = match extended {
+        Some(prefix) => (prefix.key, prefix.segments.clone(), at + prefix.segments.last().copied().unwrap_or(0)),
+        None => (0, Vec::new(), at),
+    };
+    let Some(segment) = body.get(from..end).filter(|segment| !segment.is_empty()) else { return };
+    segments.push(end - at);
+    let bytes = body.get(at..end).unwrap_or_default();
+    let prefix = SentPrefix {
+        key: link(shape, memo, key, segment),
+        segments,
+        tail: bytes.get(bytes.len().saturating_sub(32)..).unwrap_or_default().to_vec(),
+        spans: spans.iter().map(|span| span.start - at..span.end - at).collect(),
+        told: told.clone(),
+    };
+    memo.remember_prefix(prefix, extended);
 }
 
 /// The system prompt a `system` field holds, part by part as [`history`] reads messages: a
@@ -283,4 +381,115 @@ fn tools_known_at(shape: Shape, body: &Bytes, memo: &Memo, at: usize) -> Option<
 pub struct Read<T> {
     pub typed: Vec<T>,
     pub remember: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use crate::chat_request::ChatRequest;
+    use crate::verdicts::{RECENT_PREFIXES, Verdicts};
+
+    /// One message of a session: small, so that many fit a test body, and now and then a
+    /// secret, so that the guardrails' units tell one message from another.
+    fn message(i: usize, variant: u8) -> Value {
+        match i % 3 {
+            0 => json!({"role": "user", "content": format!("turn {i} v{variant}: fix the build")}),
+            1 => json!({"role": "assistant", "content": null,
+                "tool_calls": [{"id": format!("c{i}"), "type": "function", "function": {"name": "Bash", "arguments": "{\"c\":\"ls\"}"}}]}),
+            _ => json!({"role": "tool", "tool_call_id": format!("c{}", i - 1),
+                "content": if variant % 4 == 3 { format!("key sk-proj-abcdefghijklmnopqrstuvwxyz0{i:05}") } else { format!("out {i} v{variant}") }}),
+        }
+    }
+
+    fn body(messages: &[Value], pretty: bool) -> bytes::Bytes {
+        let pad = "p".repeat(crate::verbatim::WORTH_IT);
+        let body = json!({"model": "m", "messages": messages, "pad": pad});
+        bytes::Bytes::from(if pretty { serde_json::to_string_pretty(&body).unwrap() } else { body.to_string() })
+    }
+
+    /// A step of a tenant's traffic: a session's next turn (its history and `added` messages), or
+    /// that turn with message `edit` changed (a compacted or edited history), in one of a few
+    /// sessions at once.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Turn { session: usize, added: usize },
+        Edit { session: usize, edit: usize },
+    }
+
+    fn steps() -> impl Strategy<Value = Vec<Step>> {
+        let step = prop_oneof![
+            6 => (0..RECENT_PREFIXES + 2, 0..4usize).prop_map(|(session, added)| Step::Turn { session, added }),
+            1 => (0..RECENT_PREFIXES + 2, any::<usize>()).prop_map(|(session, edit)| Step::Edit { session, edit }),
+        ];
+        prop::collection::vec(step, 1..40)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever a tenant's sessions send, turn after turn, read with its memo (a remembered
+        /// prefix of the history, messages known by their bytes, or read) each body reads as
+        /// it does alone, with the same characters, turns and guardrail units before anything
+        /// types the history.
+        #[test]
+        fn every_turn_reads_as_it_does_alone(steps in steps(), pretty in any::<bool>()) {
+            let memo = Verdicts::default().of("tenant");
+            let mut sessions: Vec<Vec<Value>> = vec![Vec::new(); RECENT_PREFIXES + 2];
+            for (n, step) in steps.iter().enumerate() {
+                match step {
+                    Step::Turn { session, added } => {
+                        let history = &mut sessions[*session];
+                        for _ in 0..=*added {
+                            let i = history.len();
+                            history.push(message(i, (n % 7) as u8));
+                        }
+                    }
+                    Step::Edit { session, edit } => {
+                        let history = &mut sessions[*session];
+                        if !history.is_empty() {
+                            let at = edit % history.len();
+                            history[at] = message(at, 100 + (n % 50) as u8);
+                        }
+                    }
+                }
+                let session = match step { Step::Turn { session, .. } | Step::Edit { session, .. } => *session };
+                let Some(history) = sessions.get(session).filter(|history| !history.is_empty()) else { continue };
+                let sent = body(history, pretty);
+                let alone = ChatRequest::parse(&sent).unwrap();
+                let known = ChatRequest::parse_remembering(&sent, Some(&memo)).unwrap();
+                let (known, alone) = (known.exchange.as_ref(), alone.exchange.as_ref());
+                prop_assert!(known.messages.sent().is_some(), "read by its spans");
+                prop_assert_eq!(known.prompt_chars(), alone.prompt_chars());
+                prop_assert_eq!(known.messages.turns(), alone.messages.turns());
+                let hashes = |request| crate::verdicts::units(request).iter().map(|unit| memo.text_hash(unit)).collect::<Vec<_>>();
+                prop_assert_eq!(hashes(known), hashes(alone));
+                prop_assert!(!known.messages.is_typed());
+                prop_assert_eq!(known, alone);
+            }
+        }
+    }
+
+    /// A session's next turn finds its history as the prefix its last turn left, extends it by
+    /// one segment, and replaces it; an edited history does not match it.
+    #[test]
+    fn a_turn_extends_the_prefix_its_last_turn_left() {
+        let memo = Verdicts::default().of("tenant");
+        let history: Vec<Value> = (0..9).map(|i| message(i, 0)).collect();
+        for (turn, upto) in [3, 6, 9].into_iter().enumerate() {
+            let sent = body(&history[..upto], false);
+            ChatRequest::parse_remembering(&sent, Some(&memo)).unwrap();
+            let prefixes = memo.prefixes();
+            assert_eq!(prefixes.len(), 1, "the prefix it extended is replaced");
+            assert_eq!(prefixes[0].segments.len(), turn + 1);
+            assert_eq!(prefixes[0].spans.len(), upto);
+        }
+        let mut edited = history.clone();
+        edited[3] = message(3, 9);
+        ChatRequest::parse_remembering(&body(&edited, false), Some(&memo)).unwrap();
+        let prefixes = memo.prefixes();
+        assert_eq!(prefixes.len(), 2, "a history that does not start as a known one starts a prefix of its own");
+        assert_eq!(prefixes[0].segments.len(), 1);
+    }
 }

@@ -46,6 +46,34 @@ pub const GENERATION: usize = 16_384;
 /// and their versions send a few different tool lists at a time.
 pub const RECENT_TOOLS: usize = 4;
 
+/// How many `messages` arrays a memo keeps as prefixes of the next ([`SentPrefix`]): one per
+/// agent session of the tenant running at a time; a session beyond these is read message by
+/// message, by the sent table, as before.
+pub const RECENT_PREFIXES: usize = 8;
+
+/// A `messages` array as a tenant sent it, up to the end of its last item: the prefix of its
+/// session's next turn, which resends it and adds a few messages. A body whose `messages`
+/// starts with the same bytes has these items, known as they were then, without a scan or a
+/// lookup of each ([`crate::remembered`]).
+///
+/// Known by a chain of keyed hashes, one link a turn: `key` is the keyed hash of the previous
+/// prefix's key and of the hash of the bytes this one added (its last segment), so a match
+/// hashes the prefix's bytes once, segment by segment, and the next prefix hashes only what is
+/// new. What is kept is what the messages' entries in the sent table keep, and where they stand.
+#[derive(Debug)]
+pub struct SentPrefix {
+    /// Where each segment ends, from the `[`; the last is the prefix's length.
+    pub segments: Vec<usize>,
+    /// The chain of the segments' hashes ([`crate::remembered`] computes it).
+    pub key: u128,
+    /// Its last bytes (up to 32): a prefix that cannot be this one is told without hashing.
+    pub tail: Vec<u8>,
+    /// Each item's span, from the `[`.
+    pub spans: Vec<std::ops::Range<usize>>,
+    /// What is known of the items.
+    pub told: crate::exchange::Told,
+}
+
 /// Bumped whenever a detector's patterns change: findings remembered under the old patterns
 /// are then never read.
 const DETECTORS_REVISION: u8 = 1;
@@ -211,6 +239,7 @@ impl Verdicts {
                     generations: Mutex::default(),
                     sent: Mutex::default(),
                     tools_lengths: Mutex::default(),
+                    prefixes: Mutex::default(),
                     counts: self.counts.clone(),
                     schemas: CheckedSchemas::default(),
                 })
@@ -229,6 +258,8 @@ pub struct Memo {
     /// The lengths of the `tools` arrays remembered last, newest first, distinct: where a
     /// body's `tools` may end if it is one of them ([`Memo::tools_lengths`]).
     tools_lengths: Mutex<[usize; RECENT_TOOLS]>,
+    /// The `messages` arrays sent last, newest first ([`SentPrefix`]).
+    prefixes: Mutex<std::collections::VecDeque<Arc<SentPrefix>>>,
     counts: Arc<Counts>,
     schemas: CheckedSchemas,
 }
@@ -444,6 +475,20 @@ impl Memo {
     /// ([`crate::remembered`]).
     pub fn tools_lengths(&self) -> [usize; RECENT_TOOLS] {
         *self.tools_lengths.lock()
+    }
+
+    /// The `messages` arrays this tenant sent last, newest first.
+    pub fn prefixes(&self) -> Vec<Arc<SentPrefix>> {
+        self.prefixes.lock().iter().cloned().collect()
+    }
+
+    /// Remembers a `messages` array as sent, in place of `extended` (the prefix it grew from,
+    /// which its session will not send again as it was).
+    pub fn remember_prefix(&self, prefix: SentPrefix, extended: Option<&Arc<SentPrefix>>) {
+        let mut prefixes = self.prefixes.lock();
+        prefixes.retain(|kept| kept.key != prefix.key && extended.is_none_or(|extended| !Arc::ptr_eq(kept, extended)));
+        prefixes.push_front(Arc::new(prefix));
+        prefixes.truncate(RECENT_PREFIXES);
     }
 
     /// The keyed hash of a part of a body as sent, a [`Memo::known`] key.
