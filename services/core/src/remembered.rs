@@ -210,11 +210,13 @@ fn history(
 /// The `messages` array at `at` of `body` as far as one of the tenant's last ones
 /// ([`SentPrefix`]): that prefix, the items after it and where the array ends. `None`: scan it.
 fn prefix_known_at(shape: Shape, body: &Bytes, memo: &Memo, at: usize) -> Option<(Arc<SentPrefix>, Vec<Item>, usize)> {
-    let prefix = memo.prefixes().into_iter().find(|prefix| {
-        let Some(end) = prefix.segments.last().and_then(|len| at.checked_add(*len)) else { return false };
-        body.get(at..end).is_some_and(|bytes| bytes.ends_with(&prefix.tail))
-            && chain(shape, memo, body, at, &prefix.segments) == Some(prefix.key)
-    })?;
+    let ends_as = |prefix: &SentPrefix| {
+        let end = prefix.segments.last().and_then(|len| at.checked_add(*len));
+        end.and_then(|end| body.get(at..end)).is_some_and(|bytes| bytes.ends_with(&prefix.tail))
+    };
+    let candidates = memo.candidates(ends_as);
+    let prefix =
+        candidates.into_iter().find(|prefix| chain(shape, memo, body, at, &prefix.segments) == Some(prefix.key))?;
     let (after, end) = json_scan::items_after(body, at + prefix.segments.last()?)?;
     Some((prefix, after, end))
 }
@@ -389,7 +391,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use crate::chat_request::ChatRequest;
-    use crate::verdicts::{RECENT_PREFIXES, Verdicts};
+    use crate::verdicts::Verdicts;
 
     /// One message of a session: small, so that many fit a test body, and now and then a
     /// secret, so that the guardrails' units tell one message from another.
@@ -418,10 +420,13 @@ mod tests {
         Edit { session: usize, edit: usize },
     }
 
+    /// Sessions of the tenant at once in the property test: few, so that each has many turns.
+    const SESSIONS: usize = 4;
+
     fn steps() -> impl Strategy<Value = Vec<Step>> {
         let step = prop_oneof![
-            6 => (0..RECENT_PREFIXES + 2, 0..4usize).prop_map(|(session, added)| Step::Turn { session, added }),
-            1 => (0..RECENT_PREFIXES + 2, any::<usize>()).prop_map(|(session, edit)| Step::Edit { session, edit }),
+            6 => (0..SESSIONS, 0..4usize).prop_map(|(session, added)| Step::Turn { session, added }),
+            1 => (0..SESSIONS, any::<usize>()).prop_map(|(session, edit)| Step::Edit { session, edit }),
         ];
         prop::collection::vec(step, 1..40)
     }
@@ -436,7 +441,7 @@ mod tests {
         #[test]
         fn every_turn_reads_as_it_does_alone(steps in steps(), pretty in any::<bool>()) {
             let memo = Verdicts::default().of("tenant");
-            let mut sessions: Vec<Vec<Value>> = vec![Vec::new(); RECENT_PREFIXES + 2];
+            let mut sessions: Vec<Vec<Value>> = vec![Vec::new(); SESSIONS];
             for (n, step) in steps.iter().enumerate() {
                 match step {
                     Step::Turn { session, added } => {

@@ -49,7 +49,11 @@ pub const RECENT_TOOLS: usize = 4;
 /// How many `messages` arrays a memo keeps as prefixes of the next ([`SentPrefix`]): one per
 /// agent session of the tenant running at a time; a session beyond these is read message by
 /// message, by the sent table, as before.
-pub const RECENT_PREFIXES: usize = 8;
+pub const RECENT_PREFIXES: usize = 64;
+
+/// How many items the kept prefixes hold in all, at most: ~43 bytes an item (its span, its
+/// unit and its turn), so a tenant's prefixes stay under 1 MB however long its histories.
+pub const PREFIX_ITEMS: usize = 20_000;
 
 /// A `messages` array as a tenant sent it, up to the end of its last item: the prefix of its
 /// session's next turn, which resends it and adds a few messages. A body whose `messages`
@@ -479,7 +483,12 @@ impl Memo {
 
     /// The `messages` arrays this tenant sent last, newest first.
     pub fn prefixes(&self) -> Vec<Arc<SentPrefix>> {
-        self.prefixes.lock().iter().cloned().collect()
+        self.candidates(|_| true)
+    }
+
+    /// Those of [`Memo::prefixes`] that `may_be` (a cheap test, made under the memo's lock).
+    pub fn candidates(&self, may_be: impl Fn(&SentPrefix) -> bool) -> Vec<Arc<SentPrefix>> {
+        self.prefixes.lock().iter().filter(|prefix| may_be(prefix)).cloned().collect()
     }
 
     /// Remembers a `messages` array as sent, in place of `extended` (the prefix it grew from,
@@ -489,6 +498,13 @@ impl Memo {
         prefixes.retain(|kept| kept.key != prefix.key && extended.is_none_or(|extended| !Arc::ptr_eq(kept, extended)));
         prefixes.push_front(Arc::new(prefix));
         prefixes.truncate(RECENT_PREFIXES);
+        let mut items = 0;
+        let kept = prefixes.iter().take_while(|kept| {
+            items += kept.spans.len();
+            items <= PREFIX_ITEMS
+        });
+        let kept = kept.count().max(1);
+        prefixes.truncate(kept);
     }
 
     /// The keyed hash of a part of a body as sent, a [`Memo::known`] key.
@@ -551,6 +567,30 @@ mod tests {
     #[test]
     fn a_remembered_part_is_small() {
         assert_eq!(std::mem::size_of::<(u128, Told)>(), 48);
+    }
+
+    /// The kept prefixes are bounded in number and in items, newest kept; one is kept however
+    /// long.
+    #[test]
+    fn prefixes_are_bounded() {
+        let memo = Verdicts::default().of("tenant");
+        let prefix = |key: u128, items: usize| SentPrefix {
+            segments: vec![items],
+            key,
+            tail: Vec::new(),
+            spans: vec![0..1; items],
+            told: crate::exchange::Told::default(),
+        };
+        for key in 0..(RECENT_PREFIXES as u128 + 5) {
+            memo.remember_prefix(prefix(key, 10), None);
+        }
+        assert_eq!(memo.prefixes().len(), RECENT_PREFIXES);
+        assert_eq!(memo.prefixes()[0].key, RECENT_PREFIXES as u128 + 4, "newest first");
+        memo.remember_prefix(prefix(1000, PREFIX_ITEMS - 15), None);
+        let kept = memo.prefixes();
+        assert_eq!(kept.iter().map(|kept| kept.spans.len()).sum::<usize>(), PREFIX_ITEMS - 5);
+        memo.remember_prefix(prefix(1001, PREFIX_ITEMS * 2), None);
+        assert_eq!(memo.prefixes().len(), 1, "one kept however long");
     }
 
     const SECRET: &str = "here is sk-proj-abcdefghijklmnopqrstuvwxyz012345";
