@@ -139,12 +139,29 @@ enum Part {
     MessagesPrefix,
 }
 
+/// How many [`Part`]s there are: each shape has this many domains of its own.
+const PARTS: u8 = 5;
+
+impl Part {
+    /// Its domain within a shape's, below [`PARTS`] (raise it with a new part: the match is
+    /// exhaustive so that a new part is counted here).
+    const fn index(self) -> u8 {
+        match self {
+            Part::Message => 0,
+            Part::Tools => 1,
+            Part::SystemText => 2,
+            Part::SystemBlock => 3,
+            Part::MessagesPrefix => 4,
+        }
+    }
+}
+
 impl Shape {
     /// The key of `bytes` as sent in this shape, as `part`: the memo's keyed hash of the bytes,
     /// its top byte changed by the domain (two keys of different domains are equal only if
     /// their hashes differ by exactly that: a chance of 2^-128).
     fn key(self, memo: &Memo, part: Part, bytes: &[u8]) -> u128 {
-        let domain = 1 + 5 * self as u8 + part as u8;
+        let domain = 1 + PARTS * self as u8 + part.index();
         memo.bytes_hash(bytes) ^ (u128::from(domain) << 120)
     }
 }
@@ -210,13 +227,25 @@ fn history(
 /// The `messages` array at `at` of `body` as far as one of the tenant's last ones
 /// ([`SentPrefix`]): that prefix, the items after it and where the array ends. `None`: scan it.
 fn prefix_known_at(shape: Shape, body: &Bytes, memo: &Memo, at: usize) -> Option<(Arc<SentPrefix>, Vec<Item>, usize)> {
+    // Cheap tests under the lock: the prefix fits, ends with its last bytes, and is followed by
+    // another item or the array's end.
     let ends_as = |prefix: &SentPrefix| {
         let end = prefix.segments.last().and_then(|len| at.checked_add(*len));
-        end.and_then(|end| body.get(at..end)).is_some_and(|bytes| bytes.ends_with(&prefix.tail))
+        let Some(end) = end.filter(|end| body.get(at..*end).is_some_and(|bytes| bytes.ends_with(&prefix.tail))) else {
+            return false;
+        };
+        matches!(body.get(json_scan::skip_space(body, end)), Some(b',' | b']'))
     };
-    let candidates = memo.candidates(ends_as);
-    let prefix =
-        candidates.into_iter().find(|prefix| chain(shape, memo, body, at, &prefix.segments) == Some(prefix.key))?;
+    // Candidates that pass those and still differ (a tenant can send many histories of one
+    // length and one ending) are hashed up to twice the body's length in all: a body's reading
+    // costs at most that more than it did without prefixes.
+    let mut budget = body.len().saturating_mul(2);
+    let prefix = memo.candidates(ends_as).into_iter().find(|prefix| {
+        let len = prefix.segments.last().copied().unwrap_or(0);
+        let Some(left) = budget.checked_sub(len) else { return false };
+        budget = left;
+        chain(shape, memo, body, at, &prefix.segments) == Some(prefix.key)
+    })?;
     let (after, end) = json_scan::items_after(body, at + prefix.segments.last()?)?;
     Some((prefix, after, end))
 }
@@ -261,13 +290,13 @@ fn remember_prefix(
         None => (0, Vec::new(), at),
     };
     let Some(segment) = body.get(from..end).filter(|segment| !segment.is_empty()) else { return };
-    segments.push(end - at);
+    segments.push(end.saturating_sub(at));
     let bytes = body.get(at..end).unwrap_or_default();
     let prefix = SentPrefix {
         key: link(shape, memo, key, segment),
         segments,
         tail: bytes.get(bytes.len().saturating_sub(32)..).unwrap_or_default().to_vec(),
-        spans: spans.iter().map(|span| span.start - at..span.end - at).collect(),
+        spans: spans.iter().map(|span| span.start.saturating_sub(at)..span.end.saturating_sub(at)).collect(),
         told: told.clone(),
     };
     memo.remember_prefix(prefix, extended);
@@ -359,7 +388,8 @@ fn tools(
         return Some(Lazy::of_sent(Spans::new(body.clone(), spans, count, (), read_one)));
     }
     let read = read_all(text)?;
-    if read.remember {
+    // An array only: its length is where a body's next `tools` may end (`null` has none).
+    if read.remember && field.items.is_some() {
         memo.remember_tools(key, text.len(), read.typed.len());
     }
     Some(read.typed.into())
@@ -405,10 +435,16 @@ mod tests {
         }
     }
 
-    fn body(messages: &[Value], pretty: bool) -> bytes::Bytes {
+    /// The body of a turn: `lead` bytes of another field before `messages` (so that it starts
+    /// at another offset from turn to turn), its items written tight or with white space
+    /// around their separators.
+    fn body(messages: &[Value], spaced: bool, lead: usize) -> bytes::Bytes {
         let pad = "p".repeat(crate::verbatim::WORTH_IT);
-        let body = json!({"model": "m", "messages": messages, "pad": pad});
-        bytes::Bytes::from(if pretty { serde_json::to_string_pretty(&body).unwrap() } else { body.to_string() })
+        let items: Vec<String> = messages.iter().map(Value::to_string).collect();
+        let (open, separator, close) = if spaced { ("[ ", " ,\n  ", " ]") } else { ("[", ",", "]") };
+        let lead = "l".repeat(lead);
+        let messages = format!("{open}{}{close}", items.join(separator));
+        bytes::Bytes::from(format!(r#"{{"model":"m","lead":"{lead}","messages":{messages},"pad":"{pad}"}}"#))
     }
 
     /// A step of a tenant's traffic: a session's next turn (its history and `added` messages), or
@@ -439,7 +475,7 @@ mod tests {
         /// it does alone, with the same characters, turns and guardrail units before anything
         /// types the history.
         #[test]
-        fn every_turn_reads_as_it_does_alone(steps in steps(), pretty in any::<bool>()) {
+        fn every_turn_reads_as_it_does_alone(steps in steps(), spaced in any::<bool>()) {
             let memo = Verdicts::default().of("tenant");
             let mut sessions: Vec<Vec<Value>> = vec![Vec::new(); SESSIONS];
             for (n, step) in steps.iter().enumerate() {
@@ -461,7 +497,7 @@ mod tests {
                 }
                 let session = match step { Step::Turn { session, .. } | Step::Edit { session, .. } => *session };
                 let Some(history) = sessions.get(session).filter(|history| !history.is_empty()) else { continue };
-                let sent = body(history, pretty);
+                let sent = body(history, spaced, n % 5 * 7);
                 let alone = ChatRequest::parse(&sent).unwrap();
                 let known = ChatRequest::parse_remembering(&sent, Some(&memo)).unwrap();
                 let (known, alone) = (known.exchange.as_ref(), alone.exchange.as_ref());
@@ -483,7 +519,7 @@ mod tests {
         let memo = Verdicts::default().of("tenant");
         let history: Vec<Value> = (0..9).map(|i| message(i, 0)).collect();
         for (turn, upto) in [3, 6, 9].into_iter().enumerate() {
-            let sent = body(&history[..upto], false);
+            let sent = body(&history[..upto], false, turn);
             ChatRequest::parse_remembering(&sent, Some(&memo)).unwrap();
             let prefixes = memo.prefixes();
             assert_eq!(prefixes.len(), 1, "the prefix it extended is replaced");
@@ -492,7 +528,7 @@ mod tests {
         }
         let mut edited = history.clone();
         edited[3] = message(3, 9);
-        ChatRequest::parse_remembering(&body(&edited, false), Some(&memo)).unwrap();
+        ChatRequest::parse_remembering(&body(&edited, false, 0), Some(&memo)).unwrap();
         let prefixes = memo.prefixes();
         assert_eq!(prefixes.len(), 2, "a history that does not start as a known one starts a prefix of its own");
         assert_eq!(prefixes[0].segments.len(), 1);
