@@ -13,13 +13,19 @@
 //! `cargo run --release -p shield-core --example guardrail_turns [SESSIONS]` (default 40). A
 //! benchmark, not a test: it times on whatever the machine is doing, so compare the two columns
 //! of one run, and the curve's shape, not figures across machines.
+//!
+//! `guardrail_turns SESSIONS TURN` counts instead of timing: it reads and judges the sessions'
+//! bodies with the memo up to turn `TURN` and nothing else, judging that turn's through
+//! [`judged_at_the_turn_counted`], so that callgrind counts the guardrail stage of that one
+//! turn, which no other load on the machine moves (`bench/README.md`, "The guardrail stage per
+//! turn, in instructions").
 
 use std::time::Instant;
 
 use shield_core::chat_request::ChatRequest;
 use shield_core::exchange::{Message, Part, Request, Role};
-use shield_core::guardrails::{Detector, GuardrailPolicy, Mode};
-use shield_core::verdicts::Verdicts;
+use shield_core::guardrails::{Detector, GuardrailPolicy, Mode, Verdict};
+use shield_core::verdicts::{Memo, Verdicts};
 
 const TURNS: usize = 50;
 
@@ -144,6 +150,31 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// The guardrail stage on a body read with the memo, at the turn counted: a function of its own
+/// that callgrind's `--toggle-collect` names.
+#[inline(never)]
+fn judged_at_the_turn_counted(policy: &GuardrailPolicy, request: &Request, memo: &Memo) -> Verdict {
+    policy.check_request(request, Some(memo))
+}
+
+/// Reads and judges the sessions' bodies with the memo up to `counted`, that turn's judging
+/// in [`judged_at_the_turn_counted`].
+fn count(policy: &GuardrailPolicy, sessions: u64, counted: usize) {
+    let memo = Verdicts::default().of("bodies");
+    for turn in 1..=counted {
+        for seed in 0..sessions {
+            let body = chat_body(&session(seed, turn));
+            let read = ChatRequest::parse_remembering(&body, Some(&memo)).expect("a chat body");
+            let verdict = match turn == counted {
+                true => judged_at_the_turn_counted(policy, &read.exchange, &memo),
+                false => policy.check_request(&read.exchange, Some(&memo)),
+            };
+            std::hint::black_box(verdict);
+        }
+    }
+    println!("judged turn {counted} of {sessions} sessions in judged_at_the_turn_counted");
+}
+
 fn main() {
     let sessions: u64 = std::env::args().nth(1).and_then(|n| n.parse().ok()).unwrap_or(40);
     let policy = GuardrailPolicy {
@@ -151,6 +182,9 @@ fn main() {
         secrets_detection: Detector { mode: Mode::Monitor },
         ..Default::default()
     };
+    if let Some(counted) = std::env::args().nth(2).and_then(|n| n.parse().ok()) {
+        return count(&policy, sessions, counted);
+    }
     let verdicts = Verdicts::default();
     let memo = verdicts.of("bench");
     // The bodies' memo: another tenant's, so that the typed requests above do not warm it.

@@ -140,6 +140,22 @@ pub struct Told {
     pub chars: usize,
     /// Each message's [`Turn`] (none for a system prompt).
     pub turns: Vec<Turn>,
+    /// The history as a remembered body prefix and as the next one, while it is as sent: set by
+    /// the reading of this request ([`crate::remembered`]), never kept with a prefix.
+    pub heads: Option<Heads>,
+}
+
+/// A history's messages known as one (issue 33), each set by the keyed hash of its bytes
+/// ([`crate::verdicts::SentPrefix::key`]), so the same key is the same messages: the guardrail
+/// stage reads the units of the prefix this tenant sent before as one remembered sum, and
+/// remembers the whole history's sum for the next turn, which sends it as its prefix
+/// ([`crate::verdicts::Memo::scan_all`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heads {
+    /// The first `.0` messages are a prefix the tenant sent before, known by `.1`.
+    pub matched: Option<(usize, u128)>,
+    /// All the messages, as the prefix remembered for the next turn (`None`: none was).
+    pub whole: Option<u128>,
 }
 
 /// What an adapter reads of a message's form on every request, known without typing it.

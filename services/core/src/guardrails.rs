@@ -131,10 +131,9 @@ impl GuardrailPolicy {
         if self.detectors() == 0 {
             return Verdict::default();
         }
-        let units = crate::verdicts::units(request);
         let scans = match memo {
-            Some(memo) => memo.scan_all(self, &units),
-            None => units.iter().map(|unit| self.scan(&unit.joined())).collect(),
+            Some(memo) => memo.scan_all(self, request),
+            None => crate::verdicts::units(request).iter().map(|unit| self.scan(&unit.joined())).collect(),
         };
         self.verdict(scans.iter())
     }

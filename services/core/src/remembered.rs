@@ -23,7 +23,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::exchange::{History, Lazy, Message, Spans, SystemPrompt, Told, Tool, ToolList};
+use crate::exchange::{Heads, History, Lazy, Message, Spans, SystemPrompt, Told, Tool, ToolList};
 use crate::json_scan::{self, Field, Item};
 use crate::verbatim::Keys;
 use crate::verdicts::{Known, Memo, SentPrefix};
@@ -217,9 +217,12 @@ fn history(
     all.units.extend(added.units);
     all.chars += added.chars;
     all.turns.extend(added.turns);
-    if let Some(last) = items.last() {
-        remember_prefix(shape, body, at, prefix.as_ref(), last.span.end, &spans, &all, memo);
-    }
+    let matched = prefix.as_ref().map(|prefix| (prefix.spans.len(), prefix.key));
+    let whole = match items.last() {
+        Some(last) => remember_prefix(shape, body, at, prefix.as_ref(), last.span.end, &spans, &all, memo),
+        None => matched.map(|(_, key)| key),
+    };
+    all.heads = Some(Heads { matched, whole });
     let len = spans.len();
     Some(Lazy::of_sent(Spans::new(body.clone(), spans, len, all, read)))
 }
@@ -240,7 +243,11 @@ fn prefix_known_at(shape: Shape, body: &Bytes, memo: &Memo, at: usize) -> Option
     // length and one ending) are hashed up to twice the body's length in all: a body's reading
     // costs at most that more than it did without prefixes.
     let mut budget = body.len().saturating_mul(2);
-    let prefix = memo.candidates(ends_as).into_iter().find(|prefix| {
+    // Longest first: it leaves the fewest items to read, and two sessions that began alike
+    // (the same first message) each find their own, not the shorter one of the other.
+    let mut candidates = memo.candidates(ends_as);
+    candidates.sort_by_key(|prefix| std::cmp::Reverse(prefix.segments.last().copied().unwrap_or(0)));
+    let prefix = candidates.into_iter().find(|prefix| {
         let len = prefix.segments.last().copied().unwrap_or(0);
         let Some(left) = budget.checked_sub(len) else { return false };
         budget = left;
@@ -273,7 +280,8 @@ fn link(shape: Shape, memo: &Memo, key: u128, segment: &[u8]) -> u128 {
 }
 
 /// Remembers the `messages` array at `at`, up to `end` (where its last item ends), as a prefix
-/// of its session's next turn: `extended` and one segment more.
+/// of its session's next turn: `extended` and one segment more. Its key (`None`: an empty
+/// segment, not remembered).
 #[allow(clippy::too_many_arguments)] // one call, the parts of the history just read
 fn remember_prefix(
     shape: Shape,
@@ -284,12 +292,12 @@ fn remember_prefix(
     spans: &[std::ops::Range<usize>],
     told: &Told,
     memo: &Memo,
-) {
+) -> Option<u128> {
     let (key, mut segments, from) = match extended {
         Some(prefix) => (prefix.key, prefix.segments.clone(), at + prefix.segments.last().copied().unwrap_or(0)),
         None => (0, Vec::new(), at),
     };
-    let Some(segment) = body.get(from..end).filter(|segment| !segment.is_empty()) else { return };
+    let segment = body.get(from..end).filter(|segment| !segment.is_empty())?;
     segments.push(end.saturating_sub(at));
     let bytes = body.get(at..end).unwrap_or_default();
     let prefix = SentPrefix {
@@ -297,9 +305,11 @@ fn remember_prefix(
         segments,
         tail: bytes.get(bytes.len().saturating_sub(32)..).unwrap_or_default().to_vec(),
         spans: spans.iter().map(|span| span.start.saturating_sub(at)..span.end.saturating_sub(at)).collect(),
-        told: told.clone(),
+        told: Told { heads: None, ..told.clone() },
     };
+    let key = prefix.key;
     memo.remember_prefix(prefix, extended);
+    Some(key)
 }
 
 /// The system prompt a `system` field holds, part by part as [`history`] reads messages: a
@@ -343,7 +353,8 @@ fn told(
     let span = |item: &Item| body.get(item.span.clone()).unwrap_or_default();
     let keys: Vec<u128> = items.iter().map(|item| shape.key(memo, part, span(item))).collect();
     let mut fresh = Vec::new();
-    let mut told = Told { units: Vec::with_capacity(items.len()), chars: 0, turns: Vec::with_capacity(items.len()) };
+    let mut told =
+        Told { units: Vec::with_capacity(items.len()), chars: 0, turns: Vec::with_capacity(items.len()), heads: None };
     for ((item, key), known) in items.iter().zip(&keys).zip(memo.known(&keys)) {
         let Known { unit, chars, turn } = match known {
             Some(known) => known,
@@ -473,9 +484,17 @@ mod tests {
         /// Whatever a tenant's sessions send, turn after turn, read with its memo (a remembered
         /// prefix of the history, messages known by their bytes, or read) each body reads as
         /// it does alone, with the same characters, turns and guardrail units before anything
-        /// types the history.
+        /// types the history, and is judged as a fresh scan judges it (the detectors changing
+        /// now and then), without typing it.
         #[test]
-        fn every_turn_reads_as_it_does_alone(steps in steps(), spaced in any::<bool>()) {
+        fn every_turn_reads_as_it_does_alone(steps in steps(), spaced in any::<bool>(), detectors in prop::collection::vec(0..4usize, 40)) {
+            use crate::guardrails::{Detector, GuardrailPolicy, Mode};
+            let policies = [(Mode::Monitor, Mode::Monitor), (Mode::Off, Mode::Block), (Mode::Block, Mode::Off), (Mode::Warn, Mode::Monitor)]
+                .map(|(pii, secrets)| GuardrailPolicy {
+                    pii_detection: Detector { mode: pii },
+                    secrets_detection: Detector { mode: secrets },
+                    ..Default::default()
+                });
             let memo = Verdicts::default().of("tenant");
             let mut sessions: Vec<Vec<Value>> = vec![Vec::new(); SESSIONS];
             for (n, step) in steps.iter().enumerate() {
@@ -507,6 +526,9 @@ mod tests {
                 let hashes = |request| crate::verdicts::units(request).iter().map(|unit| memo.text_hash(unit)).collect::<Vec<_>>();
                 prop_assert_eq!(hashes(known), hashes(alone));
                 prop_assert!(!known.messages.is_typed());
+                let policy = &policies[detectors[n % detectors.len()]];
+                prop_assert_eq!(policy.check_request(known, Some(&memo)), policy.check_request(alone, None), "step {}", n);
+                prop_assert!(!known.messages.is_typed(), "judged without typing the history");
                 prop_assert_eq!(known, alone);
             }
         }
@@ -526,11 +548,25 @@ mod tests {
             assert_eq!(prefixes[0].segments.len(), turn + 1);
             assert_eq!(prefixes[0].spans.len(), upto);
         }
+        // Another session that began with the same message: its prefix is kept beside the
+        // first's, and each finds its own, the longest that matches.
+        ChatRequest::parse_remembering(&body(&history[..1], false, 0), Some(&memo)).unwrap();
+        let more: Vec<Value> = (0..10).map(|i| message(i, 0)).collect();
+        ChatRequest::parse_remembering(&body(&more, false, 0), Some(&memo)).unwrap();
+        let prefixes = memo.prefixes();
+        assert_eq!(prefixes.iter().map(|prefix| prefix.spans.len()).collect::<Vec<_>>(), [10, 1], "{prefixes:?}");
+        assert_eq!(prefixes[0].segments.len(), 4, "the first session's, extended");
+        // Edited after its first message: it extends the prefix that is its first message.
         let mut edited = history.clone();
         edited[3] = message(3, 9);
         ChatRequest::parse_remembering(&body(&edited, false, 0), Some(&memo)).unwrap();
         let prefixes = memo.prefixes();
-        assert_eq!(prefixes.len(), 2, "a history that does not start as a known one starts a prefix of its own");
+        assert_eq!(prefixes.iter().map(|prefix| prefix.segments.len()).collect::<Vec<_>>(), [2, 4]);
+        // Edited in its first: no known history starts so; it starts a prefix of its own.
+        edited[0] = message(0, 9);
+        ChatRequest::parse_remembering(&body(&edited, false, 0), Some(&memo)).unwrap();
+        let prefixes = memo.prefixes();
+        assert_eq!(prefixes.len(), 3, "a history that does not start as a known one starts a prefix of its own");
         assert_eq!(prefixes[0].segments.len(), 1);
     }
 }

@@ -20,6 +20,12 @@
 //! of units). A history edited anywhere but its end finds no prefix and is judged unit by unit,
 //! as before. A prefix entry is a hash and summed counts, like a unit's.
 //!
+//! A history read from its body with the memo names the prefix as the body's own
+//! ([`crate::exchange::Heads`]: the keyed hash of the bytes its last turn sent): the same bytes
+//! are the same units, so that prefix is looked up by one hash of it and the system prompt's
+//! units' keys, and only the units after it are keyed at all. What a turn costs the stage is
+//! then what it adds, not a 16-byte key per unit of its history.
+//!
 //! The bound is two generations of [`GENERATION`] entries: lookups promote an entry from the
 //! older generation, and a full current generation becomes the older one, dropping the oldest.
 //! Hand-rolled rather than a cache crate: it is twenty lines, needs no clock or background
@@ -32,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::exchange::{History, Message, Part, Request, Role, SystemPrompt, Turn};
+use crate::exchange::{Heads, History, Message, Part, Request, Role, SystemPrompt, Turn};
 use crate::guardrails::{GuardrailPolicy, Scanned};
 use crate::json_read::CheckedSchemas;
 use crate::keyed_hash::HashKey;
@@ -160,24 +166,39 @@ pub fn units<'r>(request: &'r Request) -> Vec<Unit<'r>> {
     // vector (and filtering it into another) was most of what a turn's judging cost beyond
     // scanning its new text.
     let mut units = Vec::with_capacity(request.system.len() + request.messages.len());
+    system_units(request, &mut units);
+    message_units(request, 0, &mut units);
+    units
+}
+
+/// The units of a request's system prompt, onto `units`.
+fn system_units<'r>(request: &'r Request, units: &mut Vec<Unit<'r>>) {
     match request.system.sent() {
         Some(sent) => {
             let known = sent.known.units.iter().flatten().enumerate();
             units.extend(known.map(|(index, &hash)| Unit::Known { hash, from: Sent::System(&request.system, index) }));
         }
-        None => units.extend(request.system.iter().map(|part| Unit::One(part.as_str()))),
+        None => {
+            let parts = request.system.iter().filter(|part| !part.is_empty());
+            units.extend(parts.map(|part| Unit::One(part.as_str())));
+        }
     }
+}
+
+/// The units of a request's messages from message `from` on, onto `units`.
+fn message_units<'r>(request: &'r Request, from: usize, units: &mut Vec<Unit<'r>>) {
     match request.messages.sent() {
         Some(sent) => {
-            let (history, known) = (&request.messages, sent.known.units.iter().enumerate());
+            let (history, known) = (&request.messages, sent.known.units.iter().enumerate().skip(from));
             units.extend(known.filter_map(|(index, hash)| {
                 hash.map(|hash| Unit::Known { hash, from: Sent::Message(history, index) })
             }));
         }
-        None => units.extend(request.messages.iter().map(Unit::of)),
+        None => {
+            let messages = request.messages.iter().skip(from).map(Unit::of);
+            units.extend(messages.filter(|unit| !unit.is_empty()));
+        }
     }
-    units.retain(|unit| !unit.is_empty());
-    units
 }
 
 /// What is remembered of a message as sent, under the keyed hash of its bytes: the hash of its
@@ -332,22 +353,68 @@ impl Memo {
         &self.schemas
     }
 
-    /// Findings under `policy` whose sum is the sum of the units' findings: a remembered prefix
-    /// of the units as one sum, then each later unit's own, remembered or scanned (and then
-    /// remembered, with the whole request as a prefix). One lock to read and one to store.
-    pub fn scan_all(&self, policy: &GuardrailPolicy, units: &[Unit<'_>]) -> Vec<Scanned> {
+    /// Findings under `policy` whose sum is the sum of `request`'s units' findings: a
+    /// remembered prefix of the units as one sum, then each later unit's own, remembered or
+    /// scanned (and then remembered, with the whole request as a prefix).
+    ///
+    /// The prefix is the history's remembered body prefix where it has one ([`Heads`]): the
+    /// same bytes are the same units, so its key is one hash of the system prompt's units' keys
+    /// and the body prefix's key, and only the units after it are keyed and looked up (a turn
+    /// costs what it adds, not one key per unit of its history). Otherwise, the longest of the
+    /// units' own prefixes remembered ([`Memo::prefix_keys`]).
+    pub fn scan_all(&self, policy: &GuardrailPolicy, request: &Request) -> Vec<Scanned> {
         let detectors = policy.detectors();
+        let mut units = Vec::new();
+        system_units(request, &mut units);
+        let system: Vec<u128> = units.iter().map(|unit| self.key(detectors, unit)).collect();
+        let told = request.messages.sent().map(|sent| &sent.known);
+        let heads = told.and_then(|told| told.heads);
+        let head = |prefix: u128| self.head_key(detectors, &system, prefix);
+        let whole = heads.and_then(|heads| heads.whole).map(head);
+        if let (Some(told), Some(Heads { matched: Some((items, prefix)), .. })) = (told, heads) {
+            let matched = head(prefix);
+            let sum = self.generations.lock().get(matched);
+            if let Some(sum) = sum {
+                let covered = units.len() + told.units.get(..items).unwrap_or_default().iter().flatten().count();
+                units.clear();
+                message_units(request, items, &mut units);
+                let keys: Vec<u128> = units.iter().map(|unit| self.key(detectors, unit)).collect();
+                let wholes = whole.filter(|whole| *whole != matched);
+                return self.scan_after(policy, (covered, sum), &units, &keys, wholes.into_iter().collect());
+            }
+        }
+        message_units(request, 0, &mut units);
         let keys: Vec<u128> = units.iter().map(|unit| self.key(detectors, unit)).collect();
         let prefixes = self.prefix_keys(&keys);
-        let (prefix, mut found): (Option<(usize, Remembered)>, Vec<Option<Remembered>>) = {
+        let prefix = {
             let mut generations = self.generations.lock();
-            let prefix = prefixes.iter().find_map(|(len, key)| generations.get(*key).map(|sum| (*len, sum)));
-            let from = prefix.as_ref().map_or(0, |(len, _)| *len);
-            (prefix, keys.iter().skip(from).map(|key| generations.get(*key)).collect())
+            prefixes.iter().find_map(|(len, key)| generations.get(*key).map(|sum| (*len, sum)))
         };
-        let (covered, prefix_sum) = prefix.unwrap_or((0, None));
+        let (covered, sum) = prefix.unwrap_or((0, None));
+        // The whole request as a prefix of the next turn's, unless it was one already.
+        let own = prefixes.first().filter(|(len, _)| *len == units.len() && covered < units.len());
+        let wholes = own.map(|(_, key)| *key).into_iter().chain(whole).collect();
+        let (units, keys) = (units.get(covered..).unwrap_or_default(), keys.get(covered..).unwrap_or_default());
+        self.scan_after(policy, (covered, sum), units, keys, wholes)
+    }
+
+    /// The findings of `units` (keyed by `keys`) after a prefix of `covered` units whose sum is
+    /// known: each unit's remembered, or scanned and remembered; the sum of all remembered under
+    /// `wholes`, the keys the whole request is a prefix by. One lock to read and one to store.
+    fn scan_after(
+        &self,
+        policy: &GuardrailPolicy,
+        (covered, prefix_sum): (usize, Remembered),
+        units: &[Unit<'_>],
+        keys: &[u128],
+        wholes: Vec<u128>,
+    ) -> Vec<Scanned> {
+        let mut found: Vec<Option<Remembered>> = {
+            let mut generations = self.generations.lock();
+            keys.iter().map(|key| generations.get(*key)).collect()
+        };
         let mut fresh = Vec::new();
-        for ((slot, unit), key) in found.iter_mut().zip(units.iter().skip(covered)).zip(keys.iter().skip(covered)) {
+        for ((slot, unit), key) in found.iter_mut().zip(units).zip(keys) {
             if slot.is_none() {
                 let scanned = policy.scan(&unit.joined());
                 let remembered = (!scanned.is_clean()).then(|| Box::new(scanned));
@@ -355,26 +422,37 @@ impl Memo {
                 *slot = Some(remembered);
             }
         }
-        self.counts.reused.fetch_add((units.len() - fresh.len()) as u64, Ordering::Relaxed);
+        self.counts.reused.fetch_add((covered + units.len() - fresh.len()) as u64, Ordering::Relaxed);
         self.counts.scanned.fetch_add(fresh.len() as u64, Ordering::Relaxed);
         let mut sums: Vec<Scanned> = std::iter::once(prefix_sum)
             .chain(found.into_iter().flatten())
             .map(|remembered| remembered.map(|scanned| *scanned).unwrap_or_default())
             .collect();
-        // The whole request as a prefix of the next turn's, unless it was one already.
-        let whole = prefixes.first().filter(|(len, _)| *len == units.len() && covered < units.len());
-        if !fresh.is_empty() || whole.is_some() {
-            let remembered_whole = whole.map(|(_, key)| (*key, summed(&sums)));
+        if !fresh.is_empty() || !wholes.is_empty() {
+            let sum = if wholes.is_empty() { None } else { summed(&sums) };
             let mut generations = self.generations.lock();
             for (key, scanned) in fresh {
                 generations.insert(key, scanned);
             }
-            if let Some((key, sum)) = remembered_whole {
-                generations.insert(key, sum);
+            for whole in wholes {
+                generations.insert(whole, sum.clone());
             }
         }
         sums.retain(|scanned| !scanned.is_clean());
         sums
+    }
+
+    /// The key of the units of a request's system prompt (their keys, `system`) and of its
+    /// history's first messages, the body prefix known by `prefix`, as one prefix under
+    /// `detectors`. Its input is 16 bytes a key and one more, so it is never the input of a
+    /// prefix of units' keys ([`Memo::prefix_keys`]: 16 bytes a key).
+    fn head_key(&self, detectors: u8, system: &[u128], prefix: u128) -> u128 {
+        let mut input = Vec::with_capacity(16 * (system.len() + 1) + 1);
+        input.push(DETECTORS_REVISION << 2 | detectors);
+        for key in system.iter().chain([&prefix]) {
+            input.extend_from_slice(&key.to_le_bytes());
+        }
+        self.key.hash(&input)
     }
 
     /// The keys of the units' prefixes that may be remembered, longest first: the whole and
@@ -645,6 +723,65 @@ mod tests {
         // detectors switched off: another prefix, another verdict
         let off = policy(Mode::Monitor, Mode::Off);
         assert_eq!(off.check_request(&request(&texts(42)), Some(&memo)).flagged, vec!["pii_detection"]);
+    }
+
+    /// A chat body of a system message and `texts`, large enough to be read by its spans.
+    fn chat_body(texts: &[&str]) -> bytes::Bytes {
+        let mut messages = vec![serde_json::json!({"role": "system", "content": "You are a coding agent."})];
+        messages.extend(texts.iter().enumerate().map(
+            |(i, text)| serde_json::json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": text}),
+        ));
+        let pad = "p".repeat(crate::verbatim::WORTH_IT);
+        bytes::Bytes::from(serde_json::json!({"model": "m", "messages": messages, "pad": pad}).to_string())
+    }
+
+    /// A turn read from its body with the memo finds its history as the body prefix its last
+    /// turn left, and the guardrail stage reads that prefix's units as one sum: one lookup for
+    /// it and one for each new unit, however long the history; the verdict is a fresh scan's.
+    #[test]
+    fn a_history_found_as_a_body_prefix_is_judged_as_one() {
+        use crate::chat_request::ChatRequest;
+        let verdicts = Verdicts::default();
+        let memo = verdicts.of("acme");
+        let p = policy(Mode::Monitor, Mode::Monitor);
+        let mut history: Vec<String> = vec![MAIL.into(), SECRET.into()];
+        history.extend((0..60).map(|i| format!("message {i}")));
+        let texts = |n: usize| history[..n].iter().map(String::as_str).collect::<Vec<_>>();
+        let judge = |texts: &[&str], p: &GuardrailPolicy| {
+            let body = chat_body(texts);
+            let known = ChatRequest::parse_remembering(&body, Some(&memo)).unwrap();
+            let fresh = p.check_request(&ChatRequest::parse(&body).unwrap().exchange, None);
+            let lookups = memo.lookups();
+            let found = p.check_request(&known.exchange, Some(&memo));
+            assert_eq!(found, fresh, "judged as a fresh scan judges it");
+            assert!(!known.exchange.messages.is_typed(), "without typing the history");
+            (known.exchange.messages.sent().and_then(|sent| sent.known.heads), memo.lookups() - lookups)
+        };
+        let (heads, _) = judge(&texts(40), &p);
+        assert!(heads.is_some_and(|heads| heads.matched.is_none() && heads.whole.is_some()), "a first turn: {heads:?}");
+        for (n, new) in [(42, 2), (45, 3), (60, 15)] {
+            let scanned = verdicts.counts.scanned.load(Ordering::Relaxed);
+            let (heads, lookups) = judge(&texts(n), &p);
+            assert!(heads.is_some_and(|heads| heads.matched.is_some()), "found its last turn's prefix");
+            assert_eq!(lookups, 1 + new, "the body prefix, then each new unit");
+            assert_eq!(
+                verdicts.counts.scanned.load(Ordering::Relaxed),
+                scanned + new as u64,
+                "only the new units scanned"
+            );
+        }
+        // The same body again: its whole is the prefix, looked up once.
+        assert_eq!(judge(&texts(60), &p).1, 1);
+        // Other detectors: the body prefix's sum is not theirs; judged unit by unit, then as one.
+        let off = policy(Mode::Monitor, Mode::Off);
+        assert!(judge(&texts(61), &off).1 > 2);
+        assert_eq!(judge(&texts(62), &off).1, 2);
+        // A history edited before its end matches no body prefix, and is judged as fresh.
+        let mut edited = texts(62);
+        edited[1] = "an edited message";
+        let (heads, _) = judge(&edited, &p);
+        assert!(heads.is_some_and(|heads| heads.matched.is_none()));
+        assert_eq!(judge(&texts(62), &p).0.and_then(|heads| heads.matched).map(|(items, _)| items), Some(63));
     }
 
     #[test]

@@ -291,6 +291,115 @@ proptest! {
     }
 }
 
+/// One message of a Messages session (user text, an assistant's text and tool call, its
+/// result), now and then with a secret or an address, so that the guardrails' units tell one
+/// message from another. The first is the session's own (sessions that begin alike are the
+/// chat property test's, `shield_core::remembered`).
+fn session_message(session: usize, i: usize, variant: u8) -> Value {
+    match i % 3 {
+        0 => serde_json::json!({"role": "user", "content": if variant % 5 == 4 {
+            format!("turn {i}: write to jane@example.com")
+        } else {
+            format!("session {session} turn {i} v{variant}: fix the build")
+        }}),
+        1 => serde_json::json!({"role": "assistant", "content": [{"type": "text", "text": format!("reading {i}")},
+            {"type": "tool_use", "id": format!("t{i}"), "name": "Bash", "input": {"command": "ls"}}]}),
+        _ => {
+            serde_json::json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("t{}", i - 1),
+            "content": if variant % 4 == 3 { format!("key sk-proj-abcdefghijklmnopqrstuvwxyz0{i:05}") } else { format!("out {i} v{variant}") }}]})
+        }
+    }
+}
+
+/// System prompts a session may send, in each form: a string, blocks (one with an address),
+/// a block with a secret, none.
+const SESSION_SYSTEMS: [&str; 4] = [
+    r#""You are Claude Code.""#,
+    r#"[{"type":"text","text":"You are Claude Code."},{"type":"text","text":"Mail jane@example.com","cache_control":{"type":"ephemeral"}}]"#,
+    r#"[{"type":"text","text":"key sk-proj-abcdefghijklmnopqrstuvwxyz012345"}]"#,
+    "null",
+];
+
+/// A step of a tenant's Messages traffic: a session's next turn (its history and `added`
+/// messages more, with system prompt `system` under policy `policy`), or its history with
+/// message `edit` changed.
+#[derive(Debug, Clone)]
+enum SessionStep {
+    Turn { session: usize, added: usize, system: usize, policy: usize },
+    Edit { session: usize, edit: usize },
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Whatever a tenant's Messages sessions send, turn after turn (histories growing and
+    /// edited, system prompts and detectors changing), each body read with the memo (its
+    /// history found as the prefix its last turn left, the new messages after it) reads as it
+    /// does alone, and is judged as a fresh scan judges it, without typing the history.
+    #[test]
+    fn a_messages_session_reads_and_is_judged_as_each_turn_alone(
+        steps in prop::collection::vec(prop_oneof![
+            6 => (0..3usize, 0..3usize, 0..4usize, 0..4usize)
+                .prop_map(|(session, added, system, policy)| SessionStep::Turn { session, added, system, policy }),
+            1 => (0..3usize, any::<usize>()).prop_map(|(session, edit)| SessionStep::Edit { session, edit }),
+        ], 1..30),
+    ) {
+        use shield_core::guardrails::{Detector, GuardrailPolicy, Mode};
+        let policies = [(Mode::Monitor, Mode::Monitor), (Mode::Off, Mode::Block), (Mode::Block, Mode::Off), (Mode::Warn, Mode::Monitor)]
+            .map(|(pii, secrets)| GuardrailPolicy {
+                pii_detection: Detector { mode: pii },
+                secrets_detection: Detector { mode: secrets },
+                ..Default::default()
+            });
+        let memo = shield_core::verdicts::Verdicts::default().of("tenant");
+        let mut sessions: Vec<(Vec<Value>, usize, bool)> = vec![(Vec::new(), 0, false); 3];
+        let pad = "p".repeat(shield_core::verbatim::WORTH_IT);
+        let mut policy = &policies[0];
+        for (n, step) in steps.iter().enumerate() {
+            let (session, extends) = match step {
+                SessionStep::Turn { session, added, system, policy: which } => {
+                    let (history, kept_system, _) = &mut sessions[*session];
+                    for _ in 0..=*added {
+                        let i = history.len();
+                        history.push(session_message(*session, i, (n % 7) as u8));
+                    }
+                    *kept_system = *system;
+                    policy = &policies[*which];
+                    (*session, sessions[*session].2)
+                }
+                SessionStep::Edit { session, edit } => {
+                    let history = &mut sessions[*session].0;
+                    if !history.is_empty() {
+                        let at = edit % history.len();
+                        history[at] = session_message(*session, at, 100 + (n % 50) as u8);
+                    }
+                    (*session, false)
+                }
+            };
+            let (history, system, _) = &sessions[session];
+            if history.is_empty() {
+                continue;
+            }
+            let messages = Value::Array(history.clone());
+            let sent = bytes::Bytes::from(format!(
+                r#"{{"model":"team","max_tokens":64,"system":{},"messages":{messages},"pad":"{pad}"}}"#,
+                SESSION_SYSTEMS[*system]
+            ));
+            sessions[session].2 = true;
+            let typed = normalise(&sent, headers(), false).unwrap();
+            let known = crate::messages::request::normalise_remembering(&sent, headers(), false, Some(&memo)).unwrap();
+            let heads = known.exchange.messages.sent().and_then(|sent| sent.known.heads);
+            prop_assert!(heads.is_some(), "read by its spans");
+            prop_assert!(!extends || heads.and_then(|heads| heads.matched).is_some(), "step {}: the last turn's prefix found", n);
+            let (found, fresh) = (policy.check_request(&known.exchange, Some(&memo)), policy.check_request(&typed.exchange, None));
+            prop_assert_eq!(found.blocked_by, fresh.blocked_by);
+            prop_assert_eq!(format!("{:?}", found.results), format!("{:?}", fresh.results), "step {}", n);
+            prop_assert!(!known.exchange.messages.is_typed(), "judged without typing the history");
+            prop_assert_eq!(seen(&known), seen(&typed));
+        }
+    }
+}
+
 fn padded(mut body: Value) -> String {
     body["pad"] = Value::String("p".repeat(shield_core::verbatim::WORTH_IT));
     body.to_string()
