@@ -312,6 +312,9 @@ fn remember_prefix(
     Some(key)
 }
 
+/// A shape's reader of a system prompt's string or one of its blocks ([`ShapeReader`]).
+type SystemReader = fn(&[u8]) -> Option<Option<String>>;
+
 /// The system prompt a `system` field holds, part by part as [`history`] reads messages: a
 /// string (one part), an array of blocks (a part each), or `null` (none). Parts with no text
 /// are no parts, as the whole reading drops them. `None`: give up (another type, a part that
@@ -320,22 +323,25 @@ fn system<R: ShapeReader>(body: &Bytes, field: &Field<'_>, memo: &Memo) -> Optio
     // Non-capturing, so a plain `fn` the lazy list keeps: the shape's readers, empty texts dropped.
     let text: fn(&[u8]) -> Option<String> = |span| R::system_text(span).flatten().filter(|text| !text.is_empty());
     let block: fn(&[u8]) -> Option<String> = |span| R::system_block(span).flatten().filter(|text| !text.is_empty());
-    let (part, read_fresh, read, items) = match (body.get(field.value.start)?, &field.items) {
-        (b'"', _) => {
-            let whole = Item { span: field.value.clone(), depth: field.depth };
-            (Part::SystemText, R::system_text as fn(&[u8]) -> Option<Option<String>>, text, vec![whole])
-        }
-        (b'[', Some(items)) => (Part::SystemBlock, R::system_block as fn(&[u8]) -> _, block, items.clone()),
-        _ if body.get(field.value.clone())? == b"null" => return Some(SystemPrompt::default()),
-        _ => return None,
-    };
+    // The string as its one item, or the array's items (borrowed: a block holds its own span).
+    let whole;
+    let (part, read_fresh, read, items): (_, SystemReader, _, &[Item]) =
+        match (body.get(field.value.start)?, &field.items) {
+            (b'"', _) => {
+                whole = [Item { span: field.value.clone(), depth: field.depth }];
+                (Part::SystemText, R::system_text, text, &whole)
+            }
+            (b'[', Some(items)) => (Part::SystemBlock, R::system_block, block, items),
+            _ if body.get(field.value.clone())? == b"null" => return Some(SystemPrompt::default()),
+            _ => return None,
+        };
     let know = |span: &[u8]| {
         let said = read_fresh(span)?.filter(|text| !text.is_empty());
         Some(memo.know_system_part(said.as_deref()))
     };
-    let told = told(R::SHAPE, part, body, &items, memo, know)?;
+    let told = told(R::SHAPE, part, body, items, memo, know)?;
     let len = told.units.iter().flatten().count();
-    let spans = items.into_iter().map(|item| item.span).collect();
+    let spans = items.iter().map(|item| item.span.clone()).collect();
     Some(Lazy::of_sent(Spans::new(body.clone(), spans, len, told, read)))
 }
 
