@@ -11,6 +11,9 @@ monitor mode (input and output). Three measurements:
    `nginx` (an nginx reverse proxy, one worker in its own process, in front of it; its
    client_body_buffer_size is 1m so a body stays in memory) and `shield` (+ `base` with
    SHIELD_BENCH_BASELINE). RPS, CPU µs per request and per KB of request for the proxies.
+   `messages>openai` is Claude Code on a route whose target is OpenAI-shaped: the ~150 KB
+   Messages request converted to Chat Completions, and the answer back (nginx and direct
+   only relay the same bytes to the static backend, so compare Shield with `base` there).
    The same body is sent every time: the history is one the tenant sent before, so Shield's
    guardrail memo answers for it (a real turn also carries a few new KB: see
    `guardrail_turns`).
@@ -21,7 +24,9 @@ monitor mode (input and output). Three measurements:
    `base`'s, with SHIELD_BENCH_BASELINE). SHIELD_BENCH_STREAM_ROUNDS=N runs the paths N times,
    in reverse order every other time, and pools the streams. The relay's CPU per streamed
    event is Shield's CPU over the window, less the one-piece CPU of as many requests, divided
-   by the events relayed.
+   by the events relayed. `shield-m` (and `base-m`) is the same stream asked for by a
+   Messages caller (Claude Code) on the same OpenAI-shaped target: each chunk converted to
+   Anthropic's events (less the one-piece CPU of `messages>openai`).
 3. **Idle streams** (SHIELD_BENCH_IDLE, default "1000,10000"): that many connections each open a
    stream whose first event comes after 20 s (an agent waiting on a slow model), then 20 events.
    Shield's resident memory per open stream, and the paced p99 of other (small, static-backend)
@@ -237,6 +242,8 @@ def main():
             anthropic, openai = agent_request.conversation(size, seed=size)
             cases.append((f"chat {size // 1000}K", "/v1/chat/completions", {**openai, "model": "agent"}))
             cases.append((f"messages {size // 1000}K", "/v1/messages", {**anthropic, "model": "agent-messages"}))
+            if size == SIZES[0]:  # Claude Code on an OpenAI-shaped route: converted both ways
+                cases.append((f"messages>openai {size // 1000}K", "/v1/messages", {**anthropic, "model": "agent"}))
         paths = {"direct": (ports["static"], plain, None), "nginx": (ports["nginx"], plain, nginx_worker),
                  "shield": (ports["proxy"], keyed, pids["shield"])}
         if baseline:
@@ -268,6 +275,11 @@ def main():
                     cpu_req += f"{r['user_us']:>8.1f}{r['cpu_us'] - r['user_us']:>8.1f}{r['faults']:>8.1f}"
                 print(f"{label:<16}{name:<8}{kb:>6.0f}{r['rps']:>9.0f}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['non_2xx']:>9}{cpu_req}")
             s, n = one_piece[(label, "shield")], one_piece[(label, "nginx")]
+            if label.startswith("messages>openai"):
+                if baseline:
+                    b = one_piece[(label, "base")]
+                    print(f"{'':<16}shield / base: CPU {s['cpu_us'] / b['cpu_us']:.2f}x (nginx relays the same bytes unconverted)")
+                continue
             print(f"{'':<16}shield / nginx: CPU {s['cpu_us'] / n['cpu_us']:.2f}x (target <= 2x), RPS {s['rps'] / n['rps']:.2f}x")
 
         # 2. Streams, paced.
@@ -279,6 +291,17 @@ def main():
                         "shield": (ports["proxy"], "/v1/chat/completions", stream_body, keyed, pids["shield"])}
         if baseline:  # the same streams through the baseline binary, for a before and after in one run
             stream_paths["base"] = (ports["base"], "/v1/chat/completions", stream_body, keyed, pids["base"])
+        # The same stream asked for by Claude Code (Messages) on the same OpenAI-shaped target.
+        anthropic_stream, _ = agent_request.conversation(SIZES[0], seed=7, stream=True)
+        messages_body = json.dumps({**anthropic_stream, "model": "agent-stream"}).encode()
+        messages_headers = {**keyed, "anthropic-version": "2023-06-01"}
+        stream_paths["shield-m"] = (ports["proxy"], "/v1/messages", messages_body, messages_headers, pids["shield"])
+        if baseline:
+            stream_paths["base-m"] = (ports["base"], "/v1/messages", messages_body, messages_headers, pids["base"])
+        # The one-piece request each stream path's own handling is measured by.
+        handled = {"shield": (cases[0][0], "shield"), "base": (cases[0][0], "base"),
+                   "shield-m": (f"messages>openai {SIZES[0] // 1000}K", "shield"),
+                   "base-m": (f"messages>openai {SIZES[0] // 1000}K", "base")}
         if "streams" in PARTS:
             print(f"\nstreams: ~300 events over ~2 s each, {STREAM_RATE:g} started a second for {base.DURATION} s, "
                   f"{len(stream_body) // 1024} KB chat request; time to first token from each scheduled start")
@@ -306,16 +329,16 @@ def main():
             events = sum(o["events"] for o in ok)
             per_event = ""
             if pid:
-                if name in ("shield", "base") and rounds:
+                if name in handled and rounds:
                     # Less the request's own handling, measured in one piece (without the
                     # one-piece run the relay's CPU per event keeps it).
-                    used -= one_piece[(cases[0][0], name)]["cpu_us"] * len(out)
+                    used -= one_piece[handled[name]]["cpu_us"] * len(out)
                 per_event = f"{used / max(events, 1):>14.2f}"
             ttft[name] = times
             print(f"{name:<8}{len(out):>9}{len(out) - len(ok):>8}{base.pct(times, 50):>13.2f}{base.pct(times, 99):>13.2f}{events:>9}{per_event}")
         if "streams" in PARTS and STREAM_STRACE:
             strace_streams({k: v for k, v in stream_paths.items() if v[4]}, work)
-        for name in (("nginx", "shield") + (("base",) if baseline else ()) if ttft else ()):
+        for name in (("nginx", "shield", "shield-m") + (("base", "base-m") if baseline else ()) if ttft else ()):
             print(f"{name} added TTFT: p50 {base.pct(ttft[name], 50) - base.pct(ttft['direct'], 50):+.3f} ms, "
                   f"p99 {base.pct(ttft[name], 99) - base.pct(ttft['direct'], 99):+.3f} ms (target <= 1 ms p99)")
             if len(per_round) > 1:  # whether the target holds in every round, not only pooled

@@ -7,6 +7,7 @@
 use actix_web::web::Bytes;
 use serde_json::{Value, json};
 use shield_core::exchange::{Delta, Stop};
+use shield_core::json_write::push_str;
 use shield_core::usage::TokenUsage;
 
 use super::response::{stop_reason, usage_json};
@@ -31,8 +32,30 @@ pub struct AnthropicWire {
     stop: Option<Stop>,
 }
 
-fn event(name: &str, data: &Value) -> String {
-    format!("event: {name}\ndata: {data}\n\n")
+fn event(out: &mut Vec<u8>, name: &str, data: &Value) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    // A `Value` always serialises, and a `Vec` always takes the bytes.
+    let _ = serde_json::to_writer(&mut *out, data);
+    out.extend_from_slice(b"\n\n");
+}
+
+/// A `content_block_delta` event: a piece of block `index`'s `field` (of delta type `kind`),
+/// written straight into `out`. One is sent for every piece an upstream streams, and building
+/// a `json!` tree and formatting it was most of the relay's work per event; the bytes are the
+/// tree's (its keys in serde_json's order, the text escaped as serde_json escapes it), which a
+/// property test holds them to.
+fn delta(out: &mut Vec<u8>, index: u64, kind: &str, field: &str, text: &str) {
+    out.extend_from_slice(b"event: content_block_delta\ndata: {\"delta\":{\"");
+    out.extend_from_slice(field.as_bytes());
+    out.extend_from_slice(b"\":");
+    push_str(out, text);
+    out.extend_from_slice(b",\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\"},\"index\":");
+    out.extend_from_slice(itoa::Buffer::new().format(index).as_bytes());
+    out.extend_from_slice(b",\"type\":\"content_block_delta\"}\n\n");
 }
 
 impl AnthropicWire {
@@ -40,7 +63,7 @@ impl AnthropicWire {
         AnthropicWire { model: model.to_string(), started: false, open: None, next_index: 0, stop: None }
     }
 
-    fn start(&mut self, head: Option<&StreamHead<'_>>, usage: &TokenUsage, out: &mut String) {
+    fn start(&mut self, head: Option<&StreamHead<'_>>, usage: &TokenUsage, out: &mut Vec<u8>) {
         if std::mem::replace(&mut self.started, true) {
             return;
         }
@@ -54,58 +77,53 @@ impl AnthropicWire {
         };
         let mut usage = usage_json(usage);
         crate::json::set(&mut usage, &["output_tokens"], json!(1));
-        out.push_str(&event(
+        event(
+            out,
             "message_start",
             &json!({"type": "message_start", "message": {"id": id, "type": "message",
             "role": "assistant", "model": self.model, "content": [], "stop_reason": null, "stop_sequence": null,
             "usage": usage}}),
-        ));
+        );
     }
 
-    fn close(&mut self, out: &mut String) {
+    fn close(&mut self, out: &mut Vec<u8>) {
         if let Some((index, _)) = self.open.take() {
-            out.push_str(&event("content_block_stop", &json!({"type": "content_block_stop", "index": index})));
+            event(out, "content_block_stop", &json!({"type": "content_block_stop", "index": index}));
         }
     }
 
-    fn open(&mut self, block: Block, content_block: Value, out: &mut String) -> u64 {
+    fn open(&mut self, block: Block, content_block: Value, out: &mut Vec<u8>) -> u64 {
         self.close(out);
         let index = self.next_index;
         self.next_index += 1;
         self.open = Some((index, block));
-        out.push_str(&event(
+        event(
+            out,
             "content_block_start",
             &json!({"type": "content_block_start", "index": index, "content_block": content_block}),
-        ));
+        );
         index
     }
 
-    fn text(&mut self, text: &str, out: &mut String) {
+    fn text(&mut self, text: &str, out: &mut Vec<u8>) {
         let index = match self.open {
             Some((index, Block::Text)) => index,
             _ => self.open(Block::Text, json!({"type": "text", "text": ""}), out),
         };
-        out.push_str(&event(
-            "content_block_delta",
-            &json!({"type": "content_block_delta", "index": index,
-            "delta": {"type": "text_delta", "text": text}}),
-        ));
+        delta(out, index, "text_delta", "text", text);
     }
 
-    /// Thinking, block by block as it came: a delta goes on the open thinking block (one is
-    /// opened if none is).
-    fn thinking(&mut self, delta: Value, out: &mut String) {
+    /// Thinking, block by block as it came: a delta (`kind`, its `field`) goes on the open
+    /// thinking block (one is opened if none is).
+    fn thinking(&mut self, kind: &str, field: &str, text: &str, out: &mut Vec<u8>) {
         let index = match self.open {
             Some((index, Block::Thinking)) => index,
             _ => self.open(Block::Thinking, json!({"type": "thinking", "thinking": ""}), out),
         };
-        out.push_str(&event(
-            "content_block_delta",
-            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
-        ));
+        delta(out, index, kind, field, text);
     }
 
-    fn tool_call(&mut self, tool: u32, id: &str, name: &str, out: &mut String) {
+    fn tool_call(&mut self, tool: u32, id: &str, name: &str, out: &mut Vec<u8>) {
         // Some servers repeat the call's id on every delta: the open block of the same call
         // index goes on.
         if self.open.is_some_and(|(_, block)| block == Block::Tool(tool)) {
@@ -115,7 +133,7 @@ impl AnthropicWire {
         self.open(Block::Tool(tool), json!({"type": "tool_use", "id": id, "name": name, "input": {}}), out);
     }
 
-    fn tool_arguments(&mut self, tool: u32, partial: &str, out: &mut String) {
+    fn tool_arguments(&mut self, tool: u32, partial: &str, out: &mut Vec<u8>) {
         let index = match self.open {
             Some((index, Block::Tool(open))) if open == tool => index,
             _ => self.open(
@@ -125,28 +143,25 @@ impl AnthropicWire {
             ),
         };
         if !partial.is_empty() {
-            out.push_str(&event(
-                "content_block_delta",
-                &json!({"type": "content_block_delta", "index": index,
-                "delta": {"type": "input_json_delta", "partial_json": partial}}),
-            ));
+            delta(out, index, "input_json_delta", "partial_json", partial);
         }
     }
 
-    fn end(&mut self, stop_reason: &str, usage: &TokenUsage, out: &mut String) {
+    fn end(&mut self, stop_reason: &str, usage: &TokenUsage, out: &mut Vec<u8>) {
         self.close(out);
-        out.push_str(&event(
+        event(
+            out,
             "message_delta",
             &json!({"type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": null}, "usage": usage_json(usage)}),
-        ));
-        out.push_str(&event("message_stop", &json!({"type": "message_stop"})));
+        );
+        event(out, "message_stop", &json!({"type": "message_stop"}));
     }
 }
 
 impl ClientWire for AnthropicWire {
     fn chunk(&mut self, chunk: Chunk, head: &StreamHead<'_>, usage: TokenUsage) -> Option<Bytes> {
-        let mut out = String::new();
+        let mut out = Vec::new();
         let has_content = chunk.deltas.iter().any(|d| match d {
             Delta::Stop(_) => false,
             Delta::Text(text) => !text.is_empty(),
@@ -162,10 +177,8 @@ impl ClientWire for AnthropicWire {
                 Delta::ThinkingStart => {
                     self.open(Block::Thinking, json!({"type": "thinking", "thinking": ""}), &mut out);
                 }
-                Delta::Thinking(text) => self.thinking(json!({"type": "thinking_delta", "thinking": text}), &mut out),
-                Delta::Signature(signature) => {
-                    self.thinking(json!({"type": "signature_delta", "signature": signature}), &mut out)
-                }
+                Delta::Thinking(text) => self.thinking("thinking_delta", "thinking", &text, &mut out),
+                Delta::Signature(signature) => self.thinking("signature_delta", "signature", &signature, &mut out),
                 Delta::RedactedThinking(data) => {
                     self.open(Block::Thinking, json!({"type": "redacted_thinking", "data": data}), &mut out);
                     self.close(&mut out);
@@ -179,7 +192,7 @@ impl ClientWire for AnthropicWire {
     }
 
     fn done(&mut self, usage: TokenUsage) -> Bytes {
-        let mut out = String::new();
+        let mut out = Vec::new();
         self.start(None, &usage, &mut out);
         let reason = stop_reason(self.stop.unwrap_or(Stop::EndTurn));
         self.end(reason, &usage, &mut out);
@@ -187,12 +200,14 @@ impl ClientWire for AnthropicWire {
     }
 
     fn broken(&mut self, message: &str) -> Bytes {
-        Bytes::from(event("error", &json!({"type": "error", "error": {"type": "api_error", "message": message}})))
+        let mut out = Vec::new();
+        event(&mut out, "error", &json!({"type": "error", "error": {"type": "api_error", "message": message}}));
+        Bytes::from(out)
     }
 
     /// What was sent stands; the reason follows as text, and the message ends as a refusal.
     fn blocked(&mut self, reason: &str, _model: &str, _guardrails: Value, usage: TokenUsage) -> Bytes {
-        let mut out = String::new();
+        let mut out = Vec::new();
         self.start(None, &usage, &mut out);
         self.close(&mut out);
         self.text(reason, &mut out);
@@ -316,6 +331,22 @@ mod tests {
         }
         let starts = all.iter().filter(|(n, _)| n == "content_block_start").count();
         assert_eq!(starts, 1, "{all:?}");
+    }
+
+    proptest::proptest! {
+        /// A delta written straight into the stream is, byte for byte, the `json!` tree's
+        /// rendering it replaced, whatever the text (quotes, backslashes, control characters,
+        /// any Unicode) and the block's index.
+        #[test]
+        fn a_delta_is_written_as_its_tree_would_be(text in "\\PC*|[\"\\\\\u{0}-\u{1f}\u{7f}-\u{a0}\u{2028}\u{2029}é😀a]{0,40}", index in proptest::prelude::any::<u64>()) {
+            for (kind, field) in [("text_delta", "text"), ("input_json_delta", "partial_json"), ("thinking_delta", "thinking"), ("signature_delta", "signature")] {
+                let mut written = Vec::new();
+                delta(&mut written, index, kind, field, &text);
+                let tree = json!({"type": "content_block_delta", "index": index, "delta": {"type": kind, field: text}});
+                let expected = format!("event: content_block_delta\ndata: {tree}\n\n");
+                proptest::prop_assert_eq!(String::from_utf8(written).unwrap(), expected);
+            }
+        }
     }
 
     #[test]
