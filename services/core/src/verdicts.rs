@@ -364,7 +364,8 @@ impl Memo {
     /// units' own prefixes remembered ([`Memo::prefix_keys`]).
     pub fn scan_all(&self, policy: &GuardrailPolicy, request: &Request) -> Vec<Scanned> {
         let detectors = policy.detectors();
-        let mut units = Vec::new();
+        // Sized once for every unit, as [`units`] does, whichever way the units are read.
+        let mut units = Vec::with_capacity(request.system.len() + request.messages.len());
         system_units(request, &mut units);
         let system: Vec<u128> = units.iter().map(|unit| self.key(detectors, unit)).collect();
         let told = request.messages.sent().map(|sent| &sent.known);
@@ -379,8 +380,8 @@ impl Memo {
                 units.clear();
                 message_units(request, items, &mut units);
                 let keys: Vec<u128> = units.iter().map(|unit| self.key(detectors, unit)).collect();
-                let wholes = whole.filter(|whole| *whole != matched);
-                return self.scan_after(policy, (covered, sum), &units, &keys, wholes.into_iter().collect());
+                let wholes = [whole.filter(|whole| *whole != matched), None];
+                return self.scan_after(policy, (covered, sum), &units, &keys, wholes);
             }
         }
         message_units(request, 0, &mut units);
@@ -393,7 +394,7 @@ impl Memo {
         let (covered, sum) = prefix.unwrap_or((0, None));
         // The whole request as a prefix of the next turn's, unless it was one already.
         let own = prefixes.first().filter(|(len, _)| *len == units.len() && covered < units.len());
-        let wholes = own.map(|(_, key)| *key).into_iter().chain(whole).collect();
+        let wholes = [own.map(|(_, key)| *key), whole];
         let (units, keys) = (units.get(covered..).unwrap_or_default(), keys.get(covered..).unwrap_or_default());
         self.scan_after(policy, (covered, sum), units, keys, wholes)
     }
@@ -407,7 +408,7 @@ impl Memo {
         (covered, prefix_sum): (usize, Remembered),
         units: &[Unit<'_>],
         keys: &[u128],
-        wholes: Vec<u128>,
+        wholes: [Option<u128>; 2],
     ) -> Vec<Scanned> {
         let mut found: Vec<Option<Remembered>> = {
             let mut generations = self.generations.lock();
@@ -428,13 +429,14 @@ impl Memo {
             .chain(found.into_iter().flatten())
             .map(|remembered| remembered.map(|scanned| *scanned).unwrap_or_default())
             .collect();
-        if !fresh.is_empty() || !wholes.is_empty() {
-            let sum = if wholes.is_empty() { None } else { summed(&sums) };
+        let any_whole = wholes.iter().any(Option::is_some);
+        if !fresh.is_empty() || any_whole {
+            let sum = if any_whole { summed(&sums) } else { None };
             let mut generations = self.generations.lock();
             for (key, scanned) in fresh {
                 generations.insert(key, scanned);
             }
-            for whole in wholes {
+            for whole in wholes.into_iter().flatten() {
                 generations.insert(whole, sum.clone());
             }
         }
