@@ -26,7 +26,7 @@ use serde_json::{Map, Value};
 use crate::exchange::{Heads, History, Lazy, Message, Spans, SystemPrompt, Told, Tool, ToolList};
 use crate::json_scan::{self, Field, Item};
 use crate::verbatim::Keys;
-use crate::verdicts::{Known, Memo, SentPrefix};
+use crate::verdicts::{Known, Memo, SentPrefix, TAIL};
 
 /// What one API shape reads of its body's parts; [`read`] does the rest alike for every shape.
 pub trait ShapeReader {
@@ -234,7 +234,8 @@ fn prefix_known_at(shape: Shape, body: &Bytes, memo: &Memo, at: usize) -> Option
     // another item or the array's end.
     let ends_as = |prefix: &SentPrefix| {
         let end = prefix.segments.last().and_then(|len| at.checked_add(*len));
-        let Some(end) = end.filter(|end| body.get(at..*end).is_some_and(|bytes| bytes.ends_with(&prefix.tail))) else {
+        let Some(end) = end.filter(|end| body.get(at..*end).is_some_and(|bytes| tail(memo, bytes) == prefix.tail))
+        else {
             return false;
         };
         matches!(body.get(json_scan::skip_space(body, end)), Some(b',' | b']'))
@@ -255,6 +256,11 @@ fn prefix_known_at(shape: Shape, body: &Bytes, memo: &Memo, at: usize) -> Option
     })?;
     let (after, end) = json_scan::items_after(body, at + prefix.segments.last()?)?;
     Some((prefix, after, end))
+}
+
+/// The keyed hash of the last [`TAIL`] bytes of `bytes` ([`SentPrefix::tail`]).
+fn tail(memo: &Memo, bytes: &[u8]) -> u128 {
+    memo.bytes_hash(bytes.get(bytes.len().saturating_sub(TAIL)..).unwrap_or_default())
 }
 
 /// The chain of keyed hashes of the segments of `body` from `at` that `segments` end
@@ -303,7 +309,7 @@ fn remember_prefix(
     let prefix = SentPrefix {
         key: link(shape, memo, key, segment),
         segments,
-        tail: bytes.get(bytes.len().saturating_sub(32)..).unwrap_or_default().to_vec(),
+        tail: tail(memo, bytes),
         spans: spans.iter().map(|span| span.start.saturating_sub(at)..span.end.saturating_sub(at)).collect(),
         told: Told { heads: None, ..told.clone() },
     };

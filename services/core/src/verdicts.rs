@@ -76,13 +76,18 @@ pub struct SentPrefix {
     pub segments: Vec<usize>,
     /// The chain of the segments' hashes ([`crate::remembered`] computes it).
     pub key: u128,
-    /// Its last bytes (up to 32): a prefix that cannot be this one is told without hashing.
-    pub tail: Vec<u8>,
+    /// The keyed hash of its last bytes ([`TAIL`]): a prefix that cannot be this one is told
+    /// by hashing those few bytes, not the prefix (the bytes themselves are text, which the
+    /// memo never keeps).
+    pub tail: u128,
     /// Each item's span, from the `[`.
     pub spans: Vec<std::ops::Range<usize>>,
     /// What is known of the items.
     pub told: crate::exchange::Told,
 }
+
+/// How many of a prefix's last bytes [`SentPrefix::tail`] hashes.
+pub const TAIL: usize = 32;
 
 /// Bumped whenever a detector's patterns change: findings remembered under the old patterns
 /// are then never read.
@@ -364,28 +369,32 @@ impl Memo {
     /// units' own prefixes remembered ([`Memo::prefix_keys`]).
     pub fn scan_all(&self, policy: &GuardrailPolicy, request: &Request) -> Vec<Scanned> {
         let detectors = policy.detectors();
-        // Sized once for every unit, as [`units`] does, whichever way the units are read.
+        // Sized once for every unit, as [`units`] does, whichever way the units are read; the
+        // system prompt's units keyed once, for the body prefix's key and for their own.
         let mut units = Vec::with_capacity(request.system.len() + request.messages.len());
         system_units(request, &mut units);
-        let system: Vec<u128> = units.iter().map(|unit| self.key(detectors, unit)).collect();
+        let system = units.len();
+        let mut keys: Vec<u128> = Vec::with_capacity(units.capacity());
+        keys.extend(units.iter().map(|unit| self.key(detectors, unit)));
         let told = request.messages.sent().map(|sent| &sent.known);
         let heads = told.and_then(|told| told.heads);
-        let head = |prefix: u128| self.head_key(detectors, &system, prefix);
-        let whole = heads.and_then(|heads| heads.whole).map(head);
+        let head = |keys: &[u128], prefix: u128| self.head_key(detectors, keys, prefix);
+        let whole = heads.and_then(|heads| heads.whole).map(|whole| head(&keys, whole));
         if let (Some(told), Some(Heads { matched: Some((items, prefix)), .. })) = (told, heads) {
-            let matched = head(prefix);
+            let matched = head(&keys, prefix);
             let sum = self.generations.lock().get(matched);
             if let Some(sum) = sum {
-                let covered = units.len() + told.units.get(..items).unwrap_or_default().iter().flatten().count();
+                let covered = system + told.units.get(..items).unwrap_or_default().iter().flatten().count();
                 units.clear();
                 message_units(request, items, &mut units);
-                let keys: Vec<u128> = units.iter().map(|unit| self.key(detectors, unit)).collect();
+                keys.clear();
+                keys.extend(units.iter().map(|unit| self.key(detectors, unit)));
                 let wholes = [whole.filter(|whole| *whole != matched), None];
                 return self.scan_after(policy, (covered, sum), &units, &keys, wholes);
             }
         }
         message_units(request, 0, &mut units);
-        let keys: Vec<u128> = units.iter().map(|unit| self.key(detectors, unit)).collect();
+        keys.extend(units.get(system..).unwrap_or_default().iter().map(|unit| self.key(detectors, unit)));
         let prefixes = self.prefix_keys(&keys);
         let prefix = {
             let mut generations = self.generations.lock();
@@ -449,12 +458,22 @@ impl Memo {
     /// `detectors`. Its input is 16 bytes a key and one more, so it is never the input of a
     /// prefix of units' keys ([`Memo::prefix_keys`]: 16 bytes a key).
     fn head_key(&self, detectors: u8, system: &[u128], prefix: u128) -> u128 {
-        let mut input = Vec::with_capacity(16 * (system.len() + 1) + 1);
-        input.push(DETECTORS_REVISION << 2 | detectors);
-        for key in system.iter().chain([&prefix]) {
-            input.extend_from_slice(&key.to_le_bytes());
+        // On the stack for the few system parts a prompt has (Claude Code's: two).
+        let len = 1 + 16 * (system.len() + 1);
+        let (mut stack, mut heap) = ([0u8; 1 + 16 * 5], Vec::new());
+        let input: &mut [u8] = match stack.get_mut(..len) {
+            Some(input) => input,
+            None => {
+                heap.resize(len, 0);
+                &mut heap
+            }
+        };
+        let (revision, words) = input.split_at_mut(1);
+        revision.fill(DETECTORS_REVISION << 2 | detectors);
+        for (word, key) in words.chunks_exact_mut(16).zip(system.iter().chain([&prefix])) {
+            word.copy_from_slice(&key.to_le_bytes());
         }
-        self.key.hash(&input)
+        self.key.hash(input)
     }
 
     /// The keys of the units' prefixes that may be remembered, longest first: the whole and
@@ -649,6 +668,21 @@ mod tests {
         assert_eq!(std::mem::size_of::<(u128, Told)>(), 48);
     }
 
+    /// A body prefix's key is one keyed hash of the detectors, the system units' keys and the
+    /// prefix's key, laid end to end, however many system parts there are (on the stack or not).
+    #[test]
+    fn a_head_key_is_one_hash_of_its_parts_however_many() {
+        let memo = Verdicts::default().of("tenant");
+        for parts in [0u128, 1, 4, 5, 9] {
+            let system: Vec<u128> = (0..parts).map(|i| i * 7 + 1).collect();
+            let mut input = vec![DETECTORS_REVISION << 2 | 3];
+            for key in system.iter().chain([&42]) {
+                input.extend_from_slice(&key.to_le_bytes());
+            }
+            assert_eq!(memo.head_key(3, &system, 42), memo.key.hash(&input), "{parts} parts");
+        }
+    }
+
     /// The kept prefixes are bounded in number and in items, newest kept; one is kept however
     /// long.
     #[test]
@@ -657,7 +691,7 @@ mod tests {
         let prefix = |key: u128, items: usize| SentPrefix {
             segments: vec![items],
             key,
-            tail: Vec::new(),
+            tail: 0,
             spans: vec![0..1; items],
             told: crate::exchange::Told::default(),
         };
