@@ -58,6 +58,8 @@ struct MonthSpend {
     /// By key id (issue 32).
     keys: HashMap<String, i64>,
     total: i64,
+    /// The ticket of the read that fetched it: a read never replaces a later one's figures.
+    read: u64,
 }
 
 pub struct Caches {
@@ -70,6 +72,8 @@ pub struct Caches {
     /// Each cached tenant's flushed month spend per route, per key and in total, refreshed
     /// with the configuration (seed §3.3).
     spend: RwLock<HashMap<String, MonthSpend>>,
+    /// Tickets for spend reads, in the order they start.
+    spend_reads: AtomicU64,
     /// The monthly budget of every cached key with one, in micro-USD, by key id: what a flush
     /// claims a key's alert against.
     key_budgets: RwLock<HashMap<String, i64>>,
@@ -88,6 +92,7 @@ impl Caches {
             api_keys: RwLock::default(),
             tenants: RwLock::default(),
             spend: RwLock::default(),
+            spend_reads: AtomicU64::new(0),
             key_budgets: RwLock::default(),
             ready: AtomicBool::new(false),
             unknown_keys: AtomicU64::new(0),
@@ -181,7 +186,11 @@ impl Caches {
         self.this_month(tenant, |spend| (spend.keys.get(key_id).copied().unwrap_or(0), spend.total))
     }
 
-    async fn refresh_spend(&self, tenant: &str) {
+    /// Reads the tenant's flushed spend from Redis into the cache; `false` when Redis could not
+    /// be read. Reads overlap (the refresher, a tenant's first load, the flusher): a read that
+    /// started earlier, and may miss a flush that landed since, never replaces a later one's.
+    pub async fn refresh_spend(&self, tenant: &str) -> bool {
+        let ticket = self.spend_reads.fetch_add(1, Ordering::Relaxed) + 1;
         let month = crate::calendar::this_month();
         let read = async {
             let mut conn = self.redis.get().await.ok()?;
@@ -198,11 +207,15 @@ impl Caches {
                 routes: routes.into_iter().collect(),
                 keys: keys.into_iter().collect(),
                 total: total.get(shield_core::records::spend::TOTAL).copied().unwrap_or(0),
+                read: ticket,
             })
         };
-        if let Ok(Some(spend)) = tokio::time::timeout(STORE_TIMEOUT, read).await {
-            self.spend.write().insert(tenant.to_string(), spend);
+        let Ok(Some(spend)) = tokio::time::timeout(STORE_TIMEOUT, read).await else { return false };
+        let mut cached = self.spend.write();
+        if cached.get(tenant).is_none_or(|known| known.read < spend.read) {
+            cached.insert(tenant.to_string(), spend);
         }
+        true
     }
 
     async fn load_tenant(&self, tenant: &str) -> Result<TenantEntry, StoreDown> {

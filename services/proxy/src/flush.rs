@@ -66,6 +66,15 @@ impl Flusher {
     /// One flush of usage and health; returns the usage rows written.
     pub async fn flush_once(&self) -> Result<usize, String> {
         let usage = flush_usage(&self.usage, &self.redis, &self.keys, self.caches.as_ref()).await;
+        // What the flush took stays counted as unflushed until the cached totals hold it: read
+        // back after the merge, then released (a tenant whose read fails keeps it in flight, and
+        // is read again after the next flush). A budget check reads the unflushed spend before
+        // the cached, so in between it counts the spend twice, never not at all.
+        for tenant in self.usage.in_flight() {
+            if self.caches.refresh_spend(&tenant).await {
+                self.usage.landed(&tenant);
+            }
+        }
         self.metrics.usage_buffer_dropped.inc_by(self.usage.take_dropped());
         flush_health(&self.health, &self.redis, &self.keys).await?;
         usage
@@ -275,4 +284,93 @@ fn budget_event(tenant: &str, alert: &str, total: &str, month: &str, budgets: &d
 fn micros_to_usd(micros: &str) -> serde_json::Value {
     let micros: i64 = micros.parse().unwrap_or(0);
     serde_json::Value::from(shield_core::money::Usd(micros).to_decimal().parse::<f64>().unwrap_or(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Caches;
+    use crate::usage::{Answered, UsageBuffer};
+    use shield_core::run::Attempt;
+
+    fn flusher(usage: &Arc<UsageBuffer>, redis_url: &str, keys: &RedisKeys) -> Flusher {
+        let good = shield_store::Pool::open("redis://127.0.0.1:6379", 2).unwrap();
+        let keyring = shield_core::vault::Keyring::from_base64(&base64_of_zeros(), 1).unwrap();
+        let read_from = shield_store::Pool::open(redis_url, 2).unwrap();
+        let caches = Arc::new(Caches::new(read_from, keys.clone(), keyring, Duration::from_secs(60)));
+        Flusher {
+            health: Arc::new(Health::new(tokio::sync::mpsc::channel(1).0)),
+            usage: usage.clone(),
+            caches,
+            metrics: Arc::new(crate::metrics::Metrics::new(false)),
+            redis: good,
+            keys: keys.clone(),
+        }
+    }
+
+    fn base64_of_zeros() -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode([0u8; 32])
+    }
+
+    fn spend(usage: &UsageBuffer, cost: i64) {
+        let attempt = Attempt {
+            n: 1,
+            target: "a".into(),
+            model: "m".into(),
+            outcome: "ok",
+            class: None,
+            status: None,
+            ms: 1,
+            committed: false,
+            retry: false,
+            resumed: false,
+        };
+        let answered = Answered {
+            target: "a",
+            input_tokens: 1,
+            output_tokens: 1,
+            cost_micros: cost,
+            estimated: false,
+            stream_broken: false,
+        };
+        usage.record("t", "k", "r", &[attempt], &[answered]);
+    }
+
+    /// What a budget check sees (the unflushed spend first, as `pipeline::check_budgets`
+    /// reads it): the key's spend and the tenant's.
+    fn seen(flusher: &Flusher) -> (i64, i64) {
+        let unflushed = flusher.usage.unflushed_key_and_tenant("t", "k");
+        let flushed = flusher.caches.key_and_tenant_spend("t", "k");
+        (unflushed.0 + flushed.0, unflushed.1 + flushed.1)
+    }
+
+    /// A flush takes the buffered rows before its merge lands and before the cached totals are
+    /// read back. The spend it took stays counted until then: a budget check in between once
+    /// passed a spent budget (and missed a warning) because it saw the spend nowhere.
+    #[tokio::test]
+    async fn spend_a_flush_took_counts_until_the_cached_totals_hold_it() {
+        let keys = RedisKeys::new(format!("shield-test-flush-{}", uuid::Uuid::new_v4().simple()));
+        let usage = Arc::new(UsageBuffer::default());
+        // Its caches read from a Redis that is not there: the merge lands, the read-back fails.
+        let cannot_read = flusher(&usage, "redis://127.0.0.1:1", &keys);
+        let reads = flusher(&usage, "redis://127.0.0.1:6379", &keys);
+        spend(&usage, 500);
+        assert_eq!(seen(&reads), (500, 500));
+
+        let taken = usage.take();
+        assert_eq!(seen(&reads), (500, 500), "taken, not landed: still counted");
+        usage.restore(taken);
+        assert_eq!(seen(&reads), (500, 500), "put back: counted once");
+
+        assert_eq!(cannot_read.flush_once().await, Ok(2), "a route row and a key row merged");
+        assert_eq!(seen(&reads), (500, 500), "landed, but not read back: still in flight");
+        assert_eq!(usage.in_flight(), vec!["t".to_string()]);
+
+        spend(&usage, 200);
+        assert_eq!(reads.flush_once().await, Ok(2));
+        assert!(usage.in_flight().is_empty(), "read back after the flush, so released");
+        assert_eq!(usage.unflushed_key_and_tenant("t", "k"), (0, 0));
+        assert_eq!(seen(&reads), (700, 700), "counted once, from the cached totals");
+    }
 }

@@ -258,12 +258,12 @@ pub async fn pipeline(
         max_tokens: request.max_output_tokens(),
         uses_tools: request.uses_tools(),
         requires_flavor: (!request.requires_anthropic().is_empty()).then_some(shield_core::target::Flavor::Anthropic),
-        // Seed §3.3: the flushed month total plus this process's unflushed spend.
-        budget: budget_state(
-            route.budget.as_ref(),
-            Usd(state.caches.month_spend(&tenant.snapshot.tenant, &route.name)
-                + state.usage.unflushed_spend(&tenant.snapshot.tenant, &route.name)),
-        ),
+        // Seed §3.3: the flushed month total plus this process's unflushed spend, the unflushed
+        // read first (see `check_budgets`).
+        budget: budget_state(route.budget.as_ref(), {
+            let unflushed = state.usage.unflushed_spend(&tenant.snapshot.tenant, &route.name);
+            Usd(unflushed + state.caches.month_spend(&tenant.snapshot.tenant, &route.name))
+        }),
         ..Facts::default()
     };
     let upstream_key = req.headers().get(UPSTREAM_KEY).and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
@@ -382,8 +382,11 @@ fn check_budgets(
     if caller.budget.is_none() && tenant_cap.is_none() {
         return Ok(BudgetWarnings::default());
     }
-    let flushed = state.caches.key_and_tenant_spend(&caller.tenant, &caller.key_id);
+    // The unflushed spend first: a flush releases what it took only after the cached totals
+    // hold it, so a check racing it counts that spend twice (for a moment) rather than not at
+    // all, which would let a call pass a spent budget.
     let unflushed = state.usage.unflushed_key_and_tenant(&caller.tenant, &caller.key_id);
+    let flushed = state.caches.key_and_tenant_spend(&caller.tenant, &caller.key_id);
     let (key_spend, tenant_spend) = (flushed.0 + unflushed.0, flushed.1 + unflushed.1);
     let mut warnings = BudgetWarnings::default();
     for (scope, budget, spent) in [("tenant", tenant_cap, tenant_spend), ("key", caller.budget, key_spend)] {

@@ -178,17 +178,96 @@ impl RowMap {
     }
 }
 
+/// Spend per `(tenant, name)` (a route, or a key id in the key ledger) and per tenant, each
+/// in month `yyyymm`: kept as rows change, so a budget check reads one entry instead of
+/// scanning up to 10,000 rows on every call.
+#[derive(Default)]
+struct Spend {
+    names: HashMap<String, HashMap<String, (String, i64)>>,
+    totals: HashMap<String, (String, i64)>,
+}
+
+/// Adds `micros` of `month` to `entry`; an entry of another month starts again from 0.
+fn add_month(entry: &mut (String, i64), month: &str, micros: i64) {
+    if entry.0 != month {
+        *entry = (month.to_string(), 0);
+    }
+    entry.1 += micros;
+}
+
+fn of_month(entry: Option<&(String, i64)>, month: &str) -> i64 {
+    match entry {
+        Some((m, micros)) if m.as_str() == month => *micros,
+        _ => 0,
+    }
+}
+
+impl Spend {
+    /// Adds `micros` of `month` to `(tenant, name)`, and to the tenant's total when `total`.
+    fn add(&mut self, month: &str, (tenant, name): (&str, &str), micros: i64, total: bool) {
+        if total {
+            let entry = match self.totals.get_mut(tenant) {
+                Some(entry) => entry,
+                None => self.totals.entry(tenant.to_string()).or_insert_with(|| (month.to_string(), 0)),
+            };
+            add_month(entry, month, micros);
+        }
+        // Keys are copied only for a (tenant, name) not seen since the last flush.
+        let names = match self.names.get_mut(tenant) {
+            Some(names) => names,
+            None => self.names.entry(tenant.to_string()).or_default(),
+        };
+        let entry = match names.get_mut(name) {
+            Some(entry) => entry,
+            None => names.entry(name.to_string()).or_insert_with(|| (month.to_string(), 0)),
+        };
+        add_month(entry, month, micros);
+    }
+
+    /// Moves everything into `into`, adding to what it holds.
+    fn move_into(&mut self, into: &mut Spend) {
+        for (tenant, names) in std::mem::take(&mut self.names) {
+            for (name, (month, micros)) in names {
+                into.add(&month, (&tenant, &name), micros, false);
+            }
+        }
+        for (tenant, (month, micros)) in std::mem::take(&mut self.totals) {
+            let entry = into.totals.entry(tenant).or_insert_with(|| (month.clone(), 0));
+            add_month(entry, &month, micros);
+        }
+    }
+
+    fn of(&self, month: &str, tenant: &str, name: &str) -> i64 {
+        of_month(self.names.get(tenant).and_then(|names| names.get(name)), month)
+    }
+
+    fn total(&self, month: &str, tenant: &str) -> i64 {
+        of_month(self.totals.get(tenant), month)
+    }
+
+    fn forget(&mut self, tenant: &str) {
+        self.names.remove(tenant);
+        self.totals.remove(tenant);
+    }
+
+    fn tenants(&self) -> impl Iterator<Item = &String> {
+        self.names.keys().chain(self.totals.keys())
+    }
+}
+
 #[derive(Default)]
 struct Rows {
     map: RowMap,
     /// Keys in insertion order of their first use (for dropping the oldest).
     order: Vec<RowKey>,
-    /// Unflushed spend per `(tenant, route)` (per `(tenant, key id)` in the key ledger) in
-    /// month `yyyymm`: kept as rows change, so a budget check reads one entry instead of
-    /// scanning up to 10,000 rows on every call.
-    spend: HashMap<String, HashMap<String, (String, i64)>>,
-    /// Unflushed spend per tenant in month `yyyymm`, over all its rows (when `keeps_totals`).
-    totals: HashMap<String, (String, i64)>,
+    /// The spend of the rows held here.
+    spend: Spend,
+    /// The spend of rows a flush took, until the flusher has read the flushed totals back
+    /// ([`UsageBuffer::landed`]). Without it, a budget check between the take and that read
+    /// would see neither the rows here nor their spend in the cached totals: a call could pass
+    /// a spent budget, a warning be missed.
+    in_flight: Spend,
+    /// Whether `spend` keeps the tenants' totals too.
     keeps_totals: bool,
 }
 
@@ -199,29 +278,7 @@ impl Rows {
         if micros == 0 || !day.starts_with(month) {
             return;
         }
-        if self.keeps_totals {
-            let total = match self.totals.get_mut(tenant) {
-                Some(total) => total,
-                None => self.totals.entry(tenant.to_string()).or_insert_with(|| (month.to_string(), 0)),
-            };
-            if total.0 != month {
-                *total = (month.to_string(), 0);
-            }
-            total.1 += micros;
-        }
-        // Keys are copied only for a (tenant, route) not seen since the last flush.
-        let routes = match self.spend.get_mut(tenant) {
-            Some(routes) => routes,
-            None => self.spend.entry(tenant.to_string()).or_default(),
-        };
-        let entry = match routes.get_mut(route) {
-            Some(entry) => entry,
-            None => routes.entry(route.to_string()).or_insert_with(|| (month.to_string(), 0)),
-        };
-        if entry.0 != month {
-            *entry = (month.to_string(), 0);
-        }
-        entry.1 += micros;
+        self.spend.add(month, (tenant, route), micros, self.keeps_totals);
     }
 
     /// Records `row` under its key: a new key is remembered in order, and past the cap the
@@ -248,11 +305,10 @@ impl Rows {
 }
 
 impl Rows {
-    /// Takes every row for a flush.
+    /// Takes every row for a flush; their spend stays counted, in flight.
     fn take(&mut self) -> BTreeMap<RowKey, UsageRow> {
         self.order.clear();
-        self.spend.clear();
-        self.totals.clear();
+        self.spend.move_into(&mut self.in_flight);
         std::mem::take(&mut self.map).into_sorted()
     }
 
@@ -262,6 +318,10 @@ impl Rows {
         let mut dropped = 0;
         for (key, row) in rows {
             let (tenant, day, route, target) = &key;
+            // No longer in flight: back here, or dropped.
+            if row.cost_micros != 0 && day.starts_with(month) {
+                self.in_flight.add(month, (tenant, route), -row.cost_micros, self.keeps_totals);
+            }
             let known = self.map.contains(&key);
             if !known && self.map.len >= MAX_ROWS {
                 dropped += 1;
@@ -277,12 +337,14 @@ impl Rows {
         dropped
     }
 
-    /// The unflushed spend of `(tenant, name)` in `month`.
+    /// The unflushed spend of `(tenant, name)` in `month`: held here or in flight.
     fn unflushed(&self, month: &str, tenant: &str, name: &str) -> i64 {
-        match self.spend.get(tenant).and_then(|names| names.get(name)) {
-            Some((m, micros)) if m.as_str() == month => *micros,
-            _ => 0,
-        }
+        self.spend.of(month, tenant, name) + self.in_flight.of(month, tenant, name)
+    }
+
+    /// The tenant's unflushed spend in `month` (when `keeps_totals`).
+    fn unflushed_total(&self, month: &str, tenant: &str) -> i64 {
+        self.spend.total(month, tenant) + self.in_flight.total(month, tenant)
     }
 }
 
@@ -380,11 +442,27 @@ impl UsageBuffer {
     pub fn unflushed_key_and_tenant(&self, tenant: &str, key_id: &str) -> (i64, i64) {
         let today = today();
         let ledgers = self.ledgers.lock();
-        let total = match ledgers.routes.totals.get(tenant) {
-            Some((m, micros)) if m.as_str() == today.month() => *micros,
-            _ => 0,
-        };
+        let total = ledgers.routes.unflushed_total(today.month(), tenant);
         (ledgers.keys.unflushed(today.month(), tenant, key_id), total)
+    }
+
+    /// The tenants with spend in flight: taken by a flush, not yet [`landed`](Self::landed).
+    pub fn in_flight(&self) -> Vec<String> {
+        let ledgers = self.ledgers.lock();
+        let mut tenants: Vec<String> =
+            ledgers.routes.in_flight.tenants().chain(ledgers.keys.in_flight.tenants()).cloned().collect();
+        tenants.sort_unstable();
+        tenants.dedup();
+        tenants
+    }
+
+    /// The tenant's flushed spend has been read back into the cached totals, so what a flush
+    /// took of it no longer counts as unflushed. Call only after a read that started once the
+    /// flush had landed.
+    pub fn landed(&self, tenant: &str) {
+        let mut ledgers = self.ledgers.lock();
+        ledgers.routes.in_flight.forget(tenant);
+        ledgers.keys.in_flight.forget(tenant);
     }
 
     /// Rows dropped since the last call (for the metric).
@@ -496,12 +574,12 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Whatever is recorded, flushed, put back after a failed flush or dropped at the cap,
-        /// the running unflushed spend equals the sum over the rows still buffered: per route, per
-        /// key and for the tenant.
+        /// Whatever is recorded, taken by a flush, put back after a failed flush, landed or
+        /// dropped at the cap, the running unflushed spend equals the sum over the rows still
+        /// buffered and those taken but not landed: per route, per key and for the tenant.
         #[test]
-        fn unflushed_spend_is_always_the_sum_of_the_buffered_rows(
-            ops in proptest::collection::vec((0u8..4, 0usize..3, 0usize..3, 0i64..1_000), 1..200)
+        fn unflushed_spend_is_always_the_sum_of_the_rows_not_landed(
+            ops in proptest::collection::vec((0u8..5, 0usize..3, 0usize..3, 0i64..1_000), 1..200)
         ) {
             let buffer = UsageBuffer::default();
             let mut taken = Taken::default();
@@ -509,11 +587,32 @@ mod tests {
                 let (tenant, route) = (["t1", "t2", "t3"][tenant], ["a", "b", "c"][route]);
                 match op {
                     0 | 1 => buffer.record(tenant, ["k1", "k2"][cost as usize % 2], route, &[attempt("x", true)], &[priced("x", cost)]),
-                    2 => taken = buffer.take(),
-                    _ => buffer.restore(std::mem::take(&mut taken)),
+                    2 => {
+                        let more = buffer.take();
+                        for (key, row) in more.routes {
+                            taken.routes.entry(key).or_default().add(&row);
+                        }
+                        for (key, row) in more.keys {
+                            taken.keys.entry(key).or_default().add(&row);
+                        }
+                    }
+                    3 => buffer.restore(std::mem::take(&mut taken)),
+                    _ => {
+                        taken.routes.retain(|key, _| key.0 != tenant);
+                        taken.keys.retain(|key, _| key.0 != tenant);
+                        buffer.landed(tenant);
+                    }
                 }
-                let rows = buffer.ledgers.lock().routes.map.clone().into_sorted();
-                let keys = buffer.ledgers.lock().keys.map.clone().into_sorted();
+                let mut rows = buffer.ledgers.lock().routes.map.clone().into_sorted();
+                let mut keys = buffer.ledgers.lock().keys.map.clone().into_sorted();
+                let unflushed = |held: &mut BTreeMap<RowKey, UsageRow>, away: &BTreeMap<RowKey, UsageRow>| {
+                    for (key, row) in away {
+                        // A distinct key per side, so that both are summed.
+                        held.insert((key.0.clone(), key.1.clone(), key.2.clone(), format!("away {}", key.3)), *row);
+                    }
+                };
+                unflushed(&mut rows, &taken.routes);
+                unflushed(&mut keys, &taken.keys);
                 for t in ["t1", "t2", "t3"] {
                     for r in ["a", "b", "c"] {
                         proptest::prop_assert_eq!(buffer.unflushed_spend(t, r), scanned_spend(&rows, t, r));
@@ -524,6 +623,11 @@ mod tests {
                         proptest::prop_assert_eq!(key, scanned_spend(&keys, t, k), "a key's spend is its rows'");
                         proptest::prop_assert_eq!(tenant, total, "the tenant's total is its routes'");
                     }
+                }
+                let in_flight = buffer.in_flight();
+                let priced = taken.routes.iter().chain(&taken.keys).filter(|(_, row)| row.cost_micros != 0);
+                for t in priced.map(|(k, _)| &k.0) {
+                    proptest::prop_assert!(in_flight.contains(t), "a tenant with rows taken is in flight");
                 }
             }
         }
