@@ -520,6 +520,13 @@ pub struct RoutingRecord<'a> {
     budget: &'static str,
 }
 
+/// `x_shield` of an answer: how it was routed and what the guardrails found.
+#[derive(Serialize)]
+pub struct XShield<'a> {
+    pub routing: RoutingRecord<'a>,
+    pub guardrail_results: &'a [crate::guard::GuardrailRecord],
+}
+
 pub fn routing_record<'a>(routed: &'a Routed, target: Option<&'a str>) -> RoutingRecord<'a> {
     let reason = match &routed.result {
         RoutedResult::Refusal { reason, .. } => Some(reason.as_str()),

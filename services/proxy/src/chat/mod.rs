@@ -18,7 +18,7 @@ use crate::egress::Egress;
 use crate::error::{ProxyError, openai_error};
 use crate::guard::GuardrailRecord;
 use crate::pipeline::{
-    Ingress, Outcome, RoutingRecord, admit, pipeline, routing_record, unavailable_message, upstream_refusal,
+    Ingress, Outcome, XShield, admit, pipeline, routing_record, unavailable_message, upstream_refusal,
     with_routing_headers,
 };
 use crate::provider::Native;
@@ -49,13 +49,6 @@ pub async fn chat_completions(
         }))
     };
     result.await.unwrap_or_else(|err| err.error_response())
-}
-
-/// `x_shield` of a response.
-#[derive(Serialize)]
-struct XShield<'a> {
-    routing: RoutingRecord<'a>,
-    guardrail_results: &'a [GuardrailRecord],
 }
 
 fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailRecord>) -> HttpResponse {

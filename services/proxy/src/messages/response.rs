@@ -14,7 +14,7 @@ use crate::body::ChatRequest;
 use crate::dispatch::{Routed, RoutedResult};
 use crate::error::ProxyError;
 use crate::guard::GuardrailRecord;
-use crate::pipeline::{routing_record, unavailable_message, upstream_refusal, with_routing_headers};
+use crate::pipeline::{XShield, routing_record, unavailable_message, upstream_refusal, with_routing_headers};
 use crate::provider::Native;
 
 /// Anthropic's error `type` for a status (design/ANTHROPIC.md "Errors").
@@ -143,17 +143,18 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
         RoutedResult::Answer { target, model, body, usage } => {
             // An Anthropic target's own message as it sent it (only `model` set); any other
             // target's typed answer as a message.
-            let mut answer = match body.native {
-                Some(Native::Anthropic(mut native)) => {
-                    native.insert("model".into(), Value::String(model.clone()));
-                    native.remove("x_shield");
-                    Value::Object(native)
+            let x_shield = XShield { routing: routing_record(&routed, Some(&target)), guardrail_results: &guardrails };
+            let json = match body.native {
+                Some(Native::Anthropic(native)) => native.render(&model, &x_shield),
+                _ => {
+                    let mut answer = message(&body.answer, &model, usage.unwrap_or_default());
+                    crate::json::set(&mut answer, &["x_shield"], json!(x_shield));
+                    serde_json::to_vec(&answer).unwrap_or_default()
                 }
-                _ => message(&body.answer, &model, usage.unwrap_or_default()),
             };
-            let x_shield = json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
-            crate::json::set(&mut answer, &["x_shield"], x_shield);
-            with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(answer)
+            with_routing_headers(HttpResponse::Ok(), &routed, Some(&target))
+                .content_type(actix_web::http::header::ContentType::json())
+                .body(json)
         }
         RoutedResult::Refusal { reason, target } => {
             routed.result = RoutedResult::Refusal { reason: reason.clone(), target: target.clone() };

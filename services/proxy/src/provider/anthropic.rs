@@ -21,7 +21,11 @@ use shield_core::target::Target;
 use shield_core::usage::TokenUsage;
 use url::Url;
 
-use shield_core::exchange::{self, Block, Delta, Image, Part, Role, Stop, ToolChoice};
+use shield_core::exchange::{self, Delta, Image, Part, Role, Stop, ToolChoice};
+
+mod message;
+
+pub use message::AnthropicAnswer;
 
 use super::{Answer, Chunk, Completion, Decoded, Native, Provider, StreamDecoder, join, reset_hint};
 use crate::body::ChatRequest;
@@ -190,37 +194,8 @@ impl Provider for Anthropic {
     }
 
     fn answer(&self, body: Vec<u8>) -> Option<Answer> {
-        let message: Value = serde_json::from_slice(&body).ok()?;
-        if message.get("type").and_then(Value::as_str) != Some("message") {
-            return None;
-        }
-        let blocks = message.get("content")?.as_array()?;
-        let text = |block: &Value, key: &str| block.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
-        let blocks = blocks
-            .iter()
-            .filter_map(|block| match block.get("type").and_then(Value::as_str) {
-                Some("text") => Some(Block::Text(text(block, "text"))),
-                Some("thinking") => {
-                    Some(Block::Thinking { thinking: text(block, "thinking"), signature: text(block, "signature") })
-                }
-                Some("redacted_thinking") => Some(Block::RedactedThinking(text(block, "data"))),
-                Some("tool_use") => Some(Block::ToolUse {
-                    id: text(block, "id"),
-                    name: text(block, "name"),
-                    input: block.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
-                }),
-                // Server-tool blocks and kinds added later have no place in the typed answer.
-                _ => None,
-            })
-            .collect();
-        let answer = exchange::Answer {
-            id: text(&message, "id"),
-            blocks,
-            stop: message.get("stop_reason").and_then(Value::as_str).map(stop_of),
-        };
-        let usage = message.get("usage").map(usage_of);
-        let Value::Object(message) = message else { return None };
-        Some(Answer { body: Completion { answer, native: Some(Native::Anthropic(message)) }, usage })
+        let (native, answer, usage) = AnthropicAnswer::read(body)?;
+        Some(Answer { body: Completion { answer, native: Some(Native::Anthropic(native)) }, usage })
     }
 
     fn decoder(&self) -> Box<dyn StreamDecoder> {

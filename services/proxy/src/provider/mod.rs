@@ -19,15 +19,16 @@
 //! tests. Adapters never log a header value or a body.
 
 mod anthropic;
+pub mod as_sent;
 mod bedrock;
 mod gemini;
 mod openai;
 mod vertex;
 
+pub use anthropic::AnthropicAnswer;
 pub use openai::{NativeChunk, OpenAiAnswer};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use serde_json::Value;
 use shield_core::exchange::{self, Delta};
 use shield_core::outcome::Class;
 use shield_core::spliced::Spliced;
@@ -60,7 +61,7 @@ pub enum Native {
     OpenAi(OpenAiAnswer),
     /// An Anthropic target's `message` (server-tool blocks and citations the typed answer
     /// does not model included).
-    Anthropic(serde_json::Map<String, Value>),
+    Anthropic(AnthropicAnswer),
 }
 
 /// What one upstream stream event came to: typed deltas, whether it reported usage, and (from

@@ -99,50 +99,7 @@ fn reasoning_effort(request: &ChatRequest, target: &Target) -> Option<&'static s
     has_reasoning(target).then_some(reasoning.effort?.as_str())
 }
 
-/// A JSON object read as `T`, and never an array: serde_json reads a derived struct from either
-/// (its fields in order), which a tree's `get` would not find in an array. The borrowed views
-/// of answers and chunks read their nested objects through this, so that they read what the
-/// tree reads or nothing.
-struct Obj<T>(T);
-
-impl<T> std::ops::Deref for Obj<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
-impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Obj<T> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Object<T>(std::marker::PhantomData<T>);
-
-        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
-            type Value = Obj<T>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Obj<T>, A::Error> {
-                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Obj)
-            }
-        }
-
-        deserializer.deserialize_map(Object(std::marker::PhantomData))
-    }
-}
-
-/// Whether `data` holds a `\u` escape of a UTF-16 surrogate. A borrowed view skips the fields
-/// it does not read without checking their escapes, where a tree refuses a lone surrogate: such
-/// a text goes the tree's way, so that what one reading refuses the other does too. (An emoji
-/// escaped as a pair also goes that way; only speed differs.)
-fn has_surrogate_escape(data: &str) -> bool {
-    let bytes = data.as_bytes();
-    memchr::memchr_iter(b'\\', bytes).any(|at| {
-        matches!(bytes.get(at + 1..at + 4), Some([b'u', b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F']))
-    })
-}
+use super::as_sent::{Obj, has_surrogate_escape};
 
 /// OpenAI's `usage` object: `prompt_tokens` (cached ones included, counted again in
 /// `prompt_tokens_details.cached_tokens`) and `completion_tokens`.

@@ -1,4 +1,5 @@
 use super::*;
+use shield_core::exchange::Block;
 
 fn target(extra: Value) -> Target {
     let mut body =

@@ -15,7 +15,6 @@
 //! UTF-8 is no completion (issue 27).
 
 use std::borrow::Cow;
-use std::ops::Range;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -24,6 +23,7 @@ use shield_core::exchange::{self, Block, Stop};
 use shield_core::usage::TokenUsage;
 
 use super::Obj;
+use crate::provider::as_sent::{AsSent, Place, place, render_tree};
 
 /// An OpenAI-shaped answer as the upstream sent it.
 #[derive(Debug)]
@@ -31,22 +31,12 @@ pub struct OpenAiAnswer(Repr);
 
 #[derive(Debug)]
 enum Repr {
-    Raw(Box<RawCompletion>),
+    Raw(Box<AsSent>),
     Tree(Map<String, Value>),
 }
 
 /// What a parse yields: the answer as sent, typed, and the usage it reported.
 pub type Parsed = (OpenAiAnswer, exchange::Answer, Option<TokenUsage>);
-
-/// An upstream completion's bytes with where `model` sits and where it ends.
-#[derive(Debug)]
-struct RawCompletion {
-    bytes: Vec<u8>,
-    /// The bytes of `model`'s value.
-    model: Range<usize>,
-    /// The index of the closing `}`.
-    end: usize,
-}
 
 #[derive(Deserialize)]
 struct View<'a> {
@@ -184,9 +174,8 @@ impl OpenAiAnswer {
         if !text.trim_start().starts_with('{') {
             return None;
         }
-        if let Some((raw, answer, usage)) = RawCompletion::parse(text) {
-            let raw = RawCompletion { bytes, ..raw };
-            return Some((OpenAiAnswer(Repr::Raw(Box::new(raw))), answer, usage));
+        if let Some((place, answer, usage)) = read(text) {
+            return Some((OpenAiAnswer(Repr::Raw(Box::new(AsSent::new(bytes, place)))), answer, usage));
         }
         match serde_json::from_str::<Value>(text) {
             Ok(Value::Object(map)) if map.get("choices").is_some_and(Value::is_array) => {
@@ -206,19 +195,6 @@ impl OpenAiAnswer {
             Repr::Tree(body) => render_tree(body, model, x_shield),
         }
     }
-}
-
-/// A completion map with `model` set and `x_shield` Shield's.
-fn render_tree(mut body: Map<String, Value>, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
-    body.insert("model".into(), Value::String(model.to_string()));
-    body.remove("x_shield");
-    #[derive(serde::Serialize)]
-    struct AnswerBody<'a, X> {
-        #[serde(flatten)]
-        upstream: &'a Map<String, Value>,
-        x_shield: &'a X,
-    }
-    serde_json::to_vec(&AnswerBody { upstream: &body, x_shield }).unwrap_or_default()
 }
 
 /// The typed answer of a completion held as a map.
@@ -242,61 +218,35 @@ fn typed_of(map: &Map<String, Value>) -> exchange::Answer {
     typed.answer
 }
 
-impl RawCompletion {
-    /// The borrowed look at `text`; `None` sends it down the general path.
-    fn parse(text: &str) -> Option<(RawCompletion, exchange::Answer, Option<TokenUsage>)> {
-        let bytes = text.as_bytes();
-        if super::has_surrogate_escape(text) {
-            return None;
-        }
-        let view: View<'_> = serde_json::from_str(text).ok()?;
-        if view.x_shield.is_some() {
-            return None;
-        }
-        let model = view.model.get();
-        let start = (model.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize)?;
-        let end = bytes.iter().rposition(|&b| b == b'}')?;
-        let mut typed = Typed::new(view.id.as_deref());
-        for choice in &view.choices {
-            if let Some(message) = &choice.message {
-                if let Some(content) = &message.content {
-                    typed.text(content);
-                }
-                for call in message.tool_calls.iter().flatten() {
-                    let function = call.function.as_ref();
-                    typed.call(
-                        call.id.as_deref(),
-                        function.and_then(|f| f.name.as_deref()),
-                        function.and_then(|f| f.arguments.as_deref()),
-                    );
-                }
+/// The borrowed look at `text`; `None` sends it down the general path.
+fn read(text: &str) -> Option<(Place, exchange::Answer, Option<TokenUsage>)> {
+    if super::has_surrogate_escape(text) {
+        return None;
+    }
+    let view: View<'_> = serde_json::from_str(text).ok()?;
+    if view.x_shield.is_some() {
+        return None;
+    }
+    let place = place(text, view.model)?;
+    let mut typed = Typed::new(view.id.as_deref());
+    for choice in &view.choices {
+        if let Some(message) = &choice.message {
+            if let Some(content) = &message.content {
+                typed.text(content);
             }
-            typed.stop(choice.finish_reason.as_deref());
+            for call in message.tool_calls.iter().flatten() {
+                let function = call.function.as_ref();
+                typed.call(
+                    call.id.as_deref(),
+                    function.and_then(|f| f.name.as_deref()),
+                    function.and_then(|f| f.arguments.as_deref()),
+                );
+            }
         }
-        let usage = view.usage.as_ref().and_then(|usage| usage.tokens());
-        let raw = RawCompletion { bytes: Vec::new(), model: start..start + model.len(), end };
-        Some((raw, typed.answer, usage))
+        typed.stop(choice.finish_reason.as_deref());
     }
-
-    fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
-        let (Some(head), Some(middle)) = (self.bytes.get(..self.model.start), self.bytes.get(self.model.end..self.end))
-        else {
-            // The parse's own offsets: always inside the bytes it parsed. Were they not, the
-            // general path renders the same answer.
-            return match serde_json::from_slice(&self.bytes) {
-                Ok(Value::Object(map)) => render_tree(map, model, x_shield),
-                _ => render_tree(Map::new(), model, x_shield),
-            };
-        };
-        let mut out = Vec::with_capacity(self.bytes.len() + model.len() + 512);
-        out.extend_from_slice(head);
-        let _ = serde_json::to_writer(&mut out, model);
-        out.extend_from_slice(middle);
-        out.extend_from_slice(b",\"x_shield\":");
-        let _ = serde_json::to_writer(&mut out, x_shield);
-        out.push(b'}');
-        out
-    }
+    let usage = view.usage.as_ref().and_then(|usage| usage.tokens());
+    Some((place, typed.answer, usage))
 }
 
 #[cfg(test)]
