@@ -293,8 +293,9 @@ mod tests {
     use crate::usage::{Answered, UsageBuffer};
     use shield_core::run::Attempt;
 
-    fn flusher(usage: &Arc<UsageBuffer>, redis_url: &str, keys: &RedisKeys) -> Flusher {
-        let good = shield_store::Pool::open("redis://127.0.0.1:6379", 2).unwrap();
+    /// A flusher merging into `write_url` whose caches read back from `read_url`.
+    fn flusher(usage: &Arc<UsageBuffer>, write_url: &str, redis_url: &str, keys: &RedisKeys) -> Flusher {
+        let writes_to = shield_store::Pool::open(write_url, 2).unwrap();
         let keyring = shield_core::vault::Keyring::from_base64(&base64_of_zeros(), 1).unwrap();
         let read_from = shield_store::Pool::open(redis_url, 2).unwrap();
         let caches = Arc::new(Caches::new(read_from, keys.clone(), keyring, Duration::from_secs(60)));
@@ -303,7 +304,7 @@ mod tests {
             usage: usage.clone(),
             caches,
             metrics: Arc::new(crate::metrics::Metrics::new(false)),
-            redis: good,
+            redis: writes_to,
             keys: keys.clone(),
         }
     }
@@ -353,10 +354,16 @@ mod tests {
         let keys = RedisKeys::new(format!("shield-test-flush-{}", uuid::Uuid::new_v4().simple()));
         let usage = Arc::new(UsageBuffer::default());
         // Its caches read from a Redis that is not there: the merge lands, the read-back fails.
-        let cannot_read = flusher(&usage, "redis://127.0.0.1:1", &keys);
-        let reads = flusher(&usage, "redis://127.0.0.1:6379", &keys);
+        let (up, away) = ("redis://127.0.0.1:6379", "redis://127.0.0.1:1");
+        let cannot_read = flusher(&usage, up, away, &keys);
+        let reads = flusher(&usage, up, up, &keys);
+        let cannot_write = flusher(&usage, away, up, &keys);
         spend(&usage, 500);
         assert_eq!(seen(&reads), (500, 500));
+
+        assert!(cannot_write.flush_once().await.is_err(), "Redis is away");
+        assert_eq!(seen(&reads), (500, 500), "a failed flush puts its rows back: counted once");
+        assert!(usage.in_flight().is_empty(), "nothing landed, nothing to read back");
 
         let taken = usage.take();
         assert_eq!(seen(&reads), (500, 500), "taken, not landed: still counted");
