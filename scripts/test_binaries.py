@@ -98,7 +98,10 @@ def run(binary, args, timeout):
         status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
     except subprocess.TimeoutExpired:
         stop(proc)
-        out, _ = proc.communicate()
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out = b"(its output could not be read: something it started still holds it)"
         status = f"FAILED (still running after {timeout} s; stopped)"
     finally:
         with running_lock:
@@ -113,14 +116,17 @@ def run(binary, args, timeout):
 
 
 def stop(proc):
+    """Stops the binary and whatever it started: TERM, 10 s, then KILL to the whole group (a
+    child that ignored TERM goes too, even when the binary itself has ended)."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def stop_all(signum, _frame):
@@ -136,6 +142,8 @@ def main():
     timeout = int(os.environ.get("SHIELD_TEST_TIMEOUT_S", "900"))
     args = sys.argv[1:]
     binaries = order(build())
+    if not binaries:
+        sys.exit("no test binaries found in cargo's build output")
     print(f"== running {len(binaries)} test binaries, {jobs} at a time", flush=True)
     signal.signal(signal.SIGINT, stop_all)
     signal.signal(signal.SIGTERM, stop_all)

@@ -65,6 +65,7 @@ impl Flusher {
 
     /// One flush of usage and health; returns the usage rows written.
     pub async fn flush_once(&self) -> Result<usize, String> {
+        let _alone = self.usage.one_flush_at_a_time().await;
         let usage = flush_usage(&self.usage, &self.redis, &self.keys, self.caches.as_ref()).await;
         // What the flush took stays counted as unflushed until the cached totals hold it: read
         // back after the merge, then released (a tenant whose read fails keeps it in flight, and

@@ -92,6 +92,8 @@ impl Paid {
 pub struct UsageBuffer {
     ledgers: Mutex<Ledgers>,
     dropped: std::sync::atomic::AtomicU64,
+    /// Held for a whole flush ([`UsageBuffer::one_flush_at_a_time`]).
+    flushing: tokio::sync::Mutex<()>,
 }
 
 /// Both ledgers under one lock: a call is recorded in both at once.
@@ -448,6 +450,13 @@ impl UsageBuffer {
         let ledgers = self.ledgers.lock();
         let total = ledgers.routes.unflushed_total(today.month(), tenant);
         (ledgers.keys.unflushed(today.month(), tenant, key_id), total)
+    }
+
+    /// Held by a flush from its take to its read-back. Two flushes at once (the periodic one
+    /// and the one at shutdown) would let one's read-back release spend the other took and has
+    /// not merged yet: it would count nowhere until the next read of the cached totals.
+    pub async fn one_flush_at_a_time(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.flushing.lock().await
     }
 
     /// The tenants with spend in flight: taken by a flush, not yet [`landed`](Self::landed).

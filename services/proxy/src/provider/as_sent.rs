@@ -6,6 +6,11 @@
 //! instructions). Each flavour's borrowed view ([`super::openai`], [`super::anthropic`]) checks
 //! the shape, types the answer and finds `model`; what a view does not take is kept as a tree
 //! ([`render_tree`]), and both give the same answer.
+//!
+//! One difference, accepted: a view skips what it does not read without checking numbers'
+//! range or nesting depth, which a tree refuses (`1e400`, arrays 129 deep). Such an answer is
+//! relayed as the upstream sent it (an unread field, or `model`, which is replaced), where the
+//! tree would have taken it for no answer; nothing of it is read as Shield's own data.
 
 use std::ops::Range;
 
