@@ -725,13 +725,18 @@ mod tests {
         assert_eq!(second, p.check_request(&request(&["hello", MAIL, "next turn", SECRET]), None));
     }
 
+    /// A tenant's verdicts, a policy that monitors both detectors, and a history of MAIL,
+    /// SECRET and `n` numbered messages.
+    fn a_session(n: usize) -> (Verdicts, GuardrailPolicy, Vec<String>) {
+        let mut history: Vec<String> = vec![MAIL.into(), SECRET.into()];
+        history.extend((0..n).map(|i| format!("message {i}")));
+        (Verdicts::default(), policy(Mode::Monitor, Mode::Monitor), history)
+    }
+
     #[test]
     fn a_turn_reads_its_history_back_as_one_prefix() {
-        let verdicts = Verdicts::default();
+        let (verdicts, p, history) = a_session(40);
         let memo = verdicts.of("acme");
-        let p = policy(Mode::Monitor, Mode::Monitor);
-        let mut history: Vec<String> = vec![MAIL.into(), SECRET.into()];
-        history.extend((0..40).map(|i| format!("message {i}")));
         let texts = |n: usize| history[..n].iter().map(String::as_str).collect::<Vec<_>>();
         p.check_request(&request(&texts(40)), Some(&memo));
         assert_eq!(memo.len(), 41 + 1, "each unit, and the request as one prefix");
@@ -777,11 +782,8 @@ mod tests {
     #[test]
     fn a_history_found_as_a_body_prefix_is_judged_as_one() {
         use crate::chat_request::ChatRequest;
-        let verdicts = Verdicts::default();
+        let (verdicts, p, history) = a_session(60);
         let memo = verdicts.of("acme");
-        let p = policy(Mode::Monitor, Mode::Monitor);
-        let mut history: Vec<String> = vec![MAIL.into(), SECRET.into()];
-        history.extend((0..60).map(|i| format!("message {i}")));
         let texts = |n: usize| history[..n].iter().map(String::as_str).collect::<Vec<_>>();
         let judge = |texts: &[&str], p: &GuardrailPolicy| {
             let body = chat_body(texts);
