@@ -72,6 +72,24 @@ impl AsSent {
     }
 }
 
+/// An answer kept for a caller of its upstream's shape: as sent, or as a tree when the view
+/// did not take it.
+#[derive(Debug)]
+pub enum Kept {
+    Raw(Box<AsSent>),
+    Tree(Map<String, Value>),
+}
+
+impl Kept {
+    /// The answer with `model` set and `x_shield` Shield's.
+    pub fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
+        match self {
+            Kept::Raw(raw) => raw.render(model, x_shield),
+            Kept::Tree(body) => render_tree(body, model, x_shield),
+        }
+    }
+}
+
 /// An answer held as a map, with `model` set and `x_shield` Shield's (an upstream's own
 /// dropped).
 pub fn render_tree(mut body: Map<String, Value>, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {

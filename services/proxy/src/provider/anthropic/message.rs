@@ -1,13 +1,13 @@
 //! An Anthropic target's `message`, read into the typed answer and kept as sent for callers
 //! of the same shape (Messages' callers, Claude Code).
 //!
-//! * [`Repr::Raw`]: the upstream's own bytes ([`AsSent`]). A borrowed view checks the shape
+//! * [`Kept::Raw`]: the upstream's own bytes ([`AsSent`]). A borrowed view checks the shape
 //!   and reads only what the typed answer needs (the id, each block's text, thinking, tool use
 //!   and redacted thinking, the stop reason, `usage`); the answer to a Messages caller is the
 //!   same bytes with `model` replaced and `x_shield` spliced in. Before, each answer became a
 //!   tree that was walked, written with Shield's `x_shield` tree and dropped: a tenth of a
 //!   relayed 148 KB Messages request's instructions (issue 33).
-//! * [`Repr::Tree`]: a JSON map, for the answer the view does not take (a field of another
+//! * [`Kept::Tree`]: a JSON map, for the answer the view does not take (a field of another
 //!   type than the view reads, a duplicate key it reads, an upstream's own `x_shield`, a
 //!   surrogate escape, no `model`).
 //!
@@ -16,23 +16,17 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
+use serde_json::Value;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
 use shield_core::exchange::{self, Block};
 use shield_core::usage::TokenUsage;
 
 use super::{stop_of, usage_of};
-use crate::provider::as_sent::{AsSent, Obj, Place, has_surrogate_escape, place, render_tree};
+use crate::provider::as_sent::{AsSent, Kept, Obj, Place, has_surrogate_escape, place};
 
 /// An Anthropic `message` as the upstream sent it.
 #[derive(Debug)]
-pub struct AnthropicAnswer(Repr);
-
-#[derive(Debug)]
-enum Repr {
-    Raw(Box<AsSent>),
-    Tree(Map<String, Value>),
-}
+pub struct AnthropicAnswer(Kept);
 
 /// What a read yields: the answer as sent, typed, and the usage it reported.
 pub type Read = (AnthropicAnswer, exchange::Answer, Option<TokenUsage>);
@@ -93,7 +87,7 @@ impl AnthropicAnswer {
         if let Some(text) = std::str::from_utf8(&bytes).ok().filter(|t| t.trim_start().starts_with('{'))
             && let Some((place, answer, usage)) = read(text)
         {
-            return Some((AnthropicAnswer(Repr::Raw(Box::new(AsSent::new(bytes, place)))), answer, usage));
+            return Some((AnthropicAnswer(Kept::Raw(Box::new(AsSent::new(bytes, place)))), answer, usage));
         }
         let message: Value = serde_json::from_slice(&bytes).ok()?;
         if message.get("type").and_then(Value::as_str) != Some("message") {
@@ -102,16 +96,13 @@ impl AnthropicAnswer {
         let answer = typed_of(&message)?;
         let usage = message.get("usage").map(usage_of);
         let Value::Object(message) = message else { return None };
-        Some((AnthropicAnswer(Repr::Tree(message)), answer, usage))
+        Some((AnthropicAnswer(Kept::Tree(message)), answer, usage))
     }
 
     /// The answer to a Messages caller: `model` set to the answering target's model, Shield's
     /// `x_shield` added (an upstream's own dropped).
     pub fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
-        match self.0 {
-            Repr::Raw(raw) => (*raw).render(model, x_shield),
-            Repr::Tree(body) => render_tree(body, model, x_shield),
-        }
+        self.0.render(model, x_shield)
     }
 }
 
@@ -183,11 +174,12 @@ fn typed_of(message: &Value) -> Option<exchange::Answer> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::as_sent::render_tree;
     use proptest::prelude::*;
     use serde_json::json;
 
     fn is_raw(answer: &AnthropicAnswer) -> bool {
-        matches!(answer.0, Repr::Raw(_))
+        matches!(answer.0, Kept::Raw(_))
     }
 
     /// What the tree reading makes of `body`: the answer, its usage and its rendering.

@@ -1,13 +1,13 @@
 //! An OpenAI-flavour target's `chat.completion`, read into the typed answer and kept as sent
 //! for callers of the same shape.
 //!
-//! * [`Repr::Raw`]: the upstream's own bytes. A borrowed, skip-everything-else parse checks the
+//! * [`Kept::Raw`]: the upstream's own bytes. A borrowed, skip-everything-else parse checks the
 //!   shape and reads only what the typed answer needs (the id, each choice's text, tool calls
 //!   and finish reason, `usage`), and the answer to an OpenAI-shaped caller is the same bytes
 //!   with `model` replaced and `x_shield` spliced in before the closing brace: no tree is
 //!   built, walked, re-serialised and dropped per answer (issue 19: that was the largest share
 //!   of Shield's own CPU on the answer path).
-//! * [`Repr::Tree`]: a JSON map, for the rare answer the borrowed parse does not take (a
+//! * [`Kept::Tree`]: a JSON map, for the rare answer the borrowed parse does not take (a
 //!   non-string `content`, a duplicate key, an upstream's own `x_shield`).
 //!
 //! Either way the typed answer is the same; the tests below hold both to it. Nothing an
@@ -23,17 +23,11 @@ use shield_core::exchange::{self, Block, Stop};
 use shield_core::usage::TokenUsage;
 
 use super::Obj;
-use crate::provider::as_sent::{AsSent, Place, place, render_tree};
+use crate::provider::as_sent::{AsSent, Kept, Place, place};
 
 /// An OpenAI-shaped answer as the upstream sent it.
 #[derive(Debug)]
-pub struct OpenAiAnswer(Repr);
-
-#[derive(Debug)]
-enum Repr {
-    Raw(Box<AsSent>),
-    Tree(Map<String, Value>),
-}
+pub struct OpenAiAnswer(Kept);
 
 /// What a parse yields: the answer as sent, typed, and the usage it reported.
 pub type Parsed = (OpenAiAnswer, exchange::Answer, Option<TokenUsage>);
@@ -175,13 +169,13 @@ impl OpenAiAnswer {
             return None;
         }
         if let Some((place, answer, usage)) = read(text) {
-            return Some((OpenAiAnswer(Repr::Raw(Box::new(AsSent::new(bytes, place)))), answer, usage));
+            return Some((OpenAiAnswer(Kept::Raw(Box::new(AsSent::new(bytes, place)))), answer, usage));
         }
         match serde_json::from_str::<Value>(text) {
             Ok(Value::Object(map)) if map.get("choices").is_some_and(Value::is_array) => {
                 let answer = typed_of(&map);
                 let usage = map.get("usage").and_then(super::usage_of);
-                Some((OpenAiAnswer(Repr::Tree(map)), answer, usage))
+                Some((OpenAiAnswer(Kept::Tree(map)), answer, usage))
             }
             _ => None,
         }
@@ -190,10 +184,7 @@ impl OpenAiAnswer {
     /// The answer to an OpenAI-shaped caller: `model` set to the answering target's model,
     /// Shield's `x_shield` added (an upstream's own `x_shield` dropped).
     pub fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
-        match self.0 {
-            Repr::Raw(raw) => (*raw).render(model, x_shield),
-            Repr::Tree(body) => render_tree(body, model, x_shield),
-        }
+        self.0.render(model, x_shield)
     }
 }
 
@@ -260,7 +251,7 @@ mod tests {
     }
 
     fn is_raw(answer: &OpenAiAnswer) -> bool {
-        matches!(answer.0, Repr::Raw(_))
+        matches!(answer.0, Kept::Raw(_))
     }
 
     /// Both paths give the same answers for the same completion.
@@ -271,7 +262,7 @@ mod tests {
         let Value::Object(map) = body.clone() else { panic!() };
         assert_eq!(typed, typed_of(&map));
         assert_eq!(usage, map.get("usage").and_then(super::super::usage_of));
-        let tree = OpenAiAnswer(Repr::Tree(map));
+        let tree = OpenAiAnswer(Kept::Tree(map));
         let x_shield = json!({"routing": {"route": "r"}, "guardrail_results": []});
         let (a, b) = (raw.render("gpt-x", &x_shield), tree.render("gpt-x", &x_shield));
         let (a, b): (Value, Value) = (serde_json::from_slice(&a).unwrap(), serde_json::from_slice(&b).unwrap());
