@@ -130,13 +130,30 @@ impl<'r> Unit<'r> {
             Unit::Parts(parts) => Cow::Owned(parts.concat()),
             Unit::Known { from: Sent::Message(history, index), .. } => match history.one(*index) {
                 Some(Cow::Borrowed(message)) => Unit::of(message).joined(),
-                Some(Cow::Owned(message)) => Cow::Owned(Unit::of(&message).joined().into_owned()),
+                Some(Cow::Owned(message)) => Cow::Owned(Unit::into_joined(message)),
                 None => Cow::Borrowed(""),
             },
             Unit::Known { from: Sent::System(system, index), .. } => {
                 Cow::Borrowed(system.get(*index).map_or("", String::as_str))
             }
         }
+    }
+
+    /// The text of a message typed for this alone (from its span), as [`Unit::joined`] reads
+    /// it: a one-text message's string moved out, not copied (it was copied out of the body
+    /// once already; a turn's new tool result is kilobytes).
+    fn into_joined(message: Message) -> String {
+        let mut texts = message.content.into_iter().filter_map(|part| match part {
+            Part::Text(said) | Part::Thinking { thinking: said, .. } => Some(said),
+            Part::ToolResult { content, .. } => Some(content),
+            Part::Opaque { text, .. } => Some(text),
+            Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => None,
+        });
+        let mut joined = texts.next().unwrap_or_default();
+        for more in texts {
+            joined.push_str(&more);
+        }
+        joined
     }
 
     /// The unit of a message: its text parts.
@@ -891,6 +908,24 @@ mod tests {
         prop::collection::vec(piece, 0..12)
     }
 
+    /// Any part: with text the guardrails read, or without.
+    fn part() -> impl Strategy<Value = Part> {
+        let text = "[a-z @.0-9-]{0,12}";
+        prop_oneof![
+            text.prop_map(Part::Text),
+            (text, text).prop_map(|(thinking, signature)| Part::Thinking { thinking, signature }),
+            (text, any::<bool>()).prop_map(|(content, is_error)| Part::ToolResult {
+                id: "t".into(),
+                content,
+                is_error
+            }),
+            text.prop_map(|text| Part::Opaque { kind: "document".into(), text }),
+            text.prop_map(|input| Part::ToolUse { id: "t".into(), name: "Read".into(), input }),
+            text.prop_map(Part::RedactedThinking),
+            Just(Part::Image(crate::exchange::Image::Url("https://example.com/a.png".into()))),
+        ]
+    }
+
     /// What a session does to its history between two turns.
     #[derive(Debug, Clone)]
     enum Step {
@@ -941,6 +976,15 @@ mod tests {
                 let req = request(&texts);
                 prop_assert_eq!(p.check_request(&req, Some(&memo)), p.check_request(&req, None));
             }
+        }
+
+        /// A message typed from its span gives up its text as the same string a borrowed
+        /// reading joins, whatever its parts.
+        #[test]
+        fn a_typed_message_moved_out_joins_as_one_borrowed(parts in prop::collection::vec(part(), 0..5)) {
+            let message = Message { role: Role::User, content: parts };
+            let borrowed = Unit::of(&message).joined().into_owned();
+            prop_assert_eq!(Unit::into_joined(message), borrowed);
         }
 
         /// Whatever the sessions before, a memo's verdict is the verdict of a fresh scan.
