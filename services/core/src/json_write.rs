@@ -51,19 +51,51 @@ fn map_size(map: &Map<String, Value>) -> usize {
 /// already is not written again: the map's value stands, as a later `insert` into the map
 /// would have replaced the raw one.
 pub fn map_to_vec_with(map: &Map<String, Value>, raw: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut out = map_to_vec_sized(map, raw.iter().map(|(key, value)| key.len() + value.len() + 4).sum());
-    for (key, value) in raw.iter().filter(|(key, _)| !map.contains_key(*key)) {
-        // `out` ends with the object's `}`: the field goes before it.
-        out.pop();
-        if out.len() > 1 {
-            out.push(b',');
-        }
-        push_str(&mut out, key);
-        out.push(b':');
-        out.extend_from_slice(value);
-        out.push(b'}');
+    let mut object = Object::new(map, raw.iter().map(|(key, value)| key.len() + value.len() + 4).sum());
+    for (key, value) in raw {
+        object.field(key, |out| out.extend_from_slice(value));
     }
-    out
+    object.finish()
+}
+
+/// A JSON object written into one buffer: `map`'s fields, then fields each written straight
+/// into the buffer by its writer ([`Object::field`]). A converted agent history is ~150 KB:
+/// written where it goes, not written apart and copied in (twice, with its messages'
+/// reordering: 11 % of a converted 148 KB request's instructions).
+pub struct Object<'m> {
+    map: &'m Map<String, Value>,
+    /// The object so far, without its closing `}`.
+    out: Vec<u8>,
+}
+
+impl<'m> Object<'m> {
+    /// The object with `map`'s fields, in a buffer sized for `more` bytes of fields after them.
+    pub fn new(map: &'m Map<String, Value>, more: usize) -> Self {
+        let mut out = map_to_vec_sized(map, more);
+        out.pop();
+        Object { map, out }
+    }
+
+    /// Adds field `key`, whose JSON value `write` appends. A key the map holds already is not
+    /// written again: the map's value stands, as a later `insert` into the map would have
+    /// replaced this one.
+    pub fn field(&mut self, key: &str, write: impl FnOnce(&mut Vec<u8>)) {
+        if self.map.contains_key(key) {
+            return;
+        }
+        if self.out.len() > 1 {
+            self.out.push(b',');
+        }
+        push_str(&mut self.out, key);
+        self.out.push(b':');
+        write(&mut self.out);
+    }
+
+    /// The object's JSON text.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.out.push(b'}');
+        self.out
+    }
 }
 
 /// A JSON array of `items`, each written by `write` (one JSON value each); `capacity` is the
@@ -124,9 +156,29 @@ pub fn push_map(out: &mut Vec<u8>, map: &Map<String, Value>) {
 /// serde_json escapes them (`\n`, `\t`, … and `\u00XX` for the rest); everything else, UTF-8
 /// included, as it is.
 pub fn push_str(out: &mut Vec<u8>, text: &str) {
-    let bytes = text.as_bytes();
-    out.reserve(bytes.len() + 2);
+    out.reserve(text.len() + 2);
     out.push(b'"');
+    push_escaped(out, text);
+    out.push(b'"');
+}
+
+/// Appends `texts` joined by `separator` as one JSON string, without joining them first: the
+/// same bytes as [`push_str`] of the joined text (an escape never spans two characters).
+pub fn push_str_joined<'t>(out: &mut Vec<u8>, texts: impl IntoIterator<Item = &'t str>, separator: &str) {
+    out.push(b'"');
+    for (i, text) in texts.into_iter().enumerate() {
+        if i > 0 {
+            push_escaped(out, separator);
+        }
+        push_escaped(out, text);
+    }
+    out.push(b'"');
+}
+
+/// Appends `text` escaped as the inside of a JSON string.
+fn push_escaped(out: &mut Vec<u8>, text: &str) {
+    let bytes = text.as_bytes();
+    out.reserve(bytes.len());
     // `written`: where the bytes not yet copied to `out` start.
     let mut written = 0;
     // Eight bytes at a time; the last few padded with spaces, which need no escape.
@@ -146,7 +198,6 @@ pub fn push_str(out: &mut Vec<u8>, text: &str) {
         }
     }
     out.extend_from_slice(bytes.get(written..).unwrap_or_default());
-    out.push(b'"');
 }
 
 const ONES: u64 = 0x0101_0101_0101_0101;
@@ -295,6 +346,16 @@ mod tests {
             let mut out = Vec::new();
             push_str(&mut out, &text);
             prop_assert_eq!(out, serde_json::to_vec(&text).unwrap());
+        }
+
+        #[test]
+        fn texts_joined_as_written_are_the_joined_text(
+            texts in prop::collection::vec(any::<String>(), 0..4),
+            separator in prop_oneof![Just(String::new()), Just("\n".to_string()), any::<String>()],
+        ) {
+            let mut out = Vec::new();
+            push_str_joined(&mut out, texts.iter().map(String::as_str), &separator);
+            prop_assert_eq!(out, serde_json::to_vec(&texts.join(&separator)).unwrap());
         }
     }
 }

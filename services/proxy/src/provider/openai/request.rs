@@ -5,11 +5,10 @@
 //! and are left out.
 
 use std::borrow::Cow;
-use std::ops::Range;
 
 use serde_json::{Map, Value, json};
 use shield_core::exchange::{self, Format, Image, Message, Part, Role, ToolChoice};
-use shield_core::json_write::push_str;
+use shield_core::json_write::{push_str, push_str_joined};
 
 /// How one target takes the request.
 pub struct Rendering<'a> {
@@ -27,7 +26,6 @@ pub struct Rendering<'a> {
 
 /// The body for one target.
 pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
-    let messages = messages(request);
     let (model, ask_usage, added, extra) = (target.model, target.ask_usage, target.added, target.extra);
     let mut body = Map::new();
     body.insert("model".into(), json!(model));
@@ -85,21 +83,29 @@ pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
         body.insert(key.clone(), value.clone());
     }
     // A target's `extra_body` may name `messages` or `tools`: its value stands, as it did when
-    // they were entries of the map.
-    let tools = (!request.tools.is_empty()).then(|| tools(&request.tools));
-    let raw: Vec<(&str, &[u8])> = [("messages", Some(messages.as_slice())), ("tools", tools.as_deref())]
-        .into_iter()
-        .filter_map(|(key, text)| Some((key, text?)))
-        .collect();
-    shield_core::json_write::map_to_vec_with(&body, &raw)
+    // they were entries of the map. Both are written straight into the body.
+    let tools_size = request.tools.iter().map(tool_size).sum::<usize>();
+    let mut object = shield_core::json_write::Object::new(&body, messages_size(request) + tools_size + 32);
+    object.field("messages", |out| messages(request, out));
+    if !request.tools.is_empty() {
+        object.field("tools", |out| tools(&request.tools, out));
+    }
+    object.finish()
+}
+
+/// About the length of a tool written.
+fn tool_size(tool: &exchange::Tool) -> usize {
+    tool.schema.text().len() + tool.description.len() + 96
 }
 
 /// `tools` as JSON text, each schema as the caller sent it (not read as a tree and written
 /// again: [`exchange::Schema`]).
-fn tools(tools: &[exchange::Tool]) -> Vec<u8> {
-    use shield_core::json_write::{array_to_vec, push_str};
-    let size = tools.iter().map(|tool| tool.schema.text().len() + tool.description.len() + 96).sum();
-    array_to_vec(tools, size, |out, tool| {
+fn tools(tools: &[exchange::Tool], out: &mut Vec<u8>) {
+    out.push(b'[');
+    for (i, tool) in tools.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
         out.extend_from_slice(br#"{"type":"function","function":{"name":"#);
         push_str(out, &tool.name);
         out.extend_from_slice(br#","description":"#);
@@ -107,161 +113,165 @@ fn tools(tools: &[exchange::Tool]) -> Vec<u8> {
         out.extend_from_slice(br#","parameters":"#);
         out.extend_from_slice(tool.schema.text().as_bytes());
         out.extend_from_slice(b"}}");
-    })
+    }
+    out.push(b']');
 }
 
-fn texts(content: &[Part], separator: &str) -> String {
-    content
-        .iter()
-        .filter_map(|p| if let Part::Text(text) = p { Some(text.as_str()) } else { None })
-        .collect::<Vec<_>>()
-        .join(separator)
-}
-
-/// The request's messages as a JSON array, each written straight from the typed request: a
-/// converted agent history is ~150 KB, most of it tool output, which a tree of `Value`s copied
-/// once more, in thousands of allocations, and then freed (issue 33). The order is the tree's:
-/// the top-level system prompt first, a user turn's tool results before the rest of it, and a
-/// system message between an assistant's tool calls and their results after the results
-/// (OpenAI wants `tool` messages right after the calls).
-fn messages(request: &exchange::Request) -> Vec<u8> {
+/// About the length of the request's messages written: their text, and room for their
+/// fields and a few escapes (a newline or a quote is two bytes written).
+fn messages_size(request: &exchange::Request) -> usize {
     let size = request.prompt_chars() + 96 * (request.messages.len() + 1);
-    let mut written = Written { text: Vec::with_capacity(size + size / 16), order: Vec::new() };
-    let system = request.system.iter().filter(|part| !part.is_empty()).map(String::as_str).collect::<Vec<_>>();
-    if !system.is_empty() {
-        let rendered = written.system(&system.join("\n"));
-        written.order.push(rendered);
+    size + size / 16
+}
+
+/// The request's messages as a JSON array onto `out`, each written straight from the typed
+/// request: a converted agent history is ~150 KB, most of it tool output, which a tree of
+/// `Value`s copied once more, in thousands of allocations, and then freed (issue 33). The order
+/// is the tree's: the top-level system prompt first, a user turn's tool results before the rest
+/// of it, and a system message between an assistant's tool calls and their results after the
+/// results (OpenAI wants `tool` messages right after the calls): such a message is the one
+/// written aside and moved.
+fn messages(request: &exchange::Request, out: &mut Vec<u8>) {
+    out.push(b'[');
+    let mut written = Written { out, any: false, held: Vec::new() };
+    let system = request.system.iter().filter(|part| !part.is_empty()).map(String::as_str);
+    if request.system.iter().any(|part| !part.is_empty()) {
+        written.push(|out| system_message(out, system, "\n"));
     }
     let mut awaiting_results = false;
-    let mut held = Vec::new();
     for message in &request.messages {
         match message.role {
             Role::System => {
-                let rendered = written.system(&texts(&message.content, "\n"));
-                if awaiting_results { held.push(rendered) } else { written.order.push(rendered) }
+                let write = |out: &mut Vec<u8>| system_message(out, texts(&message.content), "\n");
+                if awaiting_results { written.hold(write) } else { written.push(write) }
             }
             Role::User => {
-                written.user(message, &mut held);
+                written.user(message);
                 awaiting_results = false;
             }
             Role::Assistant => {
-                let rendered = written.assistant(message);
-                written.order.push(rendered);
+                written.push(|out| assistant(out, message));
                 awaiting_results = message_calls_tools(message);
             }
         }
     }
-    written.order.append(&mut held);
-    written.array()
+    written.release();
+    out.push(b']');
 }
 
 fn message_calls_tools(message: &Message) -> bool {
     message.content.iter().any(|p| matches!(p, Part::ToolUse { .. }))
 }
 
-/// Messages written one after another, and the order they go in.
-struct Written {
-    text: Vec<u8>,
-    order: Vec<Range<usize>>,
+/// The text parts of `content`.
+fn texts(content: &[Part]) -> impl Iterator<Item = &str> + Clone {
+    content.iter().filter_map(|p| if let Part::Text(text) = p { Some(text.as_str()) } else { None })
 }
 
-impl Written {
-    /// Writes one message with `write`; where it stands in `text`.
-    fn one(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Range<usize> {
-        let start = self.text.len();
-        write(&mut self.text);
-        start..self.text.len()
+/// Messages written one after another into the array, and the system messages held back
+/// until the tool results they came between are written.
+struct Written<'o> {
+    out: &'o mut Vec<u8>,
+    /// A message was written (the next one follows a comma).
+    any: bool,
+    /// Messages held, each after a comma.
+    held: Vec<u8>,
+}
+
+impl Written<'_> {
+    /// Writes one message with `write`.
+    fn push(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        if std::mem::replace(&mut self.any, true) {
+            self.out.push(b',');
+        }
+        write(self.out);
     }
 
-    fn system(&mut self, content: &str) -> Range<usize> {
-        self.one(|out| {
-            out.extend_from_slice(br#"{"role":"system","content":"#);
-            push_str(out, content);
-            out.push(b'}');
-        })
+    /// Writes one message aside, to go in at the next [`Written::release`].
+    fn hold(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        self.held.push(b',');
+        write(&mut self.held);
     }
 
-    /// An assistant turn: its text (`null` when it only calls tools), then its tool calls.
-    fn assistant(&mut self, message: &Message) -> Range<usize> {
-        let text = texts(&message.content, "");
-        let calls_tools = message_calls_tools(message);
-        self.one(|out| {
-            out.extend_from_slice(br#"{"role":"assistant","content":"#);
-            if text.is_empty() && calls_tools {
-                out.extend_from_slice(b"null");
-            } else {
-                push_str(out, &text);
-            }
-            if calls_tools {
-                out.extend_from_slice(br#","tool_calls":["#);
-                let calls = message.content.iter().filter_map(|part| match part {
-                    Part::ToolUse { id, name, input } => Some((id, name, input)),
-                    _ => None,
-                });
-                for (i, (id, name, input)) in calls.enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(br#"{"id":"#);
-                    push_str(out, id);
-                    out.extend_from_slice(br#","type":"function","function":{"name":"#);
-                    push_str(out, name);
-                    out.extend_from_slice(br#","arguments":"#);
-                    push_str(out, input);
-                    out.extend_from_slice(b"}}");
-                }
-                out.push(b']');
-            }
-            out.push(b'}');
-        })
+    /// The messages held, where they go now.
+    fn release(&mut self) {
+        let mut held = std::mem::take(&mut self.held);
+        if let Some(messages) = held.get(1..) {
+            self.push(|out| out.extend_from_slice(messages));
+        }
+        held.clear();
+        self.held = held;
     }
 
     /// A user turn: its tool results as `tool` messages, then the held system messages, then
     /// the rest of the turn (none when the turn was only tool results).
-    fn user(&mut self, message: &Message, held: &mut Vec<Range<usize>>) {
+    fn user(&mut self, message: &Message) {
         for part in &message.content {
             if let Part::ToolResult { id, content, .. } = part {
-                let result = self.one(|out| {
+                self.push(|out| {
                     out.extend_from_slice(br#"{"role":"tool","tool_call_id":"#);
                     push_str(out, id);
                     out.extend_from_slice(br#","content":"#);
                     push_str(out, content);
                     out.push(b'}');
                 });
-                self.order.push(result);
             }
         }
-        self.order.append(held);
+        self.release();
         let only_tool_results = message.content.iter().all(|p| matches!(p, Part::ToolResult { .. }));
         if only_tool_results && !message.content.is_empty() {
             return;
         }
         let images = message.content.iter().any(|p| matches!(p, Part::Image(_)));
-        let turn = self.one(|out| {
+        self.push(|out| {
             out.extend_from_slice(br#"{"role":"user","content":"#);
             if images {
                 user_parts(out, &message.content);
             } else {
-                push_str(out, &texts(&message.content, "\n"));
+                push_str_joined(out, texts(&message.content), "\n");
             }
             out.push(b'}');
         });
-        self.order.push(turn);
     }
+}
 
-    /// `[` the messages in their order `]`.
-    fn array(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.text.len() + self.order.len() + 2);
-        out.push(b'[');
-        for (i, message) in self.order.iter().enumerate() {
+/// A system message of `parts` joined by `separator`.
+fn system_message<'t>(out: &mut Vec<u8>, parts: impl IntoIterator<Item = &'t str>, separator: &str) {
+    out.extend_from_slice(br#"{"role":"system","content":"#);
+    push_str_joined(out, parts, separator);
+    out.push(b'}');
+}
+
+/// An assistant turn: its text (`null` when it only calls tools), then its tool calls.
+fn assistant(out: &mut Vec<u8>, message: &Message) {
+    let calls_tools = message_calls_tools(message);
+    out.extend_from_slice(br#"{"role":"assistant","content":"#);
+    if calls_tools && texts(&message.content).all(str::is_empty) {
+        out.extend_from_slice(b"null");
+    } else {
+        push_str_joined(out, texts(&message.content), "");
+    }
+    if calls_tools {
+        out.extend_from_slice(br#","tool_calls":["#);
+        let calls = message.content.iter().filter_map(|part| match part {
+            Part::ToolUse { id, name, input } => Some((id, name, input)),
+            _ => None,
+        });
+        for (i, (id, name, input)) in calls.enumerate() {
             if i > 0 {
                 out.push(b',');
             }
-            out.extend_from_slice(self.text.get(message.clone()).unwrap_or_default());
+            out.extend_from_slice(br#"{"id":"#);
+            push_str(out, id);
+            out.extend_from_slice(br#","type":"function","function":{"name":"#);
+            push_str(out, name);
+            out.extend_from_slice(br#","arguments":"#);
+            push_str(out, input);
+            out.extend_from_slice(b"}}");
         }
         out.push(b']');
-        out
     }
+    out.push(b'}');
 }
 
 /// A user turn with images: its text and image parts, in order.
@@ -296,9 +306,14 @@ mod tests {
     /// The messages as a tree of values, as they were rendered before they were written
     /// directly: the oracle the writer is held to.
     mod tree {
-        use super::super::texts;
         use serde_json::{Value, json};
         use shield_core::exchange::{self, Image, Message, Part, Role};
+
+        fn texts(content: &[Part], separator: &str) -> String {
+            let texts =
+                content.iter().filter_map(|p| if let Part::Text(text) = p { Some(text.as_str()) } else { None });
+            texts.collect::<Vec<_>>().join(separator)
+        }
 
         pub fn messages(request: &exchange::Request) -> Value {
             let mut messages = Vec::new();
@@ -420,13 +435,39 @@ mod tests {
         /// Written directly, the messages are the tree's: the same values in the same order.
         #[test]
         fn messages_written_as_the_tree_renders_them(request in history()) {
-            let written: Value = serde_json::from_slice(&messages(&request)).expect("a JSON array");
+            let mut written = Vec::new();
+            messages(&request, &mut written);
+            let written: Value = serde_json::from_slice(&written).expect("a JSON array");
             prop_assert_eq!(written, tree::messages(&request));
             let target = Rendering { model: "m", ask_usage: false, reasoning: false, added: &[], extra: None };
             let body: Value = serde_json::from_slice(&render(&request, target)).expect("a JSON object");
             prop_assert_eq!(&body["messages"], &tree::messages(&request));
             prop_assert_eq!(&body["model"], "m");
         }
+    }
+
+    #[test]
+    fn tools_follow_the_messages_each_schema_as_sent() {
+        let raw = r#"{"type":"object","properties":{"path":{"type":"string"}}}"#;
+        let schema = exchange::Schema::of_raw(serde_json::value::RawValue::from_string(raw.into()).unwrap());
+        let request = Request {
+            messages: vec![Message { role: Role::User, content: vec![Part::Text("hi".into())] }].into(),
+            tools: vec![
+                exchange::Tool { name: "Read".into(), description: "Reads \"a\" file\n".into(), schema },
+                exchange::Tool { name: "Bash".into(), description: String::new(), schema: json!({}).into() },
+            ]
+            .into(),
+            ..Request::default()
+        };
+        let target = Rendering { model: "m", ask_usage: false, reasoning: false, added: &[], extra: None };
+        let body = render(&request, target);
+        let text = std::str::from_utf8(&body).unwrap();
+        assert!(text.ends_with(r#"}],"tools":[{"type":"function","function":{"name":"Read","description":"Reads \"a\" file\n","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}},{"type":"function","function":{"name":"Bash","description":"","parameters":{}}}]}"#), "{text}");
+        let Value::Object(extra) = json!({"tools": []}) else { panic!() };
+        let target = Rendering { model: "m", ask_usage: false, reasoning: false, added: &[], extra: Some(&extra) };
+        let body: Value = serde_json::from_slice(&render(&request, target)).unwrap();
+        assert_eq!(body["tools"], json!([]), "the target's extra_body stands");
+        assert_eq!(body["messages"], json!([{"role": "user", "content": "hi"}]));
     }
 
     #[test]
