@@ -181,20 +181,29 @@ fn push_escaped(out: &mut Vec<u8>, text: &str) {
     out.reserve(bytes.len());
     // `written`: where the bytes not yet copied to `out` start.
     let mut written = 0;
-    // Eight bytes at a time; the last few padded with spaces, which need no escape.
-    let full = bytes.chunks_exact(8);
-    let mut last = [b' '; 8];
-    last.iter_mut().zip(full.remainder()).for_each(|(slot, byte)| *slot = *byte);
-    let words = full.map(|chunk| <[u8; 8]>::try_from(chunk).unwrap_or([b' '; 8])).chain([last]);
-    for (index, word) in words.enumerate() {
-        let at = index * 8;
-        // Only the bytes flagged are looked at: in code and tool output a word with a newline
+    // Sixteen bytes at a time, as two words whose flags are tested together: most blocks of
+    // prose, code and tool output hold nothing to escape and cost one test. The last few bytes
+    // are padded with spaces, which need no escape.
+    let blocks = bytes.chunks_exact(16);
+    let mut last = [b' '; 16];
+    last.iter_mut().zip(blocks.remainder()).for_each(|(slot, byte)| *slot = *byte);
+    let word = |block: &[u8], from: usize| {
+        let eight = block.get(from..from + 8).and_then(|eight| <[u8; 8]>::try_from(eight).ok());
+        u64::from_le_bytes(eight.unwrap_or([b' '; 8]))
+    };
+    for (index, block) in blocks.chain([&last[..]]).enumerate() {
+        let (low, high) = (escapes(word(block, 0)), escapes(word(block, 8)));
+        if low | high == 0 {
+            continue;
+        }
+        // Only the bytes flagged are looked at: in code and tool output a block with a newline
         // is common, and the rest of its bytes need nothing.
-        let mut flagged = escapes(u64::from_le_bytes(word));
-        while flagged != 0 {
-            let offset = (flagged.trailing_zeros() / 8) as usize;
-            escape(out, bytes, &mut written, at + offset, word.get(offset).copied().unwrap_or(b' '));
-            flagged &= flagged - 1;
+        for (mut flagged, half) in [(low, 0), (high, 8)] {
+            while flagged != 0 {
+                let offset = half + (flagged.trailing_zeros() / 8) as usize;
+                escape(out, bytes, &mut written, index * 16 + offset, block.get(offset).copied().unwrap_or(b' '));
+                flagged &= flagged - 1;
+            }
         }
     }
     out.extend_from_slice(bytes.get(written..).unwrap_or_default());
@@ -260,14 +269,23 @@ mod tests {
     }
 
     #[test]
-    fn every_byte_that_needs_escaping_at_every_position_of_a_word() {
+    fn every_byte_that_needs_escaping_at_every_position_of_a_block() {
         for byte in (0u8..0x20).chain([b'"', b'\\', 0x7f]) {
-            for position in 0..20 {
-                let mut text = "abcdefghijklmnopqrst".to_string().into_bytes();
+            for position in 0..40 {
+                let mut text = "abcdefghijklmnopqrstuvwxyz0123456789ABCD".to_string().into_bytes();
                 text.truncate(position);
                 text.push(byte);
                 text.extend_from_slice("é after ✓".as_bytes());
-                same_as_serde(&Value::String(String::from_utf8(text).unwrap()));
+                same_as_serde(&Value::String(String::from_utf8(text.clone()).unwrap()));
+                // And with another at every position after it, in the same block or the next.
+                for second in position + 1..40 {
+                    let mut both = text.clone();
+                    both.truncate(second);
+                    both.push(b'\n');
+                    if let Ok(text) = String::from_utf8(both) {
+                        same_as_serde(&Value::String(text));
+                    }
+                }
             }
         }
     }
