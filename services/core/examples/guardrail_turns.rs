@@ -194,7 +194,7 @@ fn main() {
     if let Some(counted) = std::env::args().nth(2).and_then(|n| n.parse().ok()) {
         return count(&policy, sessions, counted);
     }
-    let rounds: u64 = std::env::var("GUARDRAIL_TURNS_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(3);
+    let rounds: u64 = std::env::var("GUARDRAIL_TURNS_ROUNDS").ok().and_then(|n| n.parse().ok()).unwrap_or(3).max(1);
     // Each column's samples per turn, pooled over the rounds: [before, after, read before,
     // read after, judged].
     let mut samples: Vec<[Vec<f64>; 5]> = (0..TURNS).map(|_| Default::default()).collect();

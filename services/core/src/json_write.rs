@@ -1,13 +1,13 @@
 //! Writing a `serde_json::Value` as JSON text, byte for byte what `serde_json::to_vec` writes,
-//! with strings escaped eight bytes at a time (issue 33).
+//! with strings escaped sixteen bytes at a time (issue 33).
 //!
 //! Why hand-rolled: a request converted from one API shape to another (Claude Code's Messages
 //! body to an OpenAI target, say) is rendered as a `Value` and written out, and nearly all of
 //! it is long strings — tool output, file contents, the system prompt. serde_json's writer looks
 //! up every byte of a string in its escape table (`format_escaped_str`: 29 % of the instructions
 //! of a converted 148 KB request, ~9 per byte), and offers no hook to write a string another
-//! way. Here a word of eight bytes that holds no quote, backslash or control character (nearly
-//! every word of such text) is passed over with a handful of operations, and the escapes that
+//! way. Here a block of sixteen bytes that holds no quote, backslash or control character (most
+//! blocks of such text) is passed over with a handful of operations, and the escapes that
 //! are needed are serde_json's own, so the output is identical (the tests hold it to that).
 //! Numbers are still written by serde_json.
 

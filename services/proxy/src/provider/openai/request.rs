@@ -117,10 +117,20 @@ fn tools(tools: &[exchange::Tool], out: &mut Vec<u8>) {
     out.push(b']');
 }
 
-/// About the length of the request's messages written: their text, and room for their
-/// fields and a few escapes (a newline or a quote is two bytes written).
+/// About the length of the request's messages written: their text, their tool calls, and room
+/// for their fields and a few escapes (a newline or a quote is two bytes written). A tool
+/// call's arguments are JSON in a string, a quote escaped every few bytes (Claude Code's
+/// `Write` and `Edit` carry whole files there): an eighth more.
 fn messages_size(request: &exchange::Request) -> usize {
-    let size = request.prompt_chars() + 96 * (request.messages.len() + 1);
+    let calls: usize = (&request.messages)
+        .into_iter()
+        .flat_map(|message| &message.content)
+        .map(|part| match part {
+            Part::ToolUse { id, name, input } => id.len() + name.len() + input.len() + input.len() / 8 + 64,
+            _ => 0,
+        })
+        .sum();
+    let size = request.prompt_chars() + calls + 96 * (request.messages.len() + 1);
     size + size / 16
 }
 
@@ -444,6 +454,31 @@ mod tests {
             prop_assert_eq!(&body["messages"], &tree::messages(&request));
             prop_assert_eq!(&body["model"], "m");
         }
+    }
+
+    /// An agent's history converted is written into the buffer sized for it, not one regrown
+    /// (and copied) as it fills: tool output with a newline every ~60 bytes, and tool calls
+    /// whose arguments are whole files, a quote escaped every few bytes.
+    #[test]
+    fn a_converted_history_fits_the_buffer_sized_for_it() {
+        let line = "    let value = config.get(\"path\").unwrap_or_default(); // x\n";
+        let file = serde_json::to_string(&json!({"file_path": "src/main.rs", "content": line.repeat(40)})).unwrap();
+        let mut messages = Vec::new();
+        for turn in 0..50 {
+            let id = format!("toolu_{turn}");
+            messages.push(Message { role: Role::User, content: vec![Part::Text(line.repeat(3))] });
+            let call = Part::ToolUse { id: id.clone(), name: "Write".into(), input: file.clone() };
+            messages.push(Message { role: Role::Assistant, content: vec![Part::Text("writing".into()), call] });
+            let result = Part::ToolResult { id, content: line.repeat(20), is_error: false };
+            messages.push(Message { role: Role::User, content: vec![result] });
+        }
+        let request = Request { system: vec![line.repeat(50)].into(), messages: messages.into(), ..Request::default() };
+        let target = Rendering { model: "m", ask_usage: false, reasoning: false, added: &[], extra: None };
+        let body = render(&request, target);
+        let sized = messages_size(&request) + 32;
+        assert!(body.len() <= sized, "{} written, {sized} sized for", body.len());
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["messages"], tree::messages(&request));
     }
 
     #[test]
