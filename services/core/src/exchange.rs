@@ -78,13 +78,9 @@ impl Request {
         }
         for message in self.messages.iter() {
             for part in &message.content {
-                let said = match part {
-                    Part::Text(said) | Part::Thinking { thinking: said, .. } => said,
-                    Part::ToolResult { content, .. } => content,
-                    Part::Opaque { text, .. } => text,
-                    Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => continue,
-                };
-                text.push_str(said);
+                if let Some(said) = part.guarded_text() {
+                    text.push_str(said);
+                }
             }
             text.push('\n');
         }
@@ -434,6 +430,30 @@ pub enum Part {
         kind: String,
         text: String,
     },
+}
+
+impl Part {
+    /// The text the input guardrails read in this part: message text, thinking, a tool's
+    /// result, the text of a part only its own shape carries; none for images, tool calls and
+    /// redacted thinking.
+    pub fn guarded_text(&self) -> Option<&str> {
+        match self {
+            Part::Text(said) | Part::Thinking { thinking: said, .. } => Some(said),
+            Part::ToolResult { content, .. } => Some(content),
+            Part::Opaque { text, .. } => Some(text),
+            Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => None,
+        }
+    }
+
+    /// [`Part::guarded_text`], taken out of the part rather than borrowed.
+    pub fn into_guarded_text(self) -> Option<String> {
+        match self {
+            Part::Text(said) | Part::Thinking { thinking: said, .. } => Some(said),
+            Part::ToolResult { content, .. } => Some(content),
+            Part::Opaque { text, .. } => Some(text),
+            Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

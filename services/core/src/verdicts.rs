@@ -143,12 +143,7 @@ impl<'r> Unit<'r> {
     /// it: a one-text message's string moved out, not copied (it was copied out of the body
     /// once already; a turn's new tool result is kilobytes).
     fn into_joined(message: Message) -> String {
-        let mut texts = message.content.into_iter().filter_map(|part| match part {
-            Part::Text(said) | Part::Thinking { thinking: said, .. } => Some(said),
-            Part::ToolResult { content, .. } => Some(content),
-            Part::Opaque { text, .. } => Some(text),
-            Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => None,
-        });
+        let mut texts = message.content.into_iter().filter_map(Part::into_guarded_text);
         let mut joined = texts.next().unwrap_or_default();
         for more in texts {
             joined.push_str(&more);
@@ -158,13 +153,7 @@ impl<'r> Unit<'r> {
 
     /// The unit of a message: its text parts.
     pub fn of(message: &'r Message) -> Unit<'r> {
-        let text = |part: &'r Part| match part {
-            Part::Text(said) | Part::Thinking { thinking: said, .. } => Some(said.as_str()),
-            Part::ToolResult { content, .. } => Some(content.as_str()),
-            Part::Opaque { text, .. } => Some(text.as_str()),
-            Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => None,
-        };
-        let mut texts = message.content.iter().filter_map(text);
+        let mut texts = message.content.iter().filter_map(Part::guarded_text);
         match (texts.next(), texts.next()) {
             (None, _) => Unit::One(""),
             (Some(one), None) => Unit::One(one),
