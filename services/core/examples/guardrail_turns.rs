@@ -113,11 +113,11 @@ fn session(seed: u64, turns: usize) -> Request {
     let mut request = Request { system: vec![words.text(12_000)].into(), ..Default::default() };
     for turn in 0..turns {
         let id = format!("toolu_{seed}_{turn}");
-        request.messages.to_mut().push(Message { role: Role::User, content: vec![Part::Text(words.text(300))] });
+        request.messages.to_mut().push(Message { role: Role::User, content: vec![Part::Text(words.text(300).into())] });
         request.messages.to_mut().push(Message {
             role: Role::Assistant,
             content: vec![
-                Part::Text(words.text(200)),
+                Part::Text(words.text(200).into()),
                 Part::ToolUse {
                     id: id.clone(),
                     name: "Read".into(),
@@ -127,9 +127,12 @@ fn session(seed: u64, turns: usize) -> Request {
         });
         request.messages.to_mut().push(Message {
             role: Role::User,
-            content: vec![Part::ToolResult { id, content: words.text(3_000), is_error: false }],
+            content: vec![Part::ToolResult { id, content: words.text(3_000).into(), is_error: false }],
         });
-        request.messages.to_mut().push(Message { role: Role::Assistant, content: vec![Part::Text(words.text(400))] });
+        request
+            .messages
+            .to_mut()
+            .push(Message { role: Role::Assistant, content: vec![Part::Text(words.text(400).into())] });
     }
     request
 }

@@ -361,7 +361,7 @@ fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
                 let id = message.get("tool_call_id").and_then(text).unwrap_or_default();
                 typed_messages.push(Message {
                     role: Role::User,
-                    content: vec![Part::ToolResult { id, content, is_error: false }],
+                    content: vec![Part::ToolResult { id, content: content.into(), is_error: false }],
                 });
             }
             _ => typed_messages.push(Message { role: Role::User, content: parts_of(content) }),
@@ -388,7 +388,9 @@ fn empty_schema() -> Value {
 
 /// A `tool` message's result: its text parts, one per line ([`exchange::lines`]).
 fn tool_result_text(content: Vec<Part>) -> String {
-    exchange::lines(content.into_iter().filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None }))
+    exchange::lines(
+        content.into_iter().filter_map(|p| if let Part::Text(t) = p { Some(t.into_string()) } else { None }),
+    )
 }
 
 /// The typed request: `messages` and `tools` as read, the rest from `fields`.
@@ -433,13 +435,13 @@ fn typed(fields: &Map<String, Value>, messages: exchange::History, tools: exchan
 /// Chat Completions content (a string, or parts) as typed parts.
 fn parts_of(content: Option<&Value>) -> Vec<Part> {
     match content {
-        Some(Value::String(text)) => vec![Part::Text(text.clone())],
+        Some(Value::String(text)) => vec![Part::Text(text.as_str().into())],
         Some(Value::Array(parts)) => parts
             .iter()
             .filter_map(|part| {
                 let text = part.get("text").and_then(Value::as_str).map(str::to_string);
                 match part.get("type").and_then(Value::as_str) {
-                    Some("text") | None => text.map(Part::Text),
+                    Some("text") | None => text.map(|text| Part::Text(text.into())),
                     Some("image_url") => part.pointer("/image_url/url").and_then(Value::as_str).and_then(image_of),
                     // Parts other shapes cannot carry (audio, files, a server's own kinds): their
                     // text still reaches the guardrails.

@@ -8,6 +8,8 @@
 //! another lacks is a variant here (thinking and its signature, for instance) or dropped by
 //! the renderer that has no place for it, by a rule stated in that renderer.
 
+pub use crate::text::Text;
+
 /// A request, typed. The caller's body as sent travels beside it (an adapter of the caller's
 /// own shape sends that, so nothing the caller asked for is lost on the same-shape path);
 /// every other adapter renders this.
@@ -405,7 +407,8 @@ pub fn lines(texts: impl IntoIterator<Item = String>) -> String {
 /// One part of a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
-    Text(String),
+    /// Text (read from a large body: as sent, [`Text`]).
+    Text(Text),
     Image(Image),
     /// A tool call the assistant made; `input` is the arguments as JSON text.
     ToolUse {
@@ -416,7 +419,7 @@ pub enum Part {
     /// A tool's result, as text.
     ToolResult {
         id: String,
-        content: String,
+        content: Text,
         is_error: bool,
     },
     Thinking {
@@ -438,8 +441,8 @@ impl Part {
     /// redacted thinking.
     pub fn guarded_text(&self) -> Option<&str> {
         match self {
-            Part::Text(said) | Part::Thinking { thinking: said, .. } => Some(said),
-            Part::ToolResult { content, .. } => Some(content),
+            Part::Text(said) | Part::ToolResult { content: said, .. } => Some(said),
+            Part::Thinking { thinking: said, .. } => Some(said),
             Part::Opaque { text, .. } => Some(text),
             Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => None,
         }
@@ -448,8 +451,8 @@ impl Part {
     /// [`Part::guarded_text`], taken out of the part rather than borrowed.
     pub fn into_guarded_text(self) -> Option<String> {
         match self {
-            Part::Text(said) | Part::Thinking { thinking: said, .. } => Some(said),
-            Part::ToolResult { content, .. } => Some(content),
+            Part::Text(said) | Part::ToolResult { content: said, .. } => Some(said.into_string()),
+            Part::Thinking { thinking: said, .. } => Some(said),
             Part::Opaque { text, .. } => Some(text),
             Part::Image(_) | Part::ToolUse { .. } | Part::RedactedThinking(_) => None,
         }

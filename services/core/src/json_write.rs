@@ -176,7 +176,7 @@ pub fn push_str_joined<'t>(out: &mut Vec<u8>, texts: impl IntoIterator<Item = &'
 }
 
 /// Appends `text` escaped as the inside of a JSON string.
-fn push_escaped(out: &mut Vec<u8>, text: &str) {
+pub fn push_escaped(out: &mut Vec<u8>, text: &str) {
     let bytes = text.as_bytes();
     out.reserve(bytes.len());
     // `written`: where the bytes not yet copied to `out` start.

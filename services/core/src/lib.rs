@@ -38,6 +38,7 @@ pub mod run;
 pub mod snapshot;
 pub mod spliced;
 pub mod target;
+pub mod text;
 pub mod url_safety;
 pub mod usage;
 pub mod validate;

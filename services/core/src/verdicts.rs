@@ -661,7 +661,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, text)| Message {
                     role: if i % 2 == 0 { Role::User } else { Role::Assistant },
-                    content: vec![Part::Text(text.to_string())],
+                    content: vec![Part::Text((*text).into())],
                 })
                 .collect(),
             ..Default::default()
@@ -897,15 +897,25 @@ mod tests {
         prop::collection::vec(piece, 0..12)
     }
 
+    /// A text in either form: plain, or a JSON string as sent ([`crate::exchange::Text`]).
+    fn text_in(said: String, as_sent: bool) -> crate::exchange::Text {
+        let token = serde_json::to_string(&said).unwrap();
+        match as_sent {
+            true => crate::exchange::Text::json(&token).unwrap(),
+            false => said.into(),
+        }
+    }
+
     /// Any part: with text the guardrails read, or without.
     fn part() -> impl Strategy<Value = Part> {
         let text = "[a-z @.0-9-]{0,12}";
+        let escaped = "[a-z @.0-9\n\\\"-]{0,12}";
         prop_oneof![
-            text.prop_map(Part::Text),
+            (escaped, any::<bool>()).prop_map(|(said, as_sent)| Part::Text(text_in(said, as_sent))),
             (text, text).prop_map(|(thinking, signature)| Part::Thinking { thinking, signature }),
-            (text, any::<bool>()).prop_map(|(content, is_error)| Part::ToolResult {
+            (escaped, any::<bool>(), any::<bool>()).prop_map(|(content, as_sent, is_error)| Part::ToolResult {
                 id: "t".into(),
-                content,
+                content: text_in(content, as_sent),
                 is_error
             }),
             text.prop_map(|text| Part::Opaque { kind: "document".into(), text }),

@@ -287,7 +287,7 @@ fn with_prefill(request: &ChatRequest, sent: &str) -> ChatRequest {
     let mut request = request.clone();
     let sent = sent.trim_end();
     let exchange = std::sync::Arc::make_mut(&mut request.exchange);
-    exchange.messages.to_mut().push(Message { role: Role::Assistant, content: vec![Part::Text(sent.to_string())] });
+    exchange.messages.to_mut().push(Message { role: Role::Assistant, content: vec![Part::Text(sent.into())] });
     // The caller's body as sent goes to targets of its own shape: there too.
     let prefill = json!({"role": "assistant", "content": sent});
     let messages = match &mut request.origin {

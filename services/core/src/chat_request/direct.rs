@@ -178,7 +178,10 @@ impl SentMessage {
             SentRole::Tool => {
                 let content = super::tool_result_text(content);
                 let id = self.tool_call_id.unwrap_or_default();
-                Message { role: Role::User, content: vec![Part::ToolResult { id, content, is_error: false }] }
+                Message {
+                    role: Role::User,
+                    content: vec![Part::ToolResult { id, content: content.into(), is_error: false }],
+                }
             }
             SentRole::User => Message { role: Role::User, content },
         }
@@ -243,7 +246,7 @@ impl<'de> Reader<'de> for Content {
     type Out = Vec<Part>;
 
     fn str(self, text: &str) -> Vec<Part> {
-        vec![Part::Text(text.to_string())]
+        vec![Part::Text(text.into())]
     }
 
     fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Vec<Part>, A::Error> {
@@ -261,7 +264,7 @@ struct SentPart {
 impl SentPart {
     fn typed(self) -> Option<Part> {
         match self.kind.as_deref() {
-            Some("text") | None => self.text.map(Part::Text),
+            Some("text") | None => self.text.map(|text| Part::Text(text.into())),
             Some("image_url") => self.image_url.as_deref().and_then(super::image_of),
             Some(_) => Some(Part::Opaque { kind: self.kind.unwrap_or_default(), text: self.text.unwrap_or_default() }),
         }

@@ -12,10 +12,12 @@
 //! never decides an error, and where it answers it answers as the tree reading does (the
 //! property test `reads_as_the_tree_does`).
 
-use serde::de::{MapAccess, SeqAccess};
+use serde::Deserialize;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use shield_core::chat_request::MAX_MESSAGES;
-use shield_core::exchange::{History, Message, Part, Role, Schema, SystemPrompt, Tool, ToolList};
+use shield_core::exchange::{self, History, Message, Part, Role, Schema, SystemPrompt, Tool, ToolList};
 use shield_core::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Schemas, Skip, Text, entries};
 use shield_core::remembered::{self, Shape};
 use shield_core::verdicts::Memo;
@@ -274,7 +276,7 @@ impl<'de> Reader<'de> for Content {
     type Out = Option<Vec<Block>>;
 
     fn str(self, text: &str) -> Self::Out {
-        Some(vec![Block { kind: Some(Kind::Text), text: Some(text.to_string()), ..Block::default() }])
+        Some(vec![Block { kind: Some(Kind::Text), text: Some(text.into()), ..Block::default() }])
     }
 
     fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
@@ -288,12 +290,12 @@ impl<'de> Reader<'de> for Content {
 #[derive(Debug, Default)]
 struct Block {
     kind: Option<Kind>,
-    text: Option<String>,
+    text: Option<exchange::Text>,
     id: Option<String>,
     name: Option<String>,
     input: Option<Value>,
     tool_use_id: Option<String>,
-    content: Option<Vec<String>>,
+    content: Option<exchange::Text>,
     is_error: Option<bool>,
     thinking: Option<String>,
     signature: Option<String>,
@@ -315,7 +317,7 @@ impl Block {
             },
             Kind::ToolResult => Part::ToolResult {
                 id: self.tool_use_id.unwrap_or_default(),
-                content: shield_core::exchange::lines(self.content.unwrap_or_default()),
+                content: self.content.unwrap_or_default(),
                 is_error: self.is_error.unwrap_or(false),
             },
             Kind::Thinking => Part::Thinking {
@@ -371,12 +373,12 @@ impl<'de> Reader<'de> for OneBlock {
         entries(map, |key, map| {
             match key {
                 "type" => block.kind = map.next_value_seed(Lenient(KindName))?,
-                "text" => block.text = map.next_value_seed(Lenient(Text))?,
+                "text" => block.text = Some(map.next_value_seed(KeptText)?),
                 "id" => block.id = map.next_value_seed(Lenient(Text))?,
                 "name" => block.name = map.next_value_seed(Lenient(Text))?,
                 "input" => block.input = Some(map.next_value()?),
                 "tool_use_id" => block.tool_use_id = map.next_value_seed(Lenient(Text))?,
-                "content" => block.content = map.next_value_seed(Lenient(Texts))?,
+                "content" => block.content = map.next_value_seed(ResultContent)?,
                 "is_error" => block.is_error = map.next_value_seed(Lenient(Flag))?,
                 "thinking" => block.thinking = map.next_value_seed(Lenient(Text))?,
                 "signature" => block.signature = map.next_value_seed(Lenient(Text))?,
@@ -389,6 +391,54 @@ impl<'de> Reader<'de> for OneBlock {
             Ok(())
         })?;
         Ok(block)
+    }
+}
+
+/// A block's `text`, a string kept as sent ([`exchange::Text`]): a converted history writes
+/// it as it came rather than unescaping and escaping it again (issue 33). Any other type goes to
+/// the tree reading (which types it as no text), since capturing a value skips what a tree
+/// refuses in it (nesting past the limit, numbers out of range).
+struct KeptText;
+
+impl<'de> DeserializeSeed<'de> for KeptText {
+    type Value = exchange::Text;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<exchange::Text, D::Error> {
+        let raw = <&'de RawValue>::deserialize(deserializer)?;
+        kept(raw.get()).ok_or_else(as_a_tree)
+    }
+}
+
+/// The text of a JSON string token: kept as sent, or (one with a surrogate escape) read as
+/// serde_json reads it; `None` for a value of another type, or a string serde_json refuses.
+fn kept(token: &str) -> Option<exchange::Text> {
+    if !token.starts_with('"') {
+        return None;
+    }
+    exchange::Text::json(token).or_else(|| serde_json::from_str::<String>(token).ok().map(exchange::Text::from))
+}
+
+/// The depth serde_json has left at a block's field: the body, `messages`, the message, its
+/// `content` and the block enclose it.
+const BLOCK_FIELD_REMAINING: u8 = json_read::RECURSION_LIMIT - 5;
+
+/// A tool result's `content`: a string kept as sent ([`KeptText`]), or the texts of its blocks
+/// joined by newlines; `None`: another type.
+struct ResultContent;
+
+impl<'de> DeserializeSeed<'de> for ResultContent {
+    type Value = Option<exchange::Text>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        let raw = <&'de RawValue>::deserialize(deserializer)?;
+        if raw.get().starts_with('"') {
+            return kept(raw.get()).map(Some).ok_or_else(as_a_tree);
+        }
+        // Blocks (or another type): checked as the tree checks them where they stand, then read
+        // as before from their text.
+        let raw = json_read::checked::<D::Error>(raw.to_owned(), BLOCK_FIELD_REMAINING, Schemas::Check(None))?;
+        let texts = json_read::whole(raw.get().as_bytes(), Texts).map_err(|_| as_a_tree::<D::Error>())?;
+        Ok(texts.map(|texts| shield_core::exchange::lines(texts).into()))
     }
 }
 

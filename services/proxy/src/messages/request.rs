@@ -177,7 +177,10 @@ impl Sent {
                     let texts = texts_of(content)
                         .ok_or_else(|| bad(format!("messages.{i}.content: must be a string or text blocks")))?;
                     system_messages = true;
-                    typed.push(Message { role: Role::System, content: texts.into_iter().map(Part::Text).collect() });
+                    typed.push(Message {
+                        role: Role::System,
+                        content: texts.into_iter().map(|text| Part::Text(text.into())).collect(),
+                    });
                     continue;
                 }
                 _ => return Err(bad(format!("messages.{i}.role: must be \"user\", \"assistant\" or \"system\""))),
@@ -281,7 +284,7 @@ fn string(value: &Value, key: &str) -> String {
 fn part_of(turn: usize, index: usize, block: &Value, found: &mut Found) -> Option<Part> {
     let kind = block.get("type").and_then(Value::as_str)?;
     let part = match kind {
-        "text" => Part::Text(string(block, "text")),
+        "text" => Part::Text(string(block, "text").into()),
         "image" => match image_of(block.get("source").unwrap_or(&Value::Null)) {
             Some(image) => Part::Image(image),
             None => return Some(opaque(turn, index, "image by file id or without a media type", block, found)),
@@ -293,7 +296,7 @@ fn part_of(turn: usize, index: usize, block: &Value, found: &mut Found) -> Optio
         },
         "tool_result" => Part::ToolResult {
             id: string(block, "tool_use_id"),
-            content: block.get("content").and_then(texts_of).unwrap_or_default().join("\n"),
+            content: block.get("content").and_then(texts_of).unwrap_or_default().join("\n").into(),
             is_error: block.get("is_error").and_then(Value::as_bool).unwrap_or(false),
         },
         "thinking" => Part::Thinking { thinking: string(block, "thinking"), signature: string(block, "signature") },

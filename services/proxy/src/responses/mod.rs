@@ -277,7 +277,7 @@ fn parse(fields: Map<String, Value>, sealer: &Sealer) -> Result<(ChatRequest, Ve
         _ => messages.push(Message { role, content: vec![part] }),
     };
     match fields.get("input") {
-        Some(Value::String(said)) => push(Role::User, Part::Text(said.clone())),
+        Some(Value::String(said)) => push(Role::User, Part::Text(said.as_str().into())),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
                 let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
@@ -319,7 +319,7 @@ fn parse(fields: Map<String, Value>, sealer: &Sealer) -> Result<(ChatRequest, Ve
                         };
                         push(
                             Role::User,
-                            Part::ToolResult { id: text(item, "call_id"), content: output, is_error: false },
+                            Part::ToolResult { id: text(item, "call_id"), content: output.into(), is_error: false },
                         );
                     }
                     // Reasoning Shield sealed goes back to the model as the thinking it was;
@@ -405,12 +405,12 @@ fn parse(fields: Map<String, Value>, sealer: &Sealer) -> Result<(ChatRequest, Ve
 /// Responses content (a string, or `input_text` / `output_text` / `input_image` parts).
 fn parts_of(content: Option<&Value>) -> Vec<Part> {
     match content {
-        Some(Value::String(text)) => vec![Part::Text(text.clone())],
+        Some(Value::String(text)) => vec![Part::Text(text.as_str().into())],
         Some(Value::Array(parts)) => parts
             .iter()
             .filter_map(|part| match part.get("type").and_then(Value::as_str) {
                 Some("input_text" | "output_text" | "text") => {
-                    part.get("text").and_then(Value::as_str).map(|t| Part::Text(t.to_string()))
+                    part.get("text").and_then(Value::as_str).map(|t| Part::Text(t.into()))
                 }
                 Some("input_image") => {
                     let url = part.get("image_url").and_then(Value::as_str)?;

@@ -23,6 +23,9 @@ impl Json {
             Json::Null => out.push_str("null"),
             Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
             Json::Number(n) => out.push_str(&n.to_string()),
+            // Written with the escapes it holds (ones serde_json does not write, a surrogate
+            // pair, a lone surrogate), as some clients do.
+            Json::Text(t) if t.contains("\\u") || t.contains("\\/") => out.push_str(&format!("\"{t}\"")),
             Json::Text(t) => out.push_str(&serde_json::to_string(t).unwrap()),
             Json::Array(all) => {
                 out.push('[');
@@ -67,7 +70,7 @@ const KEYS: [&str; 14] = [
     "cache_control",
     "typ\\u0065",
 ];
-const TEXTS: [&str; 12] = [
+const TEXTS: [&str; 15] = [
     "text",
     "user",
     "assistant",
@@ -80,6 +83,9 @@ const TEXTS: [&str; 12] = [
     "",
     "{}",
     "AKIA",
+    "x\\/y \\u00e9\\n\\\"q\\\"",
+    "\\ud83d\\ude42 smile",
+    "lone \\ud800",
 ];
 
 fn json() -> BoxedStrategy<Json> {
@@ -645,4 +651,30 @@ fn a_malformed_large_body_is_refused_with_serde_json_s_reason() {
     let broken = &body[..body.len() - 1];
     let Err(refused) = normalise(&bytes::Bytes::from(broken.to_string()), headers(), false) else { panic!("accepted") };
     assert!(refused.0.starts_with("malformed JSON body: "), "{refused}");
+}
+
+/// Texts read directly are written into a converted body as they came (issue 33: not unescaped
+/// and escaped again), escapes serde_json does not write included, and mean what the tree
+/// reading's texts mean; a surrogate pair is read as serde_json reads it.
+#[test]
+fn a_converted_history_carries_its_texts_as_sent() {
+    let mut body = agent_turn();
+    body["messages"][0]["content"] =
+        serde_json::json!([{"type": "text", "text": "TEXT"}, {"type": "text", "text": "PAIR"}]);
+    body["messages"][2]["content"][0]["content"] = serde_json::json!("RESULT");
+    let body = padded(body)
+        .replace(r#""TEXT""#, r#""fix \/src\/a.rs\n\u00e9""#)
+        .replace(r#""PAIR""#, r#""\ud83d\ude42 \/""#)
+        .replace(r#""RESULT""#, r#""fn main() {\n\t\"hi\"\n}""#);
+    let direct = normalise(&bytes::Bytes::from(body.clone()), headers(), false).unwrap();
+    let tree = normalise_as_a_tree(&bytes::Bytes::from(body.clone()), headers(), false).unwrap();
+    assert_eq!(upstream(&direct), upstream(&tree));
+    let target = target("openai");
+    let converted = crate::provider::for_target(&target).body(&direct, &target, true).to_vec();
+    let converted = String::from_utf8(converted).unwrap();
+    assert!(converted.contains(r#""content":"fn main() {\n\t\"hi\"\n}""#), "{converted}");
+    assert!(converted.contains(r#""content":"fix \/src\/a.rs\n\u00e9\n🙂 /""#), "{converted}");
+    let Part::Text(text) = &direct.exchange.messages[0].content[0] else { panic!("a text") };
+    assert_eq!(text.as_str(), "fix /src/a.rs\né");
+    assert_eq!(direct.exchange.prompt_chars(), tree.exchange.prompt_chars());
 }

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 
 use serde_json::{Map, Value, json};
-use shield_core::exchange::{self, Format, Image, Message, Part, Role, ToolChoice};
+use shield_core::exchange::{self, Format, Image, Message, Part, Role, Text, ToolChoice};
 use shield_core::json_write::{push_str, push_str_joined};
 
 /// How one target takes the request.
@@ -146,7 +146,7 @@ fn messages(request: &exchange::Request, out: &mut Vec<u8>) {
     let mut written = Written { out, any: false, held: Vec::new() };
     let system = request.system.iter().filter(|part| !part.is_empty()).map(String::as_str);
     if request.system.iter().any(|part| !part.is_empty()) {
-        written.push(|out| system_message(out, system, "\n"));
+        written.push(|out| system_prompt(out, system));
     }
     let mut awaiting_results = false;
     for message in &request.messages {
@@ -173,9 +173,10 @@ fn message_calls_tools(message: &Message) -> bool {
     message.content.iter().any(|p| matches!(p, Part::ToolUse { .. }))
 }
 
-/// The text parts of `content`.
-fn texts(content: &[Part]) -> impl Iterator<Item = &str> + Clone {
-    content.iter().filter_map(|p| if let Part::Text(text) = p { Some(text.as_str()) } else { None })
+/// The text parts of `content` (each written as it came when it was read from the body as
+/// sent, [`Text`]).
+fn texts(content: &[Part]) -> impl Iterator<Item = &Text> + Clone {
+    content.iter().filter_map(|p| if let Part::Text(text) = p { Some(text) } else { None })
 }
 
 /// Messages written one after another into the array, and the system messages held back
@@ -222,7 +223,7 @@ impl Written<'_> {
                     out.extend_from_slice(br#"{"role":"tool","tool_call_id":"#);
                     push_str(out, id);
                     out.extend_from_slice(br#","content":"#);
-                    push_str(out, content);
+                    content.push_json(out);
                     out.push(b'}');
                 });
             }
@@ -238,7 +239,7 @@ impl Written<'_> {
             if images {
                 user_parts(out, &message.content);
             } else {
-                push_str_joined(out, texts(&message.content), "\n");
+                Text::push_joined(out, texts(&message.content), "\n");
             }
             out.push(b'}');
         });
@@ -246,9 +247,16 @@ impl Written<'_> {
 }
 
 /// A system message of `parts` joined by `separator`.
-fn system_message<'t>(out: &mut Vec<u8>, parts: impl IntoIterator<Item = &'t str>, separator: &str) {
+fn system_message<'t>(out: &mut Vec<u8>, parts: impl IntoIterator<Item = &'t Text>, separator: &str) {
     out.extend_from_slice(br#"{"role":"system","content":"#);
-    push_str_joined(out, parts, separator);
+    Text::push_joined(out, parts, separator);
+    out.push(b'}');
+}
+
+/// The top-level system prompt's parts as one system message.
+fn system_prompt<'t>(out: &mut Vec<u8>, parts: impl IntoIterator<Item = &'t str>) {
+    out.extend_from_slice(br#"{"role":"system","content":"#);
+    push_str_joined(out, parts, "\n");
     out.push(b'}');
 }
 
@@ -256,10 +264,10 @@ fn system_message<'t>(out: &mut Vec<u8>, parts: impl IntoIterator<Item = &'t str
 fn assistant(out: &mut Vec<u8>, message: &Message) {
     let calls_tools = message_calls_tools(message);
     out.extend_from_slice(br#"{"role":"assistant","content":"#);
-    if calls_tools && texts(&message.content).all(str::is_empty) {
+    if calls_tools && texts(&message.content).all(|text| text.is_empty()) {
         out.extend_from_slice(b"null");
     } else {
-        push_str_joined(out, texts(&message.content), "");
+        Text::push_joined(out, texts(&message.content), "");
     }
     if calls_tools {
         out.extend_from_slice(br#","tool_calls":["#);
@@ -290,7 +298,15 @@ fn user_parts(out: &mut Vec<u8>, content: &[Part]) {
     let mut first = true;
     for part in content {
         let (head, text): (&[u8], Cow<'_, str>) = match part {
-            Part::Text(text) => (br#"{"type":"text","text":"#, Cow::Borrowed(text)),
+            Part::Text(text) => {
+                if !std::mem::take(&mut first) {
+                    out.push(b',');
+                }
+                out.extend_from_slice(br#"{"type":"text","text":"#);
+                text.push_json(out);
+                out.push(b'}');
+                continue;
+            }
             Part::Image(Image::Url(url)) => (br#"{"type":"image_url","image_url":{"url":"#, Cow::Borrowed(url)),
             Part::Image(Image::Base64 { media_type, data }) => {
                 (br#"{"type":"image_url","image_url":{"url":"#, Cow::Owned(format!("data:{media_type};base64,{data}")))
@@ -421,13 +437,26 @@ mod tests {
         prop_oneof!["\\PC{0,10}", Just("line\nbreak \"quoted\" \\ \u{1} é 🙂".to_string()), Just(String::new())]
     }
 
+    /// `text` plain, or as a JSON string as sent: as serde_json writes it, or with escapes it
+    /// does not write (`\/`, `\u00e9`), which are copied as they came.
+    fn either_form() -> impl Strategy<Value = Text> {
+        (text(), 0..3u8).prop_map(|(text, form)| {
+            let token = serde_json::to_string(&text).unwrap();
+            match form {
+                0 => text.into(),
+                1 => Text::json(&token).unwrap(),
+                _ => Text::json(&token.replace('/', "\\/").replace('é', "\\u00e9")).unwrap(),
+            }
+        })
+    }
+
     fn part() -> impl Strategy<Value = Part> {
         prop_oneof![
-            3 => text().prop_map(Part::Text),
+            3 => either_form().prop_map(Part::Text),
             1 => text().prop_map(|url| Part::Image(Image::Url(url))),
             1 => (text(), text()).prop_map(|(media_type, data)| Part::Image(Image::Base64 { media_type, data })),
             2 => (text(), text(), text()).prop_map(|(id, name, input)| Part::ToolUse { id, name, input }),
-            2 => (text(), text()).prop_map(|(id, content)| Part::ToolResult { id, content, is_error: false }),
+            2 => (text(), either_form()).prop_map(|(id, content)| Part::ToolResult { id, content, is_error: false }),
             1 => text().prop_map(|thinking| Part::Thinking { thinking, signature: String::new() }),
             1 => (text(), text()).prop_map(|(kind, text)| Part::Opaque { kind, text }),
         ]
@@ -466,10 +495,10 @@ mod tests {
         let mut messages = Vec::new();
         for turn in 0..50 {
             let id = format!("toolu_{turn}");
-            messages.push(Message { role: Role::User, content: vec![Part::Text(line.repeat(3))] });
+            messages.push(Message { role: Role::User, content: vec![Part::Text(line.repeat(3).into())] });
             let call = Part::ToolUse { id: id.clone(), name: "Write".into(), input: file.clone() };
             messages.push(Message { role: Role::Assistant, content: vec![Part::Text("writing".into()), call] });
-            let result = Part::ToolResult { id, content: line.repeat(20), is_error: false };
+            let result = Part::ToolResult { id, content: line.repeat(20).into(), is_error: false };
             messages.push(Message { role: Role::User, content: vec![result] });
         }
         let request = Request { system: vec![line.repeat(50)].into(), messages: messages.into(), ..Request::default() };
