@@ -110,7 +110,7 @@ impl Words {
 /// an assistant tool call, its ~3 KB result and the assistant's reply.
 fn session(seed: u64, turns: usize) -> Request {
     let mut words = Words(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let mut request = Request { system: vec![words.text(12_000)].into(), ..Default::default() };
+    let mut request = Request { system: vec![words.text(12_000).into()].into(), ..Default::default() };
     for turn in 0..turns {
         let id = format!("toolu_{seed}_{turn}");
         request.messages.to_mut().push(Message { role: Role::User, content: vec![Part::Text(words.text(300).into())] });

@@ -373,7 +373,7 @@ fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
             let function = tool.get("function")?;
             Some(Tool {
                 name: function.get("name").and_then(text)?,
-                description: function.get("description").and_then(text).unwrap_or_default(),
+                description: function.get("description").and_then(text).unwrap_or_default().into(),
                 schema: Schema::of_value(function.get("parameters").unwrap_or(&empty_schema())),
             })
         })

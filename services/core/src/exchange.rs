@@ -94,7 +94,7 @@ impl Request {
     pub fn prompt_chars(&self) -> usize {
         let system = match self.system.sent() {
             Some(sent) => sent.known.chars,
-            None => self.system.iter().map(String::len).sum(),
+            None => self.system.iter().map(Text::len).sum(),
         };
         let messages = match self.messages.sent() {
             Some(sent) => sent.known.chars,
@@ -126,7 +126,7 @@ pub type ToolList = Lazy<Tool, ()>;
 
 /// A request's system prompt parts ([`Told`]: their guardrail units and characters known;
 /// no turns). Claude Code's is 14 KB, the same on every turn.
-pub type SystemPrompt = Lazy<String, Told>;
+pub type SystemPrompt = Lazy<Text, Told>;
 
 /// What is known of each message (or system prompt part) as sent, one entry a span.
 #[derive(Debug, Clone, Default)]
@@ -468,7 +468,8 @@ pub enum Image {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tool {
     pub name: String,
-    pub description: String,
+    /// Read from a large body: as sent ([`Text`]; Claude Code's two dozen are 18 KB).
+    pub description: Text,
     /// The JSON Schema of its input.
     pub schema: Schema,
 }

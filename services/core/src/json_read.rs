@@ -170,6 +170,56 @@ impl<'de> Reader<'de> for Text {
     }
 }
 
+/// A string field's value kept as the caller's JSON wrote it ([`crate::exchange::Text`]): a
+/// converted request writes it as it came rather than unescaping and escaping it again
+/// (issue 33). A value of another type stops the read ([`TREE_ONLY`]: the tree reading types
+/// it), since capturing a value skips what a tree refuses in it (nesting past the limit,
+/// numbers out of range).
+pub struct KeptText;
+
+impl<'de> DeserializeSeed<'de> for KeptText {
+    type Value = crate::exchange::Text;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<crate::exchange::Text, D::Error> {
+        let raw = <&'de serde_json::value::RawValue as serde::Deserialize>::deserialize(deserializer)?;
+        kept(raw).ok_or_else(|| serde::de::Error::custom(TREE_ONLY))
+    }
+}
+
+/// [`KeptText`] for a field where a value of another type is no text (as the tree reading
+/// types it): such a value is checked as a tree checks it, `.0` being the depth serde_json has
+/// left where it stands ([`checked`]), and read as `None`.
+pub struct KeptTextOrNone(pub u8);
+
+impl<'de> DeserializeSeed<'de> for KeptTextOrNone {
+    type Value = Option<crate::exchange::Text>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        let raw = <&'de serde_json::value::RawValue as serde::Deserialize>::deserialize(deserializer)?;
+        if raw.get().starts_with('"') {
+            return kept(raw).map(Some).ok_or_else(|| serde::de::Error::custom(TREE_ONLY));
+        }
+        checked::<D::Error>(raw.to_owned(), self.0, Schemas::Check(None)).map(|_| None)
+    }
+}
+
+/// The text of a JSON string token: kept as sent, or (one with a surrogate escape) read as
+/// serde_json reads it; `None` for a value of another type, or a string serde_json refuses.
+pub fn kept(token: &serde_json::value::RawValue) -> Option<crate::exchange::Text> {
+    if !token.get().starts_with('"') {
+        return None;
+    }
+    let text = crate::exchange::Text::json(token);
+    text.or_else(|| serde_json::from_str::<String>(token.get()).ok().map(crate::exchange::Text::from))
+}
+
+/// The text of a span holding one JSON string, kept as sent ([`KeptText`]); `None` for a span
+/// serde_json refuses or that holds another type.
+pub fn kept_span(span: &[u8]) -> Option<crate::exchange::Text> {
+    let raw = serde_json::from_slice::<&serde_json::value::RawValue>(span).ok()?;
+    kept(raw)
+}
+
 /// Each entry of an array, read by `R` (`None` when not an array).
 #[derive(Clone, Copy)]
 pub struct Each<R>(pub R);

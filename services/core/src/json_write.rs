@@ -162,19 +162,6 @@ pub fn push_str(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
 }
 
-/// Appends `texts` joined by `separator` as one JSON string, without joining them first: the
-/// same bytes as [`push_str`] of the joined text (an escape never spans two characters).
-pub fn push_str_joined<'t>(out: &mut Vec<u8>, texts: impl IntoIterator<Item = &'t str>, separator: &str) {
-    out.push(b'"');
-    for (i, text) in texts.into_iter().enumerate() {
-        if i > 0 {
-            push_escaped(out, separator);
-        }
-        push_escaped(out, text);
-    }
-    out.push(b'"');
-}
-
 /// Appends `text` escaped as the inside of a JSON string.
 pub fn push_escaped(out: &mut Vec<u8>, text: &str) {
     let bytes = text.as_bytes();
@@ -364,16 +351,6 @@ mod tests {
             let mut out = Vec::new();
             push_str(&mut out, &text);
             prop_assert_eq!(out, serde_json::to_vec(&text).unwrap());
-        }
-
-        #[test]
-        fn texts_joined_as_written_are_the_joined_text(
-            texts in prop::collection::vec(any::<String>(), 0..4),
-            separator in prop_oneof![Just(String::new()), Just("\n".to_string()), any::<String>()],
-        ) {
-            let mut out = Vec::new();
-            push_str_joined(&mut out, texts.iter().map(String::as_str), &separator);
-            prop_assert_eq!(out, serde_json::to_vec(&texts.join(&separator)).unwrap());
         }
     }
 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::exchange::{Heads, History, Lazy, Message, Spans, SystemPrompt, Told, Tool, ToolList};
+use crate::exchange::{Heads, History, Lazy, Message, Spans, SystemPrompt, Text, Told, Tool, ToolList};
 use crate::json_scan::{self, Field, Item};
 use crate::verbatim::Keys;
 use crate::verdicts::{Known, Memo, SentPrefix, TAIL};
@@ -54,13 +54,13 @@ pub trait ShapeReader {
 
     /// A system prompt sent as a string, from its span: its text (`Some(None)`: none), `None`
     /// to give up.
-    fn system_text(_span: &[u8]) -> Option<Option<String>> {
+    fn system_text(_span: &[u8]) -> Option<Option<Text>> {
         None
     }
 
     /// One block of a system prompt sent as an array, from its span: its text (`Some(None)`:
     /// none, as a block of another type), `None` to give up.
-    fn system_block(_span: &[u8]) -> Option<Option<String>> {
+    fn system_block(_span: &[u8]) -> Option<Option<Text>> {
         None
     }
 }
@@ -319,7 +319,7 @@ fn remember_prefix(
 }
 
 /// A shape's reader of a system prompt's string or one of its blocks ([`ShapeReader`]).
-type SystemReader = fn(&[u8]) -> Option<Option<String>>;
+type SystemReader = fn(&[u8]) -> Option<Option<Text>>;
 
 /// The system prompt a `system` field holds, part by part as [`history`] reads messages: a
 /// string (one part), an array of blocks (a part each), or `null` (none). Parts with no text
@@ -327,8 +327,8 @@ type SystemReader = fn(&[u8]) -> Option<Option<String>>;
 /// does not read).
 fn system<R: ShapeReader>(body: &Bytes, field: &Field<'_>, memo: &Memo) -> Option<SystemPrompt> {
     // Non-capturing, so a plain `fn` the lazy list keeps: the shape's readers, empty texts dropped.
-    let text: fn(&[u8]) -> Option<String> = |span| R::system_text(span).flatten().filter(|text| !text.is_empty());
-    let block: fn(&[u8]) -> Option<String> = |span| R::system_block(span).flatten().filter(|text| !text.is_empty());
+    let text: fn(&[u8]) -> Option<Text> = |span| R::system_text(span).flatten().filter(|text| !text.is_empty());
+    let block: fn(&[u8]) -> Option<Text> = |span| R::system_block(span).flatten().filter(|text| !text.is_empty());
     // The string as its one item, or the array's items (borrowed: a block holds its own span).
     let whole;
     let (part, read_fresh, read, items): (_, SystemReader, _, &[Item]) =

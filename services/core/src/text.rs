@@ -37,19 +37,21 @@ impl Default for Form {
 /// A JSON string token, its plain text's length, and the plain text once something read it.
 #[derive(Clone)]
 struct Token {
-    /// The token with its quotes: a JSON string serde_json accepts, with no `\u` escape of a
-    /// UTF-16 surrogate ([`Text::json`]).
+    /// The token with its quotes: a JSON string serde_json read (a `RawValue`), with no `\u`
+    /// escape of a UTF-16 surrogate ([`Text::json`]).
     json: Box<str>,
     len: usize,
     plain: OnceLock<String>,
 }
 
 impl Text {
-    /// The text of `token`, a JSON string as serde_json read it from a body (quotes included,
-    /// its escapes valid); kept as sent when it holds an escape. `None` when it holds a `\u`
-    /// escape of a UTF-16 surrogate (an emoji written as a pair, or a lone half that serde_json
-    /// refuses when it unescapes): read such a string as serde_json does.
-    pub fn json(token: &str) -> Option<Text> {
+    /// The text of `token`, a JSON value serde_json read from a body (so valid JSON: a
+    /// `RawValue`, not any text, since the token is copied into other bodies as it is); kept as
+    /// sent when it holds an escape. `None` when it is not a string, or holds a `\u` escape of a
+    /// UTF-16 surrogate (an emoji written as a pair, or a lone half that serde_json refuses when
+    /// it unescapes): read such a string as serde_json does.
+    pub fn json(token: &serde_json::value::RawValue) -> Option<Text> {
+        let token = token.get();
         let inner = token.strip_prefix('"')?.strip_suffix('"')?;
         if !inner.contains('\\') {
             return Some(Text(Form::Plain(inner.to_owned())));
@@ -248,6 +250,10 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn raw(token: &str) -> &serde_json::value::RawValue {
+        serde_json::from_str(token).unwrap()
+    }
+
     /// A JSON token of `text` with more escapes than serde_json writes: `/` as `\/`, and some
     /// characters as `\u` escapes (never surrogates: those are not kept).
     fn token_of(text: &str, escape_slash: bool, unicode: bool) -> String {
@@ -276,7 +282,7 @@ mod tests {
         fn a_kept_token_is_its_plain_text(text in "(\\PC|[\\n\\t\"\\\\/\u{7f}\u{1}é€])*", slash: bool, unicode: bool) {
             let token = token_of(&text, slash, unicode);
             prop_assert_eq!(serde_json::from_str::<String>(&token).unwrap(), text.clone());
-            let kept = Text::json(&token).unwrap();
+            let kept = Text::json(raw(&token)).unwrap();
             prop_assert_eq!(kept.len(), text.len());
             prop_assert_eq!(kept.is_empty(), text.is_empty());
             prop_assert_eq!(&kept, &Text::from(text.as_str()));
@@ -284,14 +290,14 @@ mod tests {
             let mut written = Vec::new();
             kept.push_json(&mut written);
             prop_assert_eq!(serde_json::from_slice::<String>(&written).unwrap(), text.clone());
-            prop_assert_eq!(Text::json(&token).unwrap().into_string(), text);
+            prop_assert_eq!(Text::json(raw(&token)).unwrap().into_string(), text);
         }
 
         /// Joined texts read as the plain texts joined, whichever form each is in.
         #[test]
         fn joined_texts_read_as_the_texts_joined(texts in prop::collection::vec(("(\\PC|[\\n\"\\\\])*", any::<bool>()), 0..4), separator in "[\\n ]{0,2}") {
             let kept: Vec<Text> = texts.iter().map(|(text, as_sent)| if *as_sent {
-                Text::json(&serde_json::to_string(text).unwrap()).unwrap()
+                Text::json(raw(&serde_json::to_string(text).unwrap())).unwrap()
             } else {
                 Text::from(text.as_str())
             }).collect();
@@ -300,21 +306,34 @@ mod tests {
             let joined = texts.iter().map(|(text, _)| text.as_str()).collect::<Vec<_>>().join(&separator);
             prop_assert_eq!(serde_json::from_slice::<String>(&written).unwrap(), joined);
         }
+
+        /// Plain texts joined are written as serde_json writes the joined text, byte for byte
+        /// (an escape never spans two characters), whatever the texts and the separator.
+        #[test]
+        fn plain_texts_joined_are_the_joined_text_as_serde_json_writes_it(
+            texts in prop::collection::vec(any::<String>(), 0..4),
+            separator in prop_oneof![Just(String::new()), Just("\n".to_string()), any::<String>()],
+        ) {
+            let plain: Vec<Text> = texts.iter().map(|text| Text::from(text.as_str())).collect();
+            let mut written = Vec::new();
+            Text::push_joined(&mut written, &plain, &separator);
+            prop_assert_eq!(written, serde_json::to_vec(&texts.join(&separator)).unwrap());
+        }
     }
 
     #[test]
     fn a_token_with_an_escape_is_kept_as_sent_and_one_without_is_plain() {
         let mut written = Vec::new();
-        Text::json(r#""line\nnext \u00e9 \/""#).unwrap().push_json(&mut written);
+        Text::json(raw(r#""line\nnext \u00e9 \/""#)).unwrap().push_json(&mut written);
         assert_eq!(written, br#""line\nnext \u00e9 \/""#);
-        assert!(matches!(Text::json(r#""plain""#).unwrap().0, Form::Plain(_)));
-        assert_eq!(Text::json(r#""a\u00e9\u20ac""#).unwrap().len(), "aé€".len());
+        assert!(matches!(Text::json(raw(r#""plain""#)).unwrap().0, Form::Plain(_)));
+        assert_eq!(Text::json(raw(r#""a\u00e9\u20ac""#)).unwrap().len(), "aé€".len());
     }
 
     #[test]
-    fn a_surrogate_escape_is_not_kept() {
-        assert!(Text::json(r#""\ud83d\ude00""#).is_none());
-        assert!(Text::json(r#""lone \uD800""#).is_none());
-        assert!(Text::json("not a token").is_none());
+    fn a_surrogate_escape_or_another_type_is_not_kept() {
+        assert!(Text::json(raw(r#""\ud83d\ude00""#)).is_none());
+        assert!(Text::json(raw(r#""lone \uD800""#)).is_none());
+        assert!(Text::json(raw("42")).is_none());
     }
 }

@@ -134,7 +134,7 @@ impl<'r> Unit<'r> {
                 None => Cow::Borrowed(""),
             },
             Unit::Known { from: Sent::System(system, index), .. } => {
-                Cow::Borrowed(system.get(*index).map_or("", String::as_str))
+                Cow::Borrowed(system.get(*index).map_or("", crate::exchange::Text::as_str))
             }
         }
     }
@@ -655,7 +655,7 @@ mod tests {
 
     fn request(texts: &[&str]) -> Request {
         Request {
-            system: vec!["You are a coding agent.".to_string()].into(),
+            system: vec![crate::exchange::Text::from("You are a coding agent.")].into(),
             messages: texts
                 .iter()
                 .enumerate()
@@ -901,7 +901,7 @@ mod tests {
     fn text_in(said: String, as_sent: bool) -> crate::exchange::Text {
         let token = serde_json::to_string(&said).unwrap();
         match as_sent {
-            true => crate::exchange::Text::json(&token).unwrap(),
+            true => crate::exchange::Text::json(serde_json::from_str(&token).unwrap()).unwrap(),
             false => said.into(),
         }
     }

@@ -354,7 +354,7 @@ impl<'de> Reader<'de> for OneCall {
 struct SentFunction {
     name: Option<String>,
     arguments: Option<String>,
-    description: Option<String>,
+    description: Option<crate::exchange::Text>,
     /// As sent: read as a tree only by a renderer of another shape ([`Schema`]).
     parameters: Option<Box<serde_json::value::RawValue>>,
 }
@@ -371,6 +371,9 @@ enum Function<'p> {
 /// `function` enclose it.
 const PARAMETERS_REMAINING: u8 = json_read::RECURSION_LIMIT - 4;
 
+/// The same at its `description`, a field of the same object.
+const DESCRIPTION_REMAINING: u8 = PARAMETERS_REMAINING;
+
 impl<'de> Reader<'de> for Function<'_> {
     type Out = Option<SentFunction>;
 
@@ -380,7 +383,9 @@ impl<'de> Reader<'de> for Function<'_> {
             match key {
                 "name" => function.name = map.next_value_seed(Lenient(Text))?,
                 "arguments" => function.arguments = map.next_value_seed(Lenient(Text))?,
-                "description" => function.description = map.next_value_seed(Lenient(Text))?,
+                "description" => {
+                    function.description = map.next_value_seed(json_read::KeptTextOrNone(DESCRIPTION_REMAINING))?
+                }
                 "parameters" if matches!(self, Function::Tool(_)) => {
                     // Capturing skips the text without serde_json's depth, escape and number
                     // checks, so a malformed schema could fail later than a tree reading fails

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use shield_core::chat_request::MAX_MESSAGES;
 use shield_core::exchange::{self, History, Message, Part, Role, Schema, SystemPrompt, Tool, ToolList};
-use shield_core::json_read::{self, CheckedSchemas, Each, Lenient, Reader, Schemas, Skip, Text, entries};
+use shield_core::json_read::{self, CheckedSchemas, Each, KeptText, Lenient, Reader, Schemas, Skip, Text, entries};
 use shield_core::remembered::{self, Shape};
 use shield_core::verdicts::Memo;
 
@@ -101,11 +101,11 @@ impl remembered::ShapeReader for MessagesShape {
 
     const HAS_SYSTEM: bool = true;
 
-    fn system_text(span: &[u8]) -> Option<Option<String>> {
-        json_read::whole(span, Text).ok()
+    fn system_text(span: &[u8]) -> Option<Option<exchange::Text>> {
+        json_read::kept_span(span).map(Some)
     }
 
-    fn system_block(span: &[u8]) -> Option<Option<String>> {
+    fn system_block(span: &[u8]) -> Option<Option<exchange::Text>> {
         json_read::whole(span, TextOf).ok()
     }
 }
@@ -174,10 +174,10 @@ impl<'de> Reader<'de> for Body<'_> {
 struct System;
 
 impl<'de> Reader<'de> for System {
-    type Out = Option<Vec<String>>;
+    type Out = Option<Vec<exchange::Text>>;
 
     fn str(self, text: &str) -> Self::Out {
-        Some(vec![text.to_string()])
+        Some(vec![text.into()])
     }
 
     fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
@@ -189,18 +189,19 @@ impl<'de> Reader<'de> for System {
     }
 }
 
-/// A block's `text`, when it is a string (anything else has none).
+/// A block's `text`, kept as sent ([`KeptText`]; a block of another type has none, and a `text`
+/// that is not a string is left to the tree reading).
 #[derive(Clone, Copy)]
 struct TextOf;
 
 impl<'de> Reader<'de> for TextOf {
-    type Out = Option<String>;
+    type Out = Option<exchange::Text>;
 
-    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Option<String>, A::Error> {
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Option<exchange::Text>, A::Error> {
         let mut text = None;
         entries(map, |key, map| {
             if key == "text" {
-                text = map.next_value_seed(Lenient(Text))?;
+                text = Some(map.next_value_seed(KeptText)?);
             } else {
                 map.next_value::<Skip>()?;
             }
@@ -216,10 +217,10 @@ impl<'de> Reader<'de> for TextOf {
 struct Texts;
 
 impl<'de> Reader<'de> for Texts {
-    type Out = Option<Vec<String>>;
+    type Out = Option<Vec<exchange::Text>>;
 
     fn str(self, text: &str) -> Self::Out {
-        Some(vec![text.to_string()])
+        Some(vec![text.into()])
     }
 
     fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
@@ -394,30 +395,6 @@ impl<'de> Reader<'de> for OneBlock {
     }
 }
 
-/// A block's `text`, a string kept as sent ([`exchange::Text`]): a converted history writes
-/// it as it came rather than unescaping and escaping it again (issue 33). Any other type goes to
-/// the tree reading (which types it as no text), since capturing a value skips what a tree
-/// refuses in it (nesting past the limit, numbers out of range).
-struct KeptText;
-
-impl<'de> DeserializeSeed<'de> for KeptText {
-    type Value = exchange::Text;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<exchange::Text, D::Error> {
-        let raw = <&'de RawValue>::deserialize(deserializer)?;
-        kept(raw.get()).ok_or_else(as_a_tree)
-    }
-}
-
-/// The text of a JSON string token: kept as sent, or (one with a surrogate escape) read as
-/// serde_json reads it; `None` for a value of another type, or a string serde_json refuses.
-fn kept(token: &str) -> Option<exchange::Text> {
-    if !token.starts_with('"') {
-        return None;
-    }
-    exchange::Text::json(token).or_else(|| serde_json::from_str::<String>(token).ok().map(exchange::Text::from))
-}
-
 /// The depth serde_json has left at a block's field: the body, `messages`, the message, its
 /// `content` and the block enclose it.
 const BLOCK_FIELD_REMAINING: u8 = json_read::RECURSION_LIMIT - 5;
@@ -432,13 +409,17 @@ impl<'de> DeserializeSeed<'de> for ResultContent {
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         let raw = <&'de RawValue>::deserialize(deserializer)?;
         if raw.get().starts_with('"') {
-            return kept(raw.get()).map(Some).ok_or_else(as_a_tree);
+            return json_read::kept(raw).map(Some).ok_or_else(as_a_tree);
         }
         // Blocks (or another type): checked as the tree checks them where they stand, then read
         // as before from their text.
         let raw = json_read::checked::<D::Error>(raw.to_owned(), BLOCK_FIELD_REMAINING, Schemas::Check(None))?;
         let texts = json_read::whole(raw.get().as_bytes(), Texts).map_err(|_| as_a_tree::<D::Error>())?;
-        Ok(texts.map(|texts| shield_core::exchange::lines(texts).into()))
+        // One block's text as it was kept; several joined by newlines.
+        Ok(texts.map(|texts| match <[exchange::Text; 1]>::try_from(texts) {
+            Ok([one]) => one,
+            Err(texts) => exchange::lines(texts.into_iter().map(exchange::Text::into_string)).into(),
+        }))
     }
 }
 
@@ -458,7 +439,7 @@ impl<'de> Reader<'de> for Flag {
 struct SentTool {
     kind: Option<String>,
     name: Option<String>,
-    description: Option<String>,
+    description: Option<exchange::Text>,
     /// As sent ([`Schema`]).
     schema: Option<Box<serde_json::value::RawValue>>,
 }
@@ -479,7 +460,7 @@ impl<'de> Reader<'de> for OneTool<'_> {
             match key {
                 "type" => tool.kind = map.next_value_seed(Lenient(Text))?,
                 "name" => tool.name = map.next_value_seed(Lenient(Text))?,
-                "description" => tool.description = map.next_value_seed(Lenient(Text))?,
+                "description" => tool.description = Some(map.next_value_seed(KeptText)?),
                 "input_schema" => {
                     let raw = map.next_value()?;
                     tool.schema = Some(json_read::checked(raw, INPUT_SCHEMA_REMAINING, self.0)?);

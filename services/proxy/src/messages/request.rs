@@ -162,7 +162,8 @@ impl Sent {
                 texts_of(system).ok_or_else(|| bad("system: must be a string or an array of text blocks"))?
             }
         };
-        let system = system.into_iter().filter(|part| !part.is_empty()).collect::<Vec<_>>().into();
+        let system =
+            system.into_iter().filter(|part| !part.is_empty()).map(exchange::Text::from).collect::<Vec<_>>().into();
         let mut typed = Vec::with_capacity(messages.len());
         let mut system_messages = false;
         for (i, message) in messages.iter().enumerate() {
@@ -193,7 +194,7 @@ impl Sent {
             match tool.get("type").and_then(Value::as_str) {
                 None | Some("custom") => tools.push(Tool {
                     name: string(tool, "name"),
-                    description: string(tool, "description"),
+                    description: string(tool, "description").into(),
                     schema: Schema::of_value(
                         tool.get("input_schema").unwrap_or(&serde_json::json!({"type": "object"})),
                     ),

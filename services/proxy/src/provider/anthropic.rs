@@ -101,7 +101,7 @@ fn tools_text(tools: &[exchange::Tool]) -> Vec<u8> {
         push_str(out, &tool.name);
         if !tool.description.is_empty() {
             out.extend_from_slice(br#","description":"#);
-            push_str(out, &tool.description);
+            tool.description.push_json(out);
         }
         out.extend_from_slice(br#","input_schema":"#);
         out.extend_from_slice(tool.schema.text().as_bytes());

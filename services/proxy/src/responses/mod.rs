@@ -344,7 +344,7 @@ fn parse(fields: Map<String, Value>, sealer: &Sealer) -> Result<(ChatRequest, Ve
         match tool.get("type").and_then(Value::as_str) {
             Some("function") => tools.push(Tool {
                 name: text(tool, "name"),
-                description: text(tool, "description"),
+                description: text(tool, "description").into(),
                 schema: Schema::of_value(
                     tool.get("parameters").unwrap_or(&json!({"type": "object", "properties": {}})),
                 ),
@@ -355,7 +355,7 @@ fn parse(fields: Map<String, Value>, sealer: &Sealer) -> Result<(ChatRequest, Ve
                 custom.push(name.clone());
                 tools.push(Tool {
                     name,
-                    description: text(tool, "description"),
+                    description: text(tool, "description").into(),
                     schema: Schema::of_value(
                         &json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}),
                     ),
@@ -381,7 +381,7 @@ fn parse(fields: Map<String, Value>, sealer: &Sealer) -> Result<(ChatRequest, Ve
         _ => None,
     };
     let typed = exchange::Request {
-        system: fields.get("instructions").and_then(Value::as_str).map(str::to_string).into_iter().collect(),
+        system: fields.get("instructions").and_then(Value::as_str).map(exchange::Text::from).into_iter().collect(),
         messages: messages.into(),
         tools: tools.into(),
         tool_choice,

@@ -653,16 +653,21 @@ fn a_malformed_large_body_is_refused_with_serde_json_s_reason() {
     assert!(refused.0.starts_with("malformed JSON body: "), "{refused}");
 }
 
-/// Texts read directly are written into a converted body as they came (issue 33: not unescaped
-/// and escaped again), escapes serde_json does not write included, and mean what the tree
-/// reading's texts mean; a surrogate pair is read as serde_json reads it.
+/// Texts read directly (message text, a tool's result, the system prompt, a tool's description)
+/// are written into a converted body as they came (issue 33: not unescaped and escaped again),
+/// escapes serde_json does not write included, and mean what the tree reading's texts mean; a
+/// surrogate pair is read as serde_json reads it.
 #[test]
 fn a_converted_history_carries_its_texts_as_sent() {
     let mut body = agent_turn();
     body["messages"][0]["content"] =
         serde_json::json!([{"type": "text", "text": "TEXT"}, {"type": "text", "text": "PAIR"}]);
     body["messages"][2]["content"][0]["content"] = serde_json::json!("RESULT");
+    body["system"][0]["text"] = serde_json::json!("SYSTEM");
+    body["tools"][0]["description"] = serde_json::json!("DESCRIPTION");
     let body = padded(body)
+        .replace(r#""SYSTEM""#, r#""You are\nClaude \u0043ode""#)
+        .replace(r#""DESCRIPTION""#, r#""Runs \"a\"\tcommand""#)
         .replace(r#""TEXT""#, r#""fix \/src\/a.rs\n\u00e9""#)
         .replace(r#""PAIR""#, r#""\ud83d\ude42 \/""#)
         .replace(r#""RESULT""#, r#""fn main() {\n\t\"hi\"\n}""#);
@@ -674,6 +679,8 @@ fn a_converted_history_carries_its_texts_as_sent() {
     let converted = String::from_utf8(converted).unwrap();
     assert!(converted.contains(r#""content":"fn main() {\n\t\"hi\"\n}""#), "{converted}");
     assert!(converted.contains(r#""content":"fix \/src\/a.rs\n\u00e9\n🙂 /""#), "{converted}");
+    assert!(converted.contains(r#"{"role":"system","content":"You are\nClaude \u0043ode"}"#), "{converted}");
+    assert!(converted.contains(r#""description":"Runs \"a\"\tcommand""#), "{converted}");
     let Part::Text(text) = &direct.exchange.messages[0].content[0] else { panic!("a text") };
     assert_eq!(text.as_str(), "fix /src/a.rs\né");
     assert_eq!(direct.exchange.prompt_chars(), tree.exchange.prompt_chars());

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value, json};
 use shield_core::exchange::{self, Format, Image, Message, Part, Role, Text, ToolChoice};
-use shield_core::json_write::{push_str, push_str_joined};
+use shield_core::json_write::push_str;
 
 /// How one target takes the request.
 pub struct Rendering<'a> {
@@ -109,7 +109,7 @@ fn tools(tools: &[exchange::Tool], out: &mut Vec<u8>) {
         out.extend_from_slice(br#"{"type":"function","function":{"name":"#);
         push_str(out, &tool.name);
         out.extend_from_slice(br#","description":"#);
-        push_str(out, &tool.description);
+        tool.description.push_json(out);
         out.extend_from_slice(br#","parameters":"#);
         out.extend_from_slice(tool.schema.text().as_bytes());
         out.extend_from_slice(b"}}");
@@ -144,9 +144,9 @@ fn messages_size(request: &exchange::Request) -> usize {
 fn messages(request: &exchange::Request, out: &mut Vec<u8>) {
     out.push(b'[');
     let mut written = Written { out, any: false, held: Vec::new() };
-    let system = request.system.iter().filter(|part| !part.is_empty()).map(String::as_str);
+    let system = request.system.iter().filter(|part| !part.is_empty());
     if request.system.iter().any(|part| !part.is_empty()) {
-        written.push(|out| system_prompt(out, system));
+        written.push(|out| system_message(out, system, "\n"));
     }
     let mut awaiting_results = false;
     for message in &request.messages {
@@ -250,13 +250,6 @@ impl Written<'_> {
 fn system_message<'t>(out: &mut Vec<u8>, parts: impl IntoIterator<Item = &'t Text>, separator: &str) {
     out.extend_from_slice(br#"{"role":"system","content":"#);
     Text::push_joined(out, parts, separator);
-    out.push(b'}');
-}
-
-/// The top-level system prompt's parts as one system message.
-fn system_prompt<'t>(out: &mut Vec<u8>, parts: impl IntoIterator<Item = &'t str>) {
-    out.extend_from_slice(br#"{"role":"system","content":"#);
-    push_str_joined(out, parts, "\n");
     out.push(b'}');
 }
 
@@ -444,8 +437,11 @@ mod tests {
             let token = serde_json::to_string(&text).unwrap();
             match form {
                 0 => text.into(),
-                1 => Text::json(&token).unwrap(),
-                _ => Text::json(&token.replace('/', "\\/").replace('é', "\\u00e9")).unwrap(),
+                1 => Text::json(serde_json::from_str(&token).unwrap()).unwrap(),
+                _ => {
+                    let token = token.replace('/', "\\/").replace('é', "\\u00e9");
+                    Text::json(serde_json::from_str(&token).unwrap()).unwrap()
+                }
             }
         })
     }
@@ -465,9 +461,9 @@ mod tests {
     fn history() -> impl Strategy<Value = Request> {
         let role = prop_oneof![Just(Role::System), Just(Role::User), Just(Role::Assistant)];
         let message = (role, prop::collection::vec(part(), 0..4)).prop_map(|(role, content)| Message { role, content });
-        (prop::collection::vec(text(), 0..3), prop::collection::vec(message, 0..8)).prop_map(|(system, messages)| {
-            Request { system: system.into(), messages: messages.into(), ..Request::default() }
-        })
+        (prop::collection::vec(either_form(), 0..3), prop::collection::vec(message, 0..8)).prop_map(
+            |(system, messages)| Request { system: system.into(), messages: messages.into(), ..Request::default() },
+        )
     }
 
     proptest! {
@@ -501,7 +497,11 @@ mod tests {
             let result = Part::ToolResult { id, content: line.repeat(20).into(), is_error: false };
             messages.push(Message { role: Role::User, content: vec![result] });
         }
-        let request = Request { system: vec![line.repeat(50)].into(), messages: messages.into(), ..Request::default() };
+        let request = Request {
+            system: vec![Text::from(line.repeat(50))].into(),
+            messages: messages.into(),
+            ..Request::default()
+        };
         let target = Rendering { model: "m", ask_usage: false, reasoning: false, added: &[], extra: None };
         let body = render(&request, target);
         let sized = messages_size(&request) + 32;
@@ -518,7 +518,7 @@ mod tests {
             messages: vec![Message { role: Role::User, content: vec![Part::Text("hi".into())] }].into(),
             tools: vec![
                 exchange::Tool { name: "Read".into(), description: "Reads \"a\" file\n".into(), schema },
-                exchange::Tool { name: "Bash".into(), description: String::new(), schema: json!({}).into() },
+                exchange::Tool { name: "Bash".into(), description: "".into(), schema: json!({}).into() },
             ]
             .into(),
             ..Request::default()
