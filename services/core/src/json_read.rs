@@ -181,7 +181,8 @@ impl<'de> DeserializeSeed<'de> for KeptText {
     type Value = crate::exchange::Text;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<crate::exchange::Text, D::Error> {
-        let raw = <&'de serde_json::value::RawValue as serde::Deserialize>::deserialize(deserializer)?;
+        let raw = <&'de serde_json::value::RawValue as serde::Deserialize>::deserialize(deserializer)
+            .map_err(|_| serde::de::Error::custom(TREE_ONLY))?;
         kept(raw).ok_or_else(|| serde::de::Error::custom(TREE_ONLY))
     }
 }
@@ -195,7 +196,10 @@ impl<'de> DeserializeSeed<'de> for KeptTextOrNone {
     type Value = Option<crate::exchange::Text>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        let raw = <&'de serde_json::value::RawValue as serde::Deserialize>::deserialize(deserializer)?;
+        // Capturing skips the value without the checks a tree makes: any failure is the tree's
+        // to name.
+        let raw = <&'de serde_json::value::RawValue as serde::Deserialize>::deserialize(deserializer)
+            .map_err(|_| serde::de::Error::custom(TREE_ONLY))?;
         if raw.get().starts_with('"') {
             return kept(raw).map(Some).ok_or_else(|| serde::de::Error::custom(TREE_ONLY));
         }

@@ -1,5 +1,6 @@
-//! A text a request carries (a message's text, a tool's result), held as plain text or, when it
-//! was read from a large body, as the JSON string the caller sent (issue 33).
+//! A text a request carries (a message's text, a tool's result, a system prompt's part, a tool's
+//! description), held as plain text or, when it was read from a large body, as the JSON string
+//! the caller sent (issue 33).
 //!
 //! Why: Claude Code's history converted for an OpenAI-shaped target is ~100 KB of text, most of
 //! it tool output full of newlines and quotes. Unescaping every string into a `String` and

@@ -371,7 +371,7 @@ enum Function<'p> {
 /// `function` enclose it.
 const PARAMETERS_REMAINING: u8 = json_read::RECURSION_LIMIT - 4;
 
-/// The same at its `description`, a field of the same object.
+/// The same at a tool's `description`, a field of the same object.
 const DESCRIPTION_REMAINING: u8 = PARAMETERS_REMAINING;
 
 impl<'de> Reader<'de> for Function<'_> {
@@ -383,7 +383,9 @@ impl<'de> Reader<'de> for Function<'_> {
             match key {
                 "name" => function.name = map.next_value_seed(Lenient(Text))?,
                 "arguments" => function.arguments = map.next_value_seed(Lenient(Text))?,
-                "description" => {
+                // A tool's only (a call's is no field anyone reads, and it stands deeper in the
+                // body than `DESCRIPTION_REMAINING` counts: skipped under serde_json's limit).
+                "description" if matches!(self, Function::Tool(_)) => {
                     function.description = map.next_value_seed(json_read::KeptTextOrNone(DESCRIPTION_REMAINING))?
                 }
                 "parameters" if matches!(self, Function::Tool(_)) => {
@@ -799,6 +801,16 @@ mod tests {
                     r#"{{"model": "m", "messages": [{{"role": "user", "x": {nested}}}], "pad": "{}"}}"#,
                     "p".repeat(4096)
                 ),
+                // A tool's description, kept as sent when it is a string (issue 33), and a
+                // call's, which no one reads: deeper in the body than a tool's.
+                "description" => format!(
+                    r#"{{"model": "m", "tools": [{{"type": "function", "function": {{"name": "f", "description": {nested}}}}}], "pad": "{}"}}"#,
+                    "p".repeat(4096)
+                ),
+                "call description" => format!(
+                    r#"{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}, {{"role": "assistant", "content": null, "tool_calls": [{{"id": "c", "type": "function", "function": {{"name": "f", "arguments": "{{}}", "description": {nested}}}}}]}}], "pad": "{}"}}"#,
+                    "p".repeat(4096)
+                ),
                 _ => format!(r#"{{"model": "m", "tools": [{{"function": {nested}}}], "pad": "{}"}}"#, "p".repeat(4096)),
             };
             let tree = serde_json::from_str::<Value>(&body).is_ok();
@@ -813,7 +825,7 @@ mod tests {
             }
             direct.err().map(|e| e.0)
         };
-        for at in ["message", "ignored", "tool"] {
+        for at in ["message", "ignored", "tool", "description", "call description"] {
             assert_eq!(parse(100, at), None);
             let refused = parse(100_000, at).unwrap();
             assert!(refused.contains("recursion limit"), "{refused}");

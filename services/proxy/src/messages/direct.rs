@@ -447,8 +447,8 @@ struct SentTool {
 #[derive(Clone, Copy)]
 struct OneTool<'p>(Schemas<'p>);
 
-/// The depth serde_json has left at a tool's `input_schema`: the body, `tools` and the tool
-/// enclose it.
+/// The depth serde_json has left at a tool's `input_schema` (and at its `description`, a field
+/// of the same object): the body, `tools` and the tool enclose it.
 const INPUT_SCHEMA_REMAINING: u8 = json_read::RECURSION_LIMIT - 3;
 
 impl<'de> Reader<'de> for OneTool<'_> {
@@ -460,7 +460,9 @@ impl<'de> Reader<'de> for OneTool<'_> {
             match key {
                 "type" => tool.kind = map.next_value_seed(Lenient(Text))?,
                 "name" => tool.name = map.next_value_seed(Lenient(Text))?,
-                "description" => tool.description = Some(map.next_value_seed(KeptText)?),
+                "description" => {
+                    tool.description = map.next_value_seed(json_read::KeptTextOrNone(INPUT_SCHEMA_REMAINING))?
+                }
                 "input_schema" => {
                     let raw = map.next_value()?;
                     tool.schema = Some(json_read::checked(raw, INPUT_SCHEMA_REMAINING, self.0)?);

@@ -578,6 +578,18 @@ fn a_raw_value_key_reads_as_a_serde_json_server_reads_it() {
 
 #[test]
 fn nesting_past_the_recursion_limit_is_refused_as_the_tree_refuses_it() {
+    // A tool's description (kept as sent when it is a string, issue 33), at every depth about
+    // the limit: read as the tree reads it, or refused as the tree refuses it.
+    for depth in 120..=130 {
+        let mut body = agent_turn();
+        body["tools"][0]["description"] = Value::from(1);
+        let deep = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        let body = padded(body).replacen("\"description\":1", &format!("\"description\":{deep}"), 1);
+        let tree = normalise_as_a_tree(&bytes::Bytes::from(body.clone()), headers(), false);
+        let direct = normalise(&bytes::Bytes::from(body), headers(), false);
+        assert_eq!(direct.is_ok(), tree.is_ok(), "description at depth {depth}");
+        assert_eq!(direct.as_ref().err(), tree.as_ref().err(), "description at depth {depth}");
+    }
     for depth in [100, 100_000] {
         let nested: Value = serde_json::from_str("1").unwrap();
         let mut body = agent_turn();
