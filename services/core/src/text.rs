@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use crate::json_write;
 
 /// A text: plain, or a JSON string token as sent (see the module's documentation). Reads as
-/// `&str` (`Deref`), unescaping then; compares, hashes and serializes as its plain text.
+/// `&str` (`Deref`), unescaping then; compares and serializes as its plain text.
 #[derive(Clone, Default)]
 pub struct Text(Form);
 
@@ -178,6 +178,7 @@ impl AsRef<str> for Text {
     }
 }
 
+/// For `join` over texts (a Responses tool output's parts).
 impl Borrow<str> for Text {
     fn borrow(&self) -> &str {
         self.as_str()
@@ -219,12 +220,6 @@ impl PartialEq<str> for Text {
 impl PartialEq<&str> for Text {
     fn eq(&self, other: &&str) -> bool {
         self.as_str() == *other
-    }
-}
-
-impl std::hash::Hash for Text {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state)
     }
 }
 

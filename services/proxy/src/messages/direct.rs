@@ -211,23 +211,6 @@ impl<'de> Reader<'de> for TextOf {
     }
 }
 
-/// A string, or the texts of an array's blocks (a tool result's `content`); `None`: another
-/// type.
-#[derive(Clone, Copy)]
-struct Texts;
-
-impl<'de> Reader<'de> for Texts {
-    type Out = Option<Vec<exchange::Text>>;
-
-    fn str(self, text: &str) -> Self::Out {
-        Some(vec![text.into()])
-    }
-
-    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Out, A::Error> {
-        Ok(Each(TextOf).seq(seq)?.map(|texts| texts.into_iter().flatten().collect()))
-    }
-}
-
 /// A message, typed.
 struct Typed(Message);
 
@@ -407,14 +390,15 @@ impl<'de> DeserializeSeed<'de> for ResultContent {
     type Value = Option<exchange::Text>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        let raw = <&'de RawValue>::deserialize(deserializer)?;
+        let raw = <&'de RawValue>::deserialize(deserializer).map_err(|_| as_a_tree::<D::Error>())?;
         if raw.get().starts_with('"') {
             return json_read::kept(raw).map(Some).ok_or_else(as_a_tree);
         }
         // Blocks (or another type): checked as the tree checks them where they stand, then read
-        // as before from their text.
+        // from their text; each block's `text` kept as [`TextOf`] keeps it.
         let raw = json_read::checked::<D::Error>(raw.to_owned(), BLOCK_FIELD_REMAINING, Schemas::Check(None))?;
-        let texts = json_read::whole(raw.get().as_bytes(), Texts).map_err(|_| as_a_tree::<D::Error>())?;
+        let blocks = json_read::whole(raw.get().as_bytes(), Each(TextOf)).map_err(|_| as_a_tree::<D::Error>())?;
+        let texts = blocks.map(|blocks| blocks.into_iter().flatten().collect::<Vec<_>>());
         // One block's text as it was kept; several joined by newlines.
         Ok(texts.map(|texts| match <[exchange::Text; 1]>::try_from(texts) {
             Ok([one]) => one,
