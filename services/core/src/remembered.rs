@@ -547,38 +547,39 @@ mod tests {
     }
 
     /// A session's next turn finds its history as the prefix its last turn left, extends it by
-    /// one segment, and replaces it; an edited history does not match it.
+    /// one segment, and keeps the one it extended behind the latest ones; an edited history
+    /// finds the longest one that ends before its edit.
     #[test]
     fn a_turn_extends_the_prefix_its_last_turn_left() {
         let memo = Verdicts::default().of("tenant");
+        let lengths =
+            || memo.prefixes().iter().map(|prefix| (prefix.spans.len(), prefix.segments.len())).collect::<Vec<_>>();
         let history: Vec<Value> = (0..9).map(|i| message(i, 0)).collect();
         for (turn, upto) in [3, 6, 9].into_iter().enumerate() {
             let sent = body(&history[..upto], false, turn);
             ChatRequest::parse_remembering(&sent, Some(&memo)).unwrap();
             let prefixes = memo.prefixes();
-            assert_eq!(prefixes.len(), 1, "the prefix it extended is replaced");
+            assert_eq!(prefixes.len(), turn + 1, "the prefixes it extended are kept behind it");
             assert_eq!(prefixes[0].segments.len(), turn + 1);
             assert_eq!(prefixes[0].spans.len(), upto);
         }
+        assert_eq!(lengths(), [(9, 3), (6, 2), (3, 1)]);
         // Another session that began with the same message: its prefix is kept beside the
         // first's, and each finds its own, the longest that matches.
         ChatRequest::parse_remembering(&body(&history[..1], false, 0), Some(&memo)).unwrap();
         let more: Vec<Value> = (0..10).map(|i| message(i, 0)).collect();
         ChatRequest::parse_remembering(&body(&more, false, 0), Some(&memo)).unwrap();
-        let prefixes = memo.prefixes();
-        assert_eq!(prefixes.iter().map(|prefix| prefix.spans.len()).collect::<Vec<_>>(), [10, 1], "{prefixes:?}");
-        assert_eq!(prefixes[0].segments.len(), 4, "the first session's, extended");
-        // Edited after its first message: it extends the prefix that is its first message.
+        assert_eq!(lengths(), [(10, 4), (1, 1), (9, 3), (6, 2), (3, 1)], "the first session's, extended");
+        // Edited after its third message: it extends the prefix of its first three.
         let mut edited = history.clone();
         edited[3] = message(3, 9);
         ChatRequest::parse_remembering(&body(&edited, false, 0), Some(&memo)).unwrap();
-        let prefixes = memo.prefixes();
-        assert_eq!(prefixes.iter().map(|prefix| prefix.segments.len()).collect::<Vec<_>>(), [2, 4]);
+        assert_eq!(lengths(), [(9, 2), (10, 4), (1, 1), (3, 1), (9, 3), (6, 2)]);
         // Edited in its first: no known history starts so; it starts a prefix of its own.
         edited[0] = message(0, 9);
         ChatRequest::parse_remembering(&body(&edited, false, 0), Some(&memo)).unwrap();
         let prefixes = memo.prefixes();
-        assert_eq!(prefixes.len(), 3, "a history that does not start as a known one starts a prefix of its own");
-        assert_eq!(prefixes[0].segments.len(), 1);
+        assert_eq!(prefixes.len(), 7, "a history that does not start as a known one starts a prefix of its own");
+        assert_eq!((prefixes[0].spans.len(), prefixes[0].segments.len()), (9, 1));
     }
 }

@@ -32,7 +32,7 @@
 //! task, and takes one lock per request to read and one to store.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -52,10 +52,15 @@ pub const GENERATION: usize = 16_384;
 /// and their versions send a few different tool lists at a time.
 pub const RECENT_TOOLS: usize = 4;
 
-/// How many `messages` arrays a memo keeps as prefixes of the next ([`SentPrefix`]): one per
-/// agent session of the tenant running at a time; a session beyond these is read message by
-/// message, by the sent table, as before.
+/// How many `messages` arrays a memo keeps as prefixes of the next ([`SentPrefix`]), the
+/// extended ones ([`RECENT_EXTENDED`]) among them: one per agent session of the tenant running
+/// at a time; a session beyond these is read message by message, by the sent table, as before.
 pub const RECENT_PREFIXES: usize = 64;
+
+/// How many prefixes a later turn extended a memo keeps besides ([`Prefixes::extended`]): a
+/// session that began as another did (agents of one tenant often send the same first message)
+/// may find its own last prefix extended by the other's turn, and finds it there on its next.
+pub const RECENT_EXTENDED: usize = 8;
 
 /// How many items the kept prefixes hold in all, at most: ~43 bytes an item (its span, its
 /// unit and its turn), so a tenant's prefixes stay under 1 MB however long its histories.
@@ -294,10 +299,54 @@ pub struct Memo {
     /// The lengths of the `tools` arrays remembered last, newest first, distinct: where a
     /// body's `tools` may end if it is one of them ([`Memo::tools_lengths`]).
     tools_lengths: Mutex<[usize; RECENT_TOOLS]>,
-    /// The `messages` arrays sent last, newest first ([`SentPrefix`]).
-    prefixes: Mutex<std::collections::VecDeque<Arc<SentPrefix>>>,
+    /// The `messages` arrays sent last ([`SentPrefix`]).
+    prefixes: Mutex<Prefixes>,
     counts: Arc<Counts>,
     schemas: CheckedSchemas,
+}
+
+/// The `messages` arrays a memo keeps as prefixes of the next.
+#[derive(Debug, Default)]
+struct Prefixes {
+    /// Those no later turn extended, newest first: nearly always one per session running.
+    latest: VecDeque<Arc<SentPrefix>>,
+    /// Those a later turn extended, most recently extended first. Its session will not send
+    /// one again as it was, but another session that began with the same messages may still
+    /// be at it: its next turn finds it here. Evicted before any of `latest`.
+    extended: VecDeque<Arc<SentPrefix>>,
+}
+
+impl Prefixes {
+    fn iter(&self) -> impl Iterator<Item = &Arc<SentPrefix>> {
+        self.latest.iter().chain(&self.extended)
+    }
+
+    /// Both lists without `prefix`; whether it was in one.
+    fn remove(&mut self, prefix: impl Fn(&SentPrefix) -> bool) -> bool {
+        let before = self.latest.len() + self.extended.len();
+        self.latest.retain(|kept| !prefix(kept));
+        self.extended.retain(|kept| !prefix(kept));
+        self.latest.len() + self.extended.len() < before
+    }
+
+    /// Within the bounds ([`RECENT_PREFIXES`], [`RECENT_EXTENDED`], [`PREFIX_ITEMS`]): the
+    /// extended ones go first, oldest first, then the oldest latest ones; one is kept however
+    /// long.
+    fn bound(&mut self) {
+        self.extended.truncate(RECENT_EXTENDED);
+        let mut items: usize = self.iter().map(|kept| kept.spans.len()).sum();
+        while self.latest.len() + self.extended.len() > RECENT_PREFIXES || items > PREFIX_ITEMS {
+            let evicted = match self.extended.pop_back() {
+                Some(evicted) => evicted,
+                None if self.latest.len() > 1 => match self.latest.pop_back() {
+                    Some(evicted) => evicted,
+                    None => break,
+                },
+                None => break,
+            };
+            items = items.saturating_sub(evicted.spans.len());
+        }
+    }
 }
 
 /// Findings, or `None` for a text the detectors found nothing in (nearly all: one pointer).
@@ -586,7 +635,8 @@ impl Memo {
         *self.tools_lengths.lock()
     }
 
-    /// The `messages` arrays this tenant sent last, newest first.
+    /// The `messages` arrays this tenant sent last, newest first, then those a later turn
+    /// extended ([`RECENT_EXTENDED`]).
     pub fn prefixes(&self) -> Vec<Arc<SentPrefix>> {
         self.candidates(|_| true)
     }
@@ -596,20 +646,18 @@ impl Memo {
         self.prefixes.lock().iter().filter(|prefix| may_be(prefix)).cloned().collect()
     }
 
-    /// Remembers a `messages` array as sent, in place of `extended` (the prefix it grew from,
-    /// which its session will not send again as it was).
+    /// Remembers a `messages` array as sent, grown from `extended`: that one is kept as
+    /// extended ([`RECENT_EXTENDED`]), for a session that began alike.
     pub fn remember_prefix(&self, prefix: SentPrefix, extended: Option<&Arc<SentPrefix>>) {
         let mut prefixes = self.prefixes.lock();
-        prefixes.retain(|kept| kept.key != prefix.key && extended.is_none_or(|extended| !Arc::ptr_eq(kept, extended)));
-        prefixes.push_front(Arc::new(prefix));
-        prefixes.truncate(RECENT_PREFIXES);
-        let mut items = 0;
-        let kept = prefixes.iter().take_while(|kept| {
-            items += kept.spans.len();
-            items <= PREFIX_ITEMS
-        });
-        let kept = kept.count().max(1);
-        prefixes.truncate(kept);
+        prefixes.remove(|kept| kept.key == prefix.key);
+        if let Some(extended) = extended
+            && prefixes.remove(|kept| std::ptr::eq(kept, &**extended))
+        {
+            prefixes.extended.push_front(extended.clone());
+        }
+        prefixes.latest.push_front(Arc::new(prefix));
+        prefixes.bound();
     }
 
     /// The keyed hash of a part of a body as sent, a [`Memo::known`] key.
@@ -826,6 +874,37 @@ mod tests {
         let (heads, _) = judge(&edited, &p);
         assert!(heads.is_some_and(|heads| heads.matched.is_none()));
         assert_eq!(judge(&texts(62), &p).0.and_then(|heads| heads.matched).map(|(items, _)| items), Some(63));
+    }
+
+    /// Two sessions that begin with the same messages share their first prefix: one session's
+    /// next turn extends it, and the other's next turn still finds it, as it does an edited
+    /// session's. Found in CI by the Messages session property test (seed c7fd46df).
+    #[test]
+    fn sessions_that_began_alike_each_find_the_prefix_they_share() {
+        use crate::chat_request::ChatRequest;
+        let memo = Verdicts::default().of("acme");
+        let matched = |texts: &[&str]| {
+            let known = ChatRequest::parse_remembering(&chat_body(texts), Some(&memo)).unwrap();
+            known.exchange.messages.sent().and_then(|sent| sent.known.heads).and_then(|heads| heads.matched)
+        };
+        let items = |matched: Option<(usize, u128)>| matched.map(|(items, _)| items);
+        assert_eq!(matched(&["fix the build"]), None, "the first session's first turn");
+        assert_eq!(items(matched(&["fix the build"])), Some(2), "the second's: the same bytes");
+        assert_eq!(items(matched(&["fix the build", "B reads"])), Some(2), "the second's next turn extends it");
+        assert_eq!(items(matched(&["fix the build", "A reads"])), Some(2), "and the first's still finds it");
+        assert_eq!(items(matched(&["fix the build", "B reads", "B edits"])), Some(3), "each its own");
+        assert_eq!(items(matched(&["fix the build", "A reads", "A edits"])), Some(3));
+
+        // Extended prefixes are kept besides the latest, a few: a session's own turns fill them
+        // and push out the oldest.
+        let long: Vec<String> = (0..RECENT_EXTENDED + 3).map(|i| format!("message {i}")).collect();
+        for n in 1..=long.len() {
+            matched(&long[..n].iter().map(String::as_str).collect::<Vec<_>>());
+        }
+        let kept = memo.prefixes();
+        assert_eq!(kept.len(), 2 + 1 + RECENT_EXTENDED, "A's, B's, the long one's, and the extended");
+        assert_eq!(kept[0].spans.len(), long.len() + 1, "newest first");
+        assert!(kept.iter().skip(3).all(|kept| kept.spans.len() > 3), "the oldest extended ones went first");
     }
 
     #[test]
