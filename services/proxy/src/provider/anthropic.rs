@@ -21,9 +21,10 @@ use shield_core::target::Target;
 use shield_core::usage::TokenUsage;
 use url::Url;
 
-use shield_core::exchange::{self, Delta, Image, Part, Role, Stop, ToolChoice};
+use shield_core::exchange::{self, Delta, Part, Role, Stop, ToolChoice};
 
 mod message;
+mod request;
 
 pub use message::AnthropicAnswer;
 
@@ -45,8 +46,8 @@ impl Anthropic {
     /// A caller who spoke Anthropic's shape gets its own fields back as they were (model set to
     /// the target's, system messages folded for a model that does not take them); others'
     /// requests are converted.
-    pub(super) fn request_body(&self, request: &ChatRequest, target: &Target, stream: bool) -> MessagesBody {
-        let (mut body, tools) = match request.anthropic() {
+    pub(super) fn request_body<'r>(&self, request: &'r ChatRequest, target: &Target, stream: bool) -> MessagesBody<'r> {
+        let (mut body, converted) = match request.anthropic() {
             Some(origin) => {
                 let mut body = origin.full().into_owned();
                 body.insert("model".into(), Value::String(target.model.clone()));
@@ -60,10 +61,7 @@ impl Anthropic {
                 }
                 (body, None)
             }
-            None => {
-                let converted = messages_request(&request.exchange, target);
-                (converted.fields, converted.tools)
-            }
+            None => (messages_request(&request.exchange, target), Some(&*request.exchange)),
         };
         if stream {
             body.insert("stream".into(), Value::Bool(true));
@@ -71,42 +69,32 @@ impl Anthropic {
         for (key, value) in target.extra_body.iter().flatten() {
             body.insert(key.clone(), value.clone());
         }
-        MessagesBody { fields: body, tools }
+        MessagesBody { fields: body, converted }
     }
 }
 
-/// A Messages body to write: its fields and, for a converted request, its `tools` as JSON text
-/// with each schema as the caller sent it ([`exchange::Schema`]: never read as a tree and
-/// written again). A `tools` among the fields (a target's `extra_body`) stands instead.
-pub(super) struct MessagesBody {
+/// A Messages body to write: its fields and, for a request of another shape, that request,
+/// whose `system`, `messages` and `tools` are written straight into the body when it is
+/// ([`request`]). Such a field among the fields (a target's `extra_body`) stands instead.
+pub(super) struct MessagesBody<'r> {
     pub fields: Map<String, Value>,
-    pub tools: Option<Vec<u8>>,
+    converted: Option<&'r exchange::Request>,
 }
 
-impl MessagesBody {
+impl MessagesBody<'_> {
     pub(super) fn to_vec(&self) -> Vec<u8> {
-        match &self.tools {
-            Some(tools) => shield_core::json_write::map_to_vec_with(&self.fields, &[("tools", tools)]),
-            None => shield_core::json_write::map_to_vec(&self.fields),
+        let Some(converted) = self.converted else { return shield_core::json_write::map_to_vec(&self.fields) };
+        let size = super::history_size(converted) + request::tools_size(&converted.tools) + 64;
+        let mut object = shield_core::json_write::Object::new(&self.fields, size);
+        if request::has_system(converted) {
+            object.field("system", |out| request::system(converted, out));
         }
+        object.field("messages", |out| request::messages(converted, out));
+        if !converted.tools.is_empty() {
+            object.field("tools", |out| request::tools(&converted.tools, out));
+        }
+        object.finish()
     }
-}
-
-/// `tools` in the Messages shape, as JSON text.
-fn tools_text(tools: &[exchange::Tool]) -> Vec<u8> {
-    use shield_core::json_write::{array_to_vec, push_str};
-    let size = tools.iter().map(|tool| tool.schema.text().len() + tool.description.len() + 64).sum();
-    array_to_vec(tools, size, |out, tool| {
-        out.extend_from_slice(br#"{"name":"#);
-        push_str(out, &tool.name);
-        if !tool.description.is_empty() {
-            out.extend_from_slice(br#","description":"#);
-            tool.description.push_json(out);
-        }
-        out.extend_from_slice(br#","input_schema":"#);
-        out.extend_from_slice(tool.schema.text().as_bytes());
-        out.push(b'}');
-    })
 }
 
 impl Anthropic {
@@ -307,38 +295,11 @@ fn fold_system_messages(body: &mut Map<String, Value>) {
     body.insert("system".into(), Value::Array(system));
 }
 
-/// The Messages request for `target` from a typed request of another shape. System
-/// messages anywhere join the top-level `system`; consecutive same-role turns merge.
-fn messages_request(request: &exchange::Request, target: &Target) -> MessagesBody {
-    let text_block = |text: &str| (!text.is_empty()).then(|| json!({"type": "text", "text": text}));
-    let mut system: Vec<Value> = request.system.iter().filter_map(|t| text_block(t)).collect();
-    let mut messages: Vec<(&str, Vec<Value>)> = Vec::new();
-    for message in &request.messages {
-        let role = match message.role {
-            Role::System => {
-                system.extend(
-                    message.content.iter().filter_map(|p| if let Part::Text(t) = p { text_block(t) } else { None }),
-                );
-                continue;
-            }
-            Role::User => "user",
-            Role::Assistant => "assistant",
-        };
-        let blocks = message.content.iter().filter_map(|part| block_of(part, text_block)).collect::<Vec<_>>();
-        // Anthropic wants user and assistant turns to alternate: consecutive ones merge.
-        match messages.last_mut() {
-            Some((last, merged)) if *last == role => merged.extend(blocks),
-            _ => messages.push((role, blocks)),
-        }
-    }
+/// The fields of the Messages request for `target` from a typed request of another shape,
+/// but its `system`, `messages` and `tools`, which [`MessagesBody::to_vec`] writes.
+fn messages_request(request: &exchange::Request, target: &Target) -> Map<String, Value> {
     let mut body = Map::new();
     body.insert("model".into(), Value::String(target.model.clone()));
-    if !system.is_empty() {
-        body.insert("system".into(), Value::Array(system));
-    }
-    let messages: Vec<Value> =
-        messages.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect();
-    body.insert("messages".into(), Value::Array(messages));
     let mut max_tokens = max_tokens_of(request, target);
     let thinking = thinking_budget(request, target, &mut max_tokens);
     body.insert("max_tokens".into(), json!(max_tokens));
@@ -378,8 +339,7 @@ fn messages_request(request: &exchange::Request, target: &Target) -> MessagesBod
     if let Some(exchange::Format::JsonSchema { schema, .. }) = &request.format {
         body.insert("output_config".into(), json!({"format": {"type": "json_schema", "schema": schema}}));
     }
-    let tools = (!request.tools.is_empty()).then(|| tools_text(&request.tools));
-    MessagesBody { fields: body, tools }
+    body
 }
 
 /// `max_tokens`, which Anthropic requires: the caller's, else the target's output limit, else
@@ -437,38 +397,6 @@ const UNCAPPED_CEILING: u64 = 32_000;
 /// Whether a thinking part is one Anthropic signed (and so will take back).
 pub(super) fn anthropics_thinking(part: &Part) -> bool {
     matches!(part, Part::Thinking { signature, .. } if !signature.is_empty() && !signature.starts_with(super::GEMINI_SIGNATURE))
-}
-
-/// A typed part as a content block (empty text, and parts only their own shape carries,
-/// dropped: Anthropic refuses empty blocks).
-fn block_of(part: &Part, text_block: impl Fn(&str) -> Option<Value>) -> Option<Value> {
-    match part {
-        // Thinking Anthropic did not sign (Gemini's, or a thought without a signature) is
-        // refused by its API: not sent.
-        Part::Thinking { .. } if !anthropics_thinking(part) => None,
-        Part::Text(text) => text_block(text),
-        Part::Image(Image::Base64 { media_type, data }) => {
-            Some(json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}))
-        }
-        Part::Image(Image::Url(url)) => Some(json!({"type": "image", "source": {"type": "url", "url": url}})),
-        Part::ToolUse { id, name, input } => {
-            // Arguments that are not a JSON object become `{}`.
-            let input = serde_json::from_str::<Value>(input).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
-            Some(json!({"type": "tool_use", "id": id, "name": name, "input": input}))
-        }
-        Part::ToolResult { id, content, is_error } => {
-            let mut result = json!({"type": "tool_result", "tool_use_id": id, "content": text_block(content).into_iter().collect::<Vec<_>>()});
-            if *is_error {
-                crate::json::set(&mut result, &["is_error"], Value::Bool(true));
-            }
-            Some(result)
-        }
-        Part::Thinking { thinking, signature } => {
-            Some(json!({"type": "thinking", "thinking": thinking, "signature": signature}))
-        }
-        Part::RedactedThinking(data) => Some(json!({"type": "redacted_thinking", "data": data})),
-        Part::Opaque { .. } => None,
-    }
 }
 
 /// `stop_reason` as the typed stop (ANTHROPIC.md; `stop_sequence` and `pause_turn` end the

@@ -310,3 +310,20 @@ fn reset_hint(headers: &HeaderMap) -> Option<u64> {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     shield_core::breaker::reset_hint_ms(&pairs, now)
 }
+
+/// About the length of the request's messages written in any shape: their text, their tool
+/// calls, and room for their fields and a few escapes (a newline or a quote is two bytes written). A tool
+/// call's arguments are JSON in a string, a quote escaped every few bytes (Claude Code's
+/// `Write` and `Edit` carry whole files there): an eighth more.
+pub(crate) fn history_size(request: &exchange::Request) -> usize {
+    let calls: usize = (&request.messages)
+        .into_iter()
+        .flat_map(|message| &message.content)
+        .map(|part| match part {
+            exchange::Part::ToolUse { id, name, input } => id.len() + name.len() + input.len() + input.len() / 8 + 64,
+            _ => 0,
+        })
+        .sum();
+    let size = request.prompt_chars() + calls + 96 * (request.messages.len() + 1);
+    size + size / 16
+}

@@ -426,7 +426,8 @@ fn thinking_anthropic_did_not_sign_is_not_sent() {
         reasoning: Some(exchange::Reasoning { effort: Some(exchange::Effort::Low), fields: vec!["reasoning_effort"] }),
         ..Default::default()
     };
-    let body = messages_request(&request, &target(json!({"capabilities": {"reasoning": true}}))).fields;
+    let fields = messages_request(&request, &target(json!({"capabilities": {"reasoning": true}})));
+    let body: Value = serde_json::from_slice(&MessagesBody { fields, converted: Some(&request) }.to_vec()).unwrap();
     assert_eq!(body["messages"][1]["content"], json!([{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]));
     assert!(body.get("thinking").is_none(), "the tool-calling turn has no thinking Anthropic signed");
 }

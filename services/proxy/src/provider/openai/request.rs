@@ -85,7 +85,8 @@ pub fn render(request: &exchange::Request, target: Rendering<'_>) -> Vec<u8> {
     // A target's `extra_body` may name `messages` or `tools`: its value stands, as it did when
     // they were entries of the map. Both are written straight into the body.
     let tools_size = request.tools.iter().map(tool_size).sum::<usize>();
-    let mut object = shield_core::json_write::Object::new(&body, messages_size(request) + tools_size + 32);
+    let mut object =
+        shield_core::json_write::Object::new(&body, crate::provider::history_size(request) + tools_size + 32);
     object.field("messages", |out| messages(request, out));
     if !request.tools.is_empty() {
         object.field("tools", |out| tools(&request.tools, out));
@@ -115,23 +116,6 @@ fn tools(tools: &[exchange::Tool], out: &mut Vec<u8>) {
         out.extend_from_slice(b"}}");
     }
     out.push(b']');
-}
-
-/// About the length of the request's messages written: their text, their tool calls, and room
-/// for their fields and a few escapes (a newline or a quote is two bytes written). A tool
-/// call's arguments are JSON in a string, a quote escaped every few bytes (Claude Code's
-/// `Write` and `Edit` carry whole files there): an eighth more.
-fn messages_size(request: &exchange::Request) -> usize {
-    let calls: usize = (&request.messages)
-        .into_iter()
-        .flat_map(|message| &message.content)
-        .map(|part| match part {
-            Part::ToolUse { id, name, input } => id.len() + name.len() + input.len() + input.len() / 8 + 64,
-            _ => 0,
-        })
-        .sum();
-    let size = request.prompt_chars() + calls + 96 * (request.messages.len() + 1);
-    size + size / 16
 }
 
 /// The request's messages as a JSON array onto `out`, each written straight from the typed
@@ -504,7 +488,7 @@ mod tests {
         };
         let target = Rendering { model: "m", ask_usage: false, reasoning: false, added: &[], extra: None };
         let body = render(&request, target);
-        let sized = messages_size(&request) + 32;
+        let sized = crate::provider::history_size(&request) + 32;
         assert!(body.len() <= sized, "{} written, {sized} sized for", body.len());
         let body: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(body["messages"], tree::messages(&request));
