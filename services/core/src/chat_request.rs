@@ -361,7 +361,7 @@ fn typed_of_openai(fields: &Map<String, Value>) -> exchange::Request {
                 let id = message.get("tool_call_id").and_then(text).unwrap_or_default();
                 typed_messages.push(Message {
                     role: Role::User,
-                    content: vec![Part::ToolResult { id, content: content.into(), is_error: false }],
+                    content: vec![Part::ToolResult { id, content, is_error: false }],
                 });
             }
             _ => typed_messages.push(Message { role: Role::User, content: parts_of(content) }),
@@ -386,11 +386,17 @@ fn empty_schema() -> Value {
     serde_json::json!({"type": "object", "properties": {}})
 }
 
-/// A `tool` message's result: its text parts, one per line ([`exchange::lines`]).
-fn tool_result_text(content: Vec<Part>) -> String {
-    exchange::lines(
-        content.into_iter().filter_map(|p| if let Part::Text(t) = p { Some(t.into_string()) } else { None }),
-    )
+/// A `tool` message's result: its text parts, one per line ([`exchange::lines`]); one part's
+/// text as it was read (as sent, [`exchange::Text`]).
+fn tool_result_text(content: Vec<Part>) -> exchange::Text {
+    let mut texts = content.into_iter().filter_map(|p| if let Part::Text(t) = p { Some(t) } else { None });
+    match (texts.next(), texts.next()) {
+        (None, _) => exchange::Text::default(),
+        (Some(one), None) => one,
+        (Some(first), Some(second)) => {
+            exchange::lines([first, second].into_iter().chain(texts).map(exchange::Text::into_string)).into()
+        }
+    }
 }
 
 /// The typed request: `messages` and `tools` as read, the rest from `fields`.

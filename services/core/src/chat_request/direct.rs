@@ -178,10 +178,7 @@ impl SentMessage {
             SentRole::Tool => {
                 let content = super::tool_result_text(content);
                 let id = self.tool_call_id.unwrap_or_default();
-                Message {
-                    role: Role::User,
-                    content: vec![Part::ToolResult { id, content: content.into(), is_error: false }],
-                }
+                Message { role: Role::User, content: vec![Part::ToolResult { id, content, is_error: false }] }
             }
             SentRole::User => Message { role: Role::User, content },
         }
@@ -226,7 +223,7 @@ impl<'de> Reader<'de> for OneMessage {
         entries(map, |key, map| {
             match key {
                 "role" => message.role = map.next_value_seed(Lenient(RoleName))?,
-                "content" => message.content = Some(map.next_value_seed(Lenient(Content))?),
+                "content" => message.content = Some(map.next_value_seed(SentContent)?),
                 "tool_calls" => message.tool_calls = map.next_value_seed(Lenient(Each(OneCall)))?,
                 "tool_call_id" => message.tool_call_id = map.next_value_seed(Lenient(Text))?,
                 _ => {
@@ -239,7 +236,44 @@ impl<'de> Reader<'de> for OneMessage {
     }
 }
 
-/// Content: a string, or parts (as [`super::parts_of`] reads them).
+/// Where a message's `content` stands: the body, `messages` and the message enclose it.
+const CONTENT_REMAINING: u8 = json_read::RECURSION_LIMIT - 3;
+
+/// The same at a part's field: `content` and the part enclose it too.
+const PART_FIELD_REMAINING: u8 = CONTENT_REMAINING - 2;
+
+/// A message's `content`, captured: a string kept as sent ([`json_read::kept`]: an agent's tool
+/// output is most of its history, and a converted body copies it as it came), anything else
+/// read from its text by [`Content`]. Capturing skips the value without serde_json's depth
+/// count, so one nested deeper than it may stand in the body goes to the tree reading, as does
+/// any failure (the tree's to name).
+struct SentContent;
+
+impl<'de> serde::de::DeserializeSeed<'de> for SentContent {
+    type Value = Vec<Part>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Vec<Part>, D::Error> {
+        let tree_only = || serde::de::Error::custom(TREE_ONLY);
+        let raw = <&'de serde_json::value::RawValue as serde::Deserialize>::deserialize(deserializer)
+            .map_err(|_| tree_only())?;
+        let text = raw.get().as_bytes();
+        if text.starts_with(b"\"") {
+            return json_read::kept(raw).map(|text| vec![Part::Text(text)]).ok_or_else(tree_only);
+        }
+        // A scalar nests nothing (and `value_end` wants a delimiter after one).
+        let depth = match text.first() {
+            Some(b'[' | b'{') => crate::json_scan::value_end(text, 0).ok_or_else(tree_only)?.depth,
+            _ => 0,
+        };
+        if depth >= usize::from(CONTENT_REMAINING) {
+            return Err(tree_only());
+        }
+        json_read::whole(text, Content).map_err(|_| tree_only())
+    }
+}
+
+/// Content read from its text: parts (as [`super::parts_of`] reads them), a string (which
+/// [`SentContent`] keeps before), nothing for another type.
 struct Content;
 
 impl<'de> Reader<'de> for Content {
@@ -257,16 +291,20 @@ impl<'de> Reader<'de> for Content {
 #[derive(Default)]
 struct SentPart {
     kind: Option<String>,
-    text: Option<String>,
+    /// As sent ([`json_read::KeptTextOrNone`]).
+    text: Option<crate::exchange::Text>,
     image_url: Option<String>,
 }
 
 impl SentPart {
     fn typed(self) -> Option<Part> {
         match self.kind.as_deref() {
-            Some("text") | None => self.text.map(|text| Part::Text(text.into())),
+            Some("text") | None => self.text.map(Part::Text),
             Some("image_url") => self.image_url.as_deref().and_then(super::image_of),
-            Some(_) => Some(Part::Opaque { kind: self.kind.unwrap_or_default(), text: self.text.unwrap_or_default() }),
+            Some(_) => Some(Part::Opaque {
+                kind: self.kind.unwrap_or_default(),
+                text: self.text.map(crate::exchange::Text::into_string).unwrap_or_default(),
+            }),
         }
     }
 }
@@ -282,7 +320,7 @@ impl<'de> Reader<'de> for OnePart {
         entries(map, |key, map| {
             match key {
                 "type" => part.kind = map.next_value_seed(Lenient(Text))?,
-                "text" => part.text = map.next_value_seed(Lenient(Text))?,
+                "text" => part.text = map.next_value_seed(json_read::KeptTextOrNone(PART_FIELD_REMAINING))?,
                 "image_url" => part.image_url = map.next_value_seed(Lenient(Field("url")))?,
                 _ => {
                     map.next_value::<Skip>()?;
@@ -463,6 +501,9 @@ mod tests {
         Bool(bool),
         Number(f64),
         Text(String),
+        /// A string token written as some clients write it, with escapes serde_json does not
+        /// write (kept as sent, issue 33).
+        Raw(&'static str),
         Array(Vec<Json>),
         Object(Vec<(String, Json)>),
     }
@@ -474,6 +515,7 @@ mod tests {
                 Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
                 Json::Number(n) => out.push_str(&serde_json::to_string(n).unwrap()),
                 Json::Text(t) => out.push_str(&serde_json::to_string(t).unwrap()),
+                Json::Raw(token) => out.push_str(token),
                 Json::Array(all) => {
                     out.push('[');
                     for (i, one) in all.iter().enumerate() {
@@ -584,7 +626,12 @@ mod tests {
     }
 
     fn text() -> BoxedStrategy<Json> {
-        one_of(&TEXTS)
+        prop_oneof![
+            6 => one_of(&TEXTS),
+            1 => prop::sample::select(&[r#""x\/y \u00e9\t""#, r#""\ud83d\ude00 pair""#, r#""\u0000 nul \b\f""#][..])
+                .prop_map(Json::Raw),
+        ]
+        .boxed()
     }
 
     fn array(of: BoxedStrategy<Json>) -> BoxedStrategy<Json> {
@@ -811,6 +858,16 @@ mod tests {
                     r#"{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}, {{"role": "assistant", "content": null, "tool_calls": [{{"id": "c", "type": "function", "function": {{"name": "f", "arguments": "{{}}", "description": {nested}}}}}]}}], "pad": "{}"}}"#,
                     "p".repeat(4096)
                 ),
+                // A message's content, captured and read from its text (issue 33), and a part's
+                // text within it.
+                "content" => format!(
+                    r#"{{"model": "m", "messages": [{{"role": "user", "content": {nested}}}], "pad": "{}"}}"#,
+                    "p".repeat(4096)
+                ),
+                "part text" => format!(
+                    r#"{{"model": "m", "messages": [{{"role": "user", "content": [{{"type": "text", "text": {nested}}}]}}], "pad": "{}"}}"#,
+                    "p".repeat(4096)
+                ),
                 _ => format!(r#"{{"model": "m", "tools": [{{"function": {nested}}}], "pad": "{}"}}"#, "p".repeat(4096)),
             };
             let tree = serde_json::from_str::<Value>(&body).is_ok();
@@ -825,7 +882,7 @@ mod tests {
             }
             direct.err().map(|e| e.0)
         };
-        for at in ["message", "ignored", "tool", "description", "call description"] {
+        for at in ["message", "ignored", "tool", "description", "call description", "content", "part text"] {
             assert_eq!(parse(100, at), None);
             let refused = parse(100_000, at).unwrap();
             assert!(refused.contains("recursion limit"), "{refused}");

@@ -463,3 +463,41 @@ fn a_messages_body_is_relayed_as_sent_and_reads_the_same() {
     with_reminder["messages"] = json!([{"role": "system", "content": "reminder"}, {"role": "user", "content": "hi"}]);
     assert!(ANTHROPIC.relayed_as_sent(&normalised(with_reminder), &target(json!({})), false).is_none(), "folded");
 }
+
+/// Issue 33: a Chat Completions body read directly keeps its messages' texts as sent (a string
+/// content, a text part, a tool's output), and the body converted for an Anthropic target
+/// carries them byte for byte, with or without the tenant's memo; it reads as the one converted
+/// from the tree.
+#[test]
+fn a_converted_chat_body_carries_its_texts_as_sent() {
+    let said = r#""line\none \u00e9 \/ \"q\"""#;
+    let output = r#""total 8\n-rw-r--r-- 1 \u0041 file.rs\n""#;
+    let part = r#""see \/tmp\t""#;
+    let pad = "p".repeat(shield_core::verbatim::WORTH_IT);
+    let body = format!(
+        r#"{{"model": "m", "messages": [{{"role": "system", "content": {said}}}, {{"role": "user", "content": {said}}},
+        {{"role": "assistant", "content": null, "tool_calls": [{{"id": "c1", "type": "function", "function": {{"name": "ls", "arguments": "{{}}"}}}}]}},
+        {{"role": "tool", "tool_call_id": "c1", "content": {output}}},
+        {{"role": "user", "content": [{{"type": "text", "text": {part}}}]}}], "pad": "{pad}"}}"#
+    );
+    let tree: Value = serde_json::from_str(&body).unwrap();
+    let memo = shield_core::verdicts::Verdicts::default().of("tenant");
+    let bytes = bytes::Bytes::from(body.clone());
+    for memo in [None, Some(&*memo), Some(&*memo)] {
+        let read = ChatRequest::parse_remembering(&bytes, memo).unwrap();
+        let written = ANTHROPIC.body(&read, &target(json!({})), false).to_vec();
+        let text = String::from_utf8(written).unwrap();
+        for token in [said, output, part] {
+            assert_eq!(text.matches(token).count(), if token == said { 2 } else { 1 }, "{token} in {text}");
+        }
+        let converted: Value = serde_json::from_str(&text).unwrap();
+        // Padded no more, the body is read as a tree.
+        let from_tree = {
+            let mut tree = tree.clone();
+            tree["pad"] = json!("short");
+            request(tree)
+        };
+        assert_eq!(converted["messages"], from_tree["messages"]);
+        assert_eq!(converted["system"], from_tree["system"]);
+    }
+}
