@@ -13,7 +13,9 @@ monitor mode (input and output). Three measurements:
    SHIELD_BENCH_BASELINE). RPS, CPU µs per request and per KB of request for the proxies.
    `messages>openai` is Claude Code on a route whose target is OpenAI-shaped: the ~150 KB
    Messages request converted to Chat Completions, and the answer back (nginx and direct
-   only relay the same bytes to the static backend, so compare Shield with `base` there).
+   only relay the same bytes to the static backend, so compare Shield with `base` there);
+   `chat>messages` the other way: an OpenAI-shaped agent (the chat request) on a route whose
+   target is Anthropic-shaped.
    The same body is sent every time: the history is one the tenant sent before, so Shield's
    guardrail memo answers for it (a real turn also carries a few new KB: see
    `guardrail_turns`).
@@ -244,6 +246,8 @@ def main():
             cases.append((f"messages {size // 1000}K", "/v1/messages", {**anthropic, "model": "agent-messages"}))
             if size == SIZES[0]:  # Claude Code on an OpenAI-shaped route: converted both ways
                 cases.append((f"messages>openai {size // 1000}K", "/v1/messages", {**anthropic, "model": "agent"}))
+                # and an OpenAI-shaped agent on an Anthropic-shaped route
+                cases.append((f"chat>messages {size // 1000}K", "/v1/chat/completions", {**openai, "model": "agent-messages"}))
         paths = {"direct": (ports["static"], plain, None), "nginx": (ports["nginx"], plain, nginx_worker),
                  "shield": (ports["proxy"], keyed, pids["shield"])}
         if baseline:
@@ -275,7 +279,7 @@ def main():
                     cpu_req += f"{r['user_us']:>8.1f}{r['cpu_us'] - r['user_us']:>8.1f}{r['faults']:>8.1f}"
                 print(f"{label:<16}{name:<8}{kb:>6.0f}{r['rps']:>9.0f}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['non_2xx']:>9}{cpu_req}")
             s, n = one_piece[(label, "shield")], one_piece[(label, "nginx")]
-            if label.startswith("messages>openai"):
+            if label.startswith(("messages>openai", "chat>messages")):
                 if baseline:
                     b = one_piece[(label, "base")]
                     print(f"{'':<16}shield / base: CPU {s['cpu_us'] / b['cpu_us']:.2f}x (nginx relays the same bytes unconverted)")
