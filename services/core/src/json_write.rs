@@ -98,19 +98,16 @@ impl<'m> Object<'m> {
     }
 }
 
-/// A JSON array of `items`, each written by `write` (one JSON value each); `capacity` is the
-/// expected size of the items' text.
-pub fn array_to_vec<T>(items: &[T], capacity: usize, mut write: impl FnMut(&mut Vec<u8>, &T)) -> Vec<u8> {
-    let mut out = Vec::with_capacity(capacity + 2);
+/// Appends a JSON array of `items`, each written by `write` (one JSON value each).
+pub fn push_array<T>(out: &mut Vec<u8>, items: impl IntoIterator<Item = T>, mut write: impl FnMut(&mut Vec<u8>, T)) {
     out.push(b'[');
-    for (i, item) in items.iter().enumerate() {
+    for (i, item) in items.into_iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        write(&mut out, item);
+        write(out, item);
     }
     out.push(b']');
-    out
 }
 
 /// Appends `value` as JSON text.

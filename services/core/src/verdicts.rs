@@ -336,14 +336,9 @@ impl Prefixes {
         self.extended.truncate(RECENT_EXTENDED);
         let mut items: usize = self.iter().map(|kept| kept.spans.len()).sum();
         while self.latest.len() + self.extended.len() > RECENT_PREFIXES || items > PREFIX_ITEMS {
-            let evicted = match self.extended.pop_back() {
-                Some(evicted) => evicted,
-                None if self.latest.len() > 1 => match self.latest.pop_back() {
-                    Some(evicted) => evicted,
-                    None => break,
-                },
-                None => break,
-            };
+            let latest = &mut self.latest;
+            let oldest = || if latest.len() > 1 { latest.pop_back() } else { None };
+            let Some(evicted) = self.extended.pop_back().or_else(oldest) else { break };
             items = items.saturating_sub(evicted.spans.len());
         }
     }

@@ -23,6 +23,8 @@ pub mod as_sent;
 mod bedrock;
 mod gemini;
 mod openai;
+#[cfg(test)]
+mod texts_strategy;
 mod vertex;
 
 pub use anthropic::AnthropicAnswer;

@@ -11,7 +11,7 @@
 
 use serde_json::Value;
 use shield_core::exchange::{self, Image, Message, Part, Role, Text};
-use shield_core::json_write::{push_str, push_value};
+use shield_core::json_write::{push_array, push_str, push_value};
 
 use super::anthropics_thinking;
 
@@ -23,14 +23,7 @@ pub(super) fn has_system(request: &exchange::Request) -> bool {
 
 /// The top-level `system` as an array of text blocks onto `out`.
 pub(super) fn system(request: &exchange::Request, out: &mut Vec<u8>) {
-    out.push(b'[');
-    for (i, text) in system_texts(request).enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        text_block(out, text);
-    }
-    out.push(b']');
+    push_array(out, system_texts(request), text_block);
 }
 
 /// The system prompt's own parts, then each system message's text parts, the empty left out.
@@ -159,11 +152,7 @@ fn block(out: &mut Vec<u8>, part: &Part) {
 /// `tools` in the Messages shape onto `out`, each description as sent and each schema as the
 /// caller sent it ([`exchange::Schema`]: never read as a tree and written again).
 pub(super) fn tools(tools: &[exchange::Tool], out: &mut Vec<u8>) {
-    out.push(b'[');
-    for (i, tool) in tools.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
+    push_array(out, tools, |out, tool| {
         out.extend_from_slice(br#"{"name":"#);
         push_str(out, &tool.name);
         if !tool.description.is_empty() {
@@ -173,8 +162,7 @@ pub(super) fn tools(tools: &[exchange::Tool], out: &mut Vec<u8>) {
         out.extend_from_slice(br#","input_schema":"#);
         out.extend_from_slice(tool.schema.text().as_bytes());
         out.push(b'}');
-    }
-    out.push(b']');
+    });
 }
 
 /// About the length of the tools written.

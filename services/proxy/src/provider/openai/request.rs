@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value, json};
 use shield_core::exchange::{self, Format, Image, Message, Part, Role, Text, ToolChoice};
-use shield_core::json_write::push_str;
+use shield_core::json_write::{push_array, push_str};
 
 /// How one target takes the request.
 pub struct Rendering<'a> {
@@ -102,11 +102,7 @@ fn tool_size(tool: &exchange::Tool) -> usize {
 /// `tools` as JSON text, each schema as the caller sent it (not read as a tree and written
 /// again: [`exchange::Schema`]).
 fn tools(tools: &[exchange::Tool], out: &mut Vec<u8>) {
-    out.push(b'[');
-    for (i, tool) in tools.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
+    push_array(out, tools, |out, tool| {
         out.extend_from_slice(br#"{"type":"function","function":{"name":"#);
         push_str(out, &tool.name);
         out.extend_from_slice(br#","description":"#);
@@ -114,8 +110,7 @@ fn tools(tools: &[exchange::Tool], out: &mut Vec<u8>) {
         out.extend_from_slice(br#","parameters":"#);
         out.extend_from_slice(tool.schema.text().as_bytes());
         out.extend_from_slice(b"}}");
-    }
-    out.push(b']');
+    });
 }
 
 /// The request's messages as a JSON array onto `out`, each written straight from the typed
@@ -303,6 +298,7 @@ fn user_parts(out: &mut Vec<u8>, content: &[Part]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::texts_strategy::{either_form, text};
     use proptest::prelude::*;
     use shield_core::exchange::Request;
 
@@ -408,26 +404,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    fn text() -> impl Strategy<Value = String> {
-        prop_oneof!["\\PC{0,10}", Just("line\nbreak \"quoted\" \\ \u{1} é 🙂".to_string()), Just(String::new())]
-    }
-
-    /// `text` plain, or as a JSON string as sent: as serde_json writes it, or with escapes it
-    /// does not write (`\/`, `\u00e9`), which are copied as they came.
-    fn either_form() -> impl Strategy<Value = Text> {
-        (text(), 0..3u8).prop_map(|(text, form)| {
-            let token = serde_json::to_string(&text).unwrap();
-            match form {
-                0 => text.into(),
-                1 => Text::json(serde_json::from_str(&token).unwrap()).unwrap(),
-                _ => {
-                    let token = token.replace('/', "\\/").replace('é', "\\u00e9");
-                    Text::json(serde_json::from_str(&token).unwrap()).unwrap()
-                }
-            }
-        })
     }
 
     fn part() -> impl Strategy<Value = Part> {

@@ -1,5 +1,6 @@
 use super::super::{MessagesBody, messages_request};
 use super::*;
+use crate::provider::texts_strategy::{either_form, text};
 use proptest::prelude::*;
 use serde_json::{Map, json};
 use shield_core::exchange::Request;
@@ -72,28 +73,6 @@ mod tree {
     }
 }
 
-fn text() -> impl Strategy<Value = String> {
-    prop_oneof!["\\PC{0,10}", Just("line\nbreak \"quoted\" \\ \u{1} é 🙂".to_string()), Just(String::new())]
-}
-
-/// `text` plain, or as a JSON string as sent: as serde_json writes it, or with escapes it does
-/// not write (`\/`, `\u00e9`), which are copied as they came.
-fn either_form() -> impl Strategy<Value = Text> {
-    (text(), 0..3u8).prop_map(|(text, form)| {
-        let token = serde_json::to_string(&text).unwrap();
-        match form {
-            0 => text.into(),
-            1 => Text::json(serde_json::from_str(&token).unwrap()).unwrap(),
-            _ => {
-                let token = token.replace('/', "\\/").replace('é', "\\u00e9");
-                Text::json(serde_json::from_str(&token).unwrap()).unwrap()
-            }
-        }
-    })
-}
-
-/// Tool call arguments: an object (with a duplicate key, spaces and escapes the tree writes
-/// otherwise), another JSON value, or not JSON.
 fn input() -> impl Strategy<Value = String> {
     prop_oneof![
         Just(r#"{"q": "x", "n": 1.50, "q": "y\/z"}"#.to_string()),
