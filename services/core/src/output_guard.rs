@@ -60,16 +60,37 @@ static CLEAN_RECORDS: std::sync::LazyLock<Vec<(GuardrailRecord, Box<serde_json::
         records
     });
 
+impl GuardrailRecord {
+    /// The record written once, when it found nothing.
+    fn clean(&self) -> Option<&'static serde_json::value::RawValue> {
+        if !self.passed || !self.findings.is_empty() {
+            return None;
+        }
+        let found =
+            CLEAN_RECORDS.iter().find(|(r, _)| r.name == self.name && r.mode == self.mode && r.phase == self.phase);
+        found.map(|(_, raw)| &**raw)
+    }
+
+    /// Appends the record's JSON, as its `Serialize` writes it: a clean record's bytes straight
+    /// from the table, without serde_json's serializer in between (issue 33: `x_shield` is
+    /// written on every answer).
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        match self.clean() {
+            Some(raw) => out.extend_from_slice(raw.get().as_bytes()),
+            // Writing to a Vec cannot fail.
+            None => {
+                let _ = serde_json::to_writer(out, &self.shape());
+            }
+        }
+    }
+}
+
 impl serde::Serialize for GuardrailRecord {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if self.passed
-            && self.findings.is_empty()
-            && let Some((_, raw)) =
-                CLEAN_RECORDS.iter().find(|(r, _)| r.name == self.name && r.mode == self.mode && r.phase == self.phase)
-        {
-            return raw.serialize(serializer);
+        match self.clean() {
+            Some(raw) => raw.serialize(serializer),
+            None => self.shape().serialize(serializer),
         }
-        self.shape().serialize(serializer)
     }
 }
 

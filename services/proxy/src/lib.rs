@@ -41,6 +41,7 @@ pub mod resume;
 pub mod sync;
 pub mod tenant;
 pub mod usage;
+pub mod x_shield;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

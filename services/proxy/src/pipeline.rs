@@ -13,14 +13,12 @@ use actix_web::HttpResponseBuilder;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderMap as InboundHeaders, HeaderName, HeaderValue};
 use actix_web::{HttpRequest, web};
-use serde::Serialize;
 use serde_json::Value;
 use shield_core::limits::Limits;
 use shield_core::money::Usd;
+use shield_core::plan::Exclusion;
 use shield_core::plan::Facts;
-use shield_core::plan::{Excluded, Exclusion};
 use shield_core::route::Route;
-use shield_core::run::{Attempt, Halt};
 use shield_core::usage::{TokenUsage, budget_state};
 
 use crate::auth::authenticate;
@@ -501,50 +499,6 @@ pub fn inbound_hop(headers: &InboundHeaders, max_hops: u32) -> Result<u32, Proxy
         .and_then(|v| v.trim().parse().ok())
         .ok_or_else(|| ProxyError::BadRequest("X-Shield-Hop must be a non-negative integer".into()))?;
     if hop >= max_hops { Err(ProxyError::LoopDetected(hop)) } else { Ok(hop) }
-}
-
-/// `x_shield.routing`: serialised straight from the run, without building a JSON tree first
-/// (building and dropping that tree was the largest cost of Shield's own on the answer path).
-#[derive(Serialize)]
-pub struct RoutingRecord<'a> {
-    route: &'a str,
-    target: Option<&'a str>,
-    attempts: &'a [Attempt],
-    excluded: &'a [Excluded],
-    rule: &'a Option<Value>,
-    reason: Option<&'a str>,
-    /// USD; the exact figure is `cost_micros`.
-    cost: Option<f64>,
-    cost_micros: Option<i64>,
-    halt: Halt,
-    budget: &'static str,
-}
-
-/// `x_shield` of an answer: how it was routed and what the guardrails found.
-#[derive(Serialize)]
-pub struct XShield<'a> {
-    pub routing: RoutingRecord<'a>,
-    pub guardrail_results: &'a [crate::guard::GuardrailRecord],
-}
-
-pub fn routing_record<'a>(routed: &'a Routed, target: Option<&'a str>) -> RoutingRecord<'a> {
-    let reason = match &routed.result {
-        RoutedResult::Refusal { reason, .. } => Some(reason.as_str()),
-        _ => None,
-    };
-    RoutingRecord {
-        route: &routed.route,
-        target,
-        attempts: &routed.attempts,
-        excluded: &routed.excluded,
-        rule: &routed.rule,
-        reason,
-        // Micro-dollars are exact in an f64 division: the nearest double to the decimal.
-        cost: routed.cost_micros.map(|micros| micros as f64 / 1_000_000.0),
-        cost_micros: routed.cost_micros,
-        halt: routed.halt,
-        budget: routed.budget.as_str(),
-    }
 }
 
 pub fn with_routing_headers(

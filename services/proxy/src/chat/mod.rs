@@ -17,11 +17,9 @@ use crate::dispatch::{Routed, RoutedResult};
 use crate::egress::Egress;
 use crate::error::{ProxyError, openai_error};
 use crate::guard::GuardrailRecord;
-use crate::pipeline::{
-    Ingress, Outcome, XShield, admit, pipeline, routing_record, unavailable_message, upstream_refusal,
-    with_routing_headers,
-};
+use crate::pipeline::{Ingress, Outcome, admit, pipeline, unavailable_message, upstream_refusal, with_routing_headers};
 use crate::provider::Native;
+use crate::x_shield::{XShield, routing_record};
 
 pub mod wire;
 

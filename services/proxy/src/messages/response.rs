@@ -14,8 +14,9 @@ use crate::body::ChatRequest;
 use crate::dispatch::{Routed, RoutedResult};
 use crate::error::ProxyError;
 use crate::guard::GuardrailRecord;
-use crate::pipeline::{XShield, routing_record, unavailable_message, upstream_refusal, with_routing_headers};
+use crate::pipeline::{unavailable_message, upstream_refusal, with_routing_headers};
 use crate::provider::Native;
+use crate::x_shield::{XShield, routing_record};
 
 /// Anthropic's error `type` for a status (design/ANTHROPIC.md "Errors").
 pub fn error_type(status: StatusCode) -> &'static str {

@@ -17,6 +17,8 @@ use std::ops::Range;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::x_shield::XShieldJson;
+
 /// An answer's bytes with where `model`'s value sits and where the object ends.
 #[derive(Debug)]
 pub struct AsSent {
@@ -51,7 +53,7 @@ impl AsSent {
     }
 
     /// The answer with `model` set and `x_shield` added.
-    pub fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
+    pub fn render(self, model: &str, x_shield: &impl XShieldJson) -> Vec<u8> {
         let (Some(head), Some(middle)) = (self.bytes.get(..self.model.start), self.bytes.get(self.model.end..self.end))
         else {
             // The view's own offsets: always inside the bytes it read. Were they not, the
@@ -66,7 +68,7 @@ impl AsSent {
         let _ = serde_json::to_writer(&mut out, model);
         out.extend_from_slice(middle);
         out.extend_from_slice(b",\"x_shield\":");
-        let _ = serde_json::to_writer(&mut out, x_shield);
+        x_shield.write_json(&mut out);
         out.push(b'}');
         out
     }
@@ -82,7 +84,7 @@ pub enum Kept {
 
 impl Kept {
     /// The answer with `model` set and `x_shield` Shield's.
-    pub fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
+    pub fn render(self, model: &str, x_shield: &impl XShieldJson) -> Vec<u8> {
         match self {
             Kept::Raw(raw) => raw.render(model, x_shield),
             Kept::Tree(body) => render_tree(body, model, x_shield),
@@ -92,7 +94,7 @@ impl Kept {
 
 /// An answer held as a map, with `model` set and `x_shield` Shield's (an upstream's own
 /// dropped).
-pub fn render_tree(mut body: Map<String, Value>, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
+pub fn render_tree(mut body: Map<String, Value>, model: &str, x_shield: &impl XShieldJson) -> Vec<u8> {
     body.insert("model".into(), Value::String(model.to_string()));
     body.remove("x_shield");
     #[derive(serde::Serialize)]

@@ -39,7 +39,8 @@ use crate::body;
 use crate::dispatch::RoutedResult;
 use crate::egress::Egress;
 use crate::error::ProxyError;
-use crate::pipeline::{Ingress, Outcome, admit, pipeline, routing_record, with_routing_headers};
+use crate::pipeline::{Ingress, Outcome, admit, pipeline, with_routing_headers};
+use crate::x_shield::routing_record;
 use history::Keeper;
 use reasoning::Sealer;
 

@@ -101,7 +101,7 @@ impl AnthropicAnswer {
 
     /// The answer to a Messages caller: `model` set to the answering target's model, Shield's
     /// `x_shield` added (an upstream's own dropped).
-    pub fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
+    pub fn render(self, model: &str, x_shield: &impl crate::x_shield::XShieldJson) -> Vec<u8> {
         self.0.render(model, x_shield)
     }
 }

@@ -183,7 +183,7 @@ impl OpenAiAnswer {
 
     /// The answer to an OpenAI-shaped caller: `model` set to the answering target's model,
     /// Shield's `x_shield` added (an upstream's own `x_shield` dropped).
-    pub fn render(self, model: &str, x_shield: &impl serde::Serialize) -> Vec<u8> {
+    pub fn render(self, model: &str, x_shield: &impl crate::x_shield::XShieldJson) -> Vec<u8> {
         self.0.render(model, x_shield)
     }
 }
