@@ -7,6 +7,9 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
 use shield_core::run::Attempt;
 
 /// What [`Metrics::routed`] records of one call.
@@ -48,7 +51,33 @@ pub struct Metrics {
     trace_exported: IntCounter,
     trace_counts: parking_lot::Mutex<()>,
     guardrail_units: IntCounterVec,
+    /// The GenAI series of each label set met, resolved once (see [`GenAiSeries`]).
+    gen_ai_series: parking_lot::RwLock<crate::FastMap<u64, Vec<Arc<GenAiSeries>>>>,
 }
+
+/// The GenAI series of one upstream (tenant, route, target, provider, model), resolved when an
+/// attempt starts and kept for the next: `with_label_values` hashes every label byte by byte
+/// and takes the vector's lock on each call, three times per answered attempt, and an attempt
+/// held its five labels as owned strings until its end (issue 33: ~2 % of a small request's
+/// instructions). The set of label values is the one Prometheus keeps a series for anyway.
+pub struct GenAiSeries {
+    /// The label values as written (tenant, route and target empty when tenant labels are off).
+    labels: [Box<str>; 5],
+    /// The duration of an attempt that answered (`error.type` empty).
+    answered: Histogram,
+    first_chunk: Histogram,
+    input_tokens: Histogram,
+    output_tokens: Histogram,
+}
+
+impl GenAiSeries {
+    fn matches(&self, labels: &[&str; 5]) -> bool {
+        self.labels.iter().zip(labels).all(|(have, want)| **have == **want)
+    }
+}
+
+/// The hash of a label set in [`Metrics::gen_ai_series`]: fixed per process.
+static SERIES_HASH: std::sync::LazyLock<foldhash::fast::RandomState> = std::sync::LazyLock::new(Default::default);
 
 /// `gen_ai.client.token.usage` buckets: powers of 4 from 1 to 4^13 (the conventions').
 const TOKEN_BUCKETS: [f64; 14] = [
@@ -196,6 +225,7 @@ impl Metrics {
                 "Input guardrail units (system parts and messages): scanned, or reused from the tenant's memo of texts judged before.",
                 &["result"],
             ),
+            gen_ai_series: parking_lot::RwLock::default(),
             registry,
             tenant_labels,
         }
@@ -253,27 +283,58 @@ impl Metrics {
         self.http_requests.with_label_values(&[self.id(tenant), endpoint, digits.format(status), ending]).inc();
     }
 
-    /// One upstream attempt (`labels`: tenant, route, target, provider, model): its duration,
-    /// time to first chunk (streams), error type (failures) and tokens (answers).
+    /// The GenAI series of an upstream attempt (`labels`: tenant, route, target, provider,
+    /// model), found by the labels' hash, or resolved and kept the first time they are met.
+    pub fn gen_ai_series(&self, labels: [&str; 5]) -> Arc<GenAiSeries> {
+        let [tenant, route, target, provider, model] = labels;
+        let labels = [self.id(tenant), self.id(route), self.id(target), provider, model];
+        let hash = SERIES_HASH.hash_one(labels);
+        if let Some(found) =
+            self.gen_ai_series.read().get(&hash).and_then(|all| all.iter().find(|s| s.matches(&labels)))
+        {
+            return found.clone();
+        }
+        let mut kept = self.gen_ai_series.write();
+        let all = kept.entry(hash).or_default();
+        if let Some(found) = all.iter().find(|s| s.matches(&labels)) {
+            return found.clone();
+        }
+        let [a, b, c, e, f] = labels;
+        let common = [a, b, c, "chat", e, f];
+        let series = Arc::new(GenAiSeries {
+            labels: labels.map(Box::from),
+            answered: self.gen_ai_duration.with_label_values(&[a, b, c, "chat", e, f, ""]),
+            first_chunk: self.gen_ai_first_chunk.with_label_values(&common),
+            input_tokens: self.gen_ai_tokens.with_label_values(&[a, b, c, "chat", e, f, "input"]),
+            output_tokens: self.gen_ai_tokens.with_label_values(&[a, b, c, "chat", e, f, "output"]),
+        });
+        all.push(series.clone());
+        series
+    }
+
+    /// One upstream attempt of `series`: its duration, time to first chunk (streams), error
+    /// type (failures) and tokens (answers).
     pub fn gen_ai_attempt(
         &self,
-        labels: &[&str; 5],
+        series: &GenAiSeries,
         seconds: f64,
         first_chunk: Option<f64>,
         error: Option<&str>,
         usage: Option<&shield_core::usage::TokenUsage>,
     ) {
-        let [tenant, route, target, provider, model] = *labels;
-        let (t, r, g) = (self.id(tenant), self.id(route), self.id(target));
-        let common = [t, r, g, "chat", provider, model];
-        let [a, b, c, d, e, f] = common;
-        self.gen_ai_duration.with_label_values(&[a, b, c, d, e, f, error.unwrap_or("")]).observe(seconds);
+        match error {
+            None => series.answered.observe(seconds),
+            Some(error) => {
+                let [a, b, c, e, f] = series.labels.each_ref().map(|label| &**label);
+                self.gen_ai_duration.with_label_values(&[a, b, c, "chat", e, f, error]).observe(seconds);
+            }
+        }
         if let Some(first) = first_chunk {
-            self.gen_ai_first_chunk.with_label_values(&common).observe(first);
+            series.first_chunk.observe(first);
         }
         if let Some(usage) = usage {
-            self.gen_ai_tokens.with_label_values(&[a, b, c, d, e, f, "input"]).observe(usage.input as f64);
-            self.gen_ai_tokens.with_label_values(&[a, b, c, d, e, f, "output"]).observe(usage.output as f64);
+            series.input_tokens.observe(usage.input as f64);
+            series.output_tokens.observe(usage.output as f64);
         }
     }
 
@@ -301,5 +362,59 @@ impl Metrics {
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shield_core::usage::TokenUsage;
+
+    use super::*;
+
+    fn count(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let families = metrics.registry.gather();
+        let family = families.iter().find(|f| f.name() == name).unwrap();
+        family
+            .get_metric()
+            .iter()
+            .filter(|m| labels.iter().all(|(k, v)| m.get_label().iter().any(|l| l.name() == *k && l.value() == *v)))
+            .map(|m| m.get_histogram().get_sample_count())
+            .sum()
+    }
+
+    #[test]
+    fn an_attempts_series_are_its_labels_and_resolved_once() {
+        let metrics = Metrics::new(true);
+        let a = metrics.gen_ai_series(["t1", "r", "g", "openai", "m"]);
+        let again = metrics.gen_ai_series(["t1", "r", "g", "openai", "m"]);
+        assert!(Arc::ptr_eq(&a, &again), "the same labels find the series kept");
+        let other = metrics.gen_ai_series(["t2", "r", "g", "openai", "m"]);
+        assert!(!Arc::ptr_eq(&a, &other));
+        let usage = TokenUsage { input: 7, output: 3, ..Default::default() };
+        metrics.gen_ai_attempt(&a, 0.5, Some(0.1), None, Some(&usage));
+        metrics.gen_ai_attempt(&again, 0.5, None, Some("timeout"), None);
+        metrics.gen_ai_attempt(&other, 0.5, None, None, None);
+        let duration = "gen_ai_client_operation_duration_seconds";
+        let t1 = [("tenant", "t1"), ("gen_ai_provider_name", "openai"), ("gen_ai_request_model", "m")];
+        assert_eq!(count(&metrics, duration, &[t1[0], ("error_type", "")]), 1);
+        assert_eq!(count(&metrics, duration, &[t1[0], ("error_type", "timeout")]), 1);
+        assert_eq!(count(&metrics, duration, &[("tenant", "t2")]), 1);
+        assert_eq!(count(&metrics, "gen_ai_client_operation_time_to_first_chunk_seconds", &t1), 1);
+        let tokens = "gen_ai_client_token_usage";
+        assert_eq!(count(&metrics, tokens, &[t1[0], ("gen_ai_token_type", "input")]), 1);
+        assert_eq!(count(&metrics, tokens, &[t1[0], ("gen_ai_token_type", "output")]), 1);
+    }
+
+    #[test]
+    fn without_tenant_labels_every_tenant_shares_one_series() {
+        let metrics = Metrics::new(false);
+        let (a, b) = (
+            metrics.gen_ai_series(["t1", "r1", "g", "openai", "m"]),
+            metrics.gen_ai_series(["t2", "r2", "h", "openai", "m"]),
+        );
+        assert!(Arc::ptr_eq(&a, &b));
+        metrics.gen_ai_attempt(&a, 0.5, None, Some("connect"), None);
+        let duration = "gen_ai_client_operation_duration_seconds";
+        assert_eq!(count(&metrics, duration, &[("tenant", ""), ("error_type", "connect")]), 1);
     }
 }

@@ -23,7 +23,7 @@ use shield_core::usage::TokenUsage;
 use shield_telemetry::genai;
 
 use crate::body::ChatRequest;
-use crate::metrics::Metrics;
+use crate::metrics::{GenAiSeries, Metrics};
 
 /// The proxy's tracer (instrumentation scope `shield-proxy`), when tracing is on.
 pub fn tracer() -> Option<&'static SdkTracer> {
@@ -63,18 +63,10 @@ pub struct Observer<'a> {
 pub struct AttemptTrace {
     span: Option<Context>,
     metrics: Arc<Metrics>,
-    labels: Labels,
+    series: Arc<GenAiSeries>,
     started: Instant,
     first_chunk: Option<f64>,
     finished: bool,
-}
-
-struct Labels {
-    tenant: String,
-    route: String,
-    target: String,
-    provider: &'static str,
-    model: String,
 }
 
 /// What a successful attempt answered.
@@ -109,13 +101,13 @@ impl AttemptTrace {
         AttemptTrace {
             span,
             metrics: observer.metrics.clone(),
-            labels: Labels {
-                tenant: observer.tenant.to_string(),
-                route: observer.route.to_string(),
-                target: target.id.clone(),
+            series: observer.metrics.gen_ai_series([
+                observer.tenant,
+                observer.route,
+                &target.id,
                 provider,
-                model: target.model.clone(),
-            },
+                &target.model,
+            ]),
             started: Instant::now(),
             first_chunk: None,
             finished: false,
@@ -144,7 +136,7 @@ impl AttemptTrace {
     fn finish_failed(&mut self, error: &str, status: Option<u16>, committed: bool) {
         self.finished = true;
         let seconds = self.started.elapsed().as_secs_f64();
-        self.metrics.gen_ai_attempt(&self.gen_ai_labels(), seconds, self.first_chunk, Some(error), None);
+        self.metrics.gen_ai_attempt(&self.series, seconds, self.first_chunk, Some(error), None);
         if let Some(cx) = self.span.take() {
             let span = cx.span();
             let mut attributes = vec![
@@ -165,7 +157,7 @@ impl AttemptTrace {
     pub fn answered(mut self, answer: Answered<'_>) {
         self.finished = true;
         let seconds = self.started.elapsed().as_secs_f64();
-        self.metrics.gen_ai_attempt(&self.gen_ai_labels(), seconds, self.first_chunk, None, answer.usage.as_ref());
+        self.metrics.gen_ai_attempt(&self.series, seconds, self.first_chunk, None, answer.usage.as_ref());
         let Some(cx) = self.span.take() else { return };
         let span = cx.span();
         let mut attributes = vec![KeyValue::new("shield.committed", true)];
@@ -196,11 +188,6 @@ impl AttemptTrace {
         }
         span.set_attributes(attributes);
         span.end();
-    }
-
-    fn gen_ai_labels(&self) -> [&str; 5] {
-        let l = &self.labels;
-        [&l.tenant, &l.route, &l.target, l.provider, &l.model]
     }
 }
 
