@@ -28,9 +28,11 @@ use crate::usage::{Answered, UsageBuffer};
 
 /// What is known about one request, from its arrival to its end (see the module's doc).
 pub struct Trail {
-    request_id: String,
+    /// The id as the outermost layer chose it (a shared buffer: no copy per request).
+    request_id: actix_web::http::header::HeaderValue,
     method: actix_web::http::Method,
-    path: String,
+    /// Kept only when the access record is written: decided once, at arrival.
+    path: Option<String>,
     arrived: Instant,
     /// The request's SERVER span (tracing on).
     span: Option<opentelemetry::Context>,
@@ -59,12 +61,17 @@ struct Facts {
 
 impl Trail {
     /// The trail of a request that has just arrived.
-    pub fn arrive(req: &actix_web::dev::ServiceRequest, request_id: &str, metrics: Arc<Metrics>) -> Trail {
+    pub fn arrive(
+        req: &actix_web::dev::ServiceRequest,
+        request_id: actix_web::http::header::HeaderValue,
+        metrics: Arc<Metrics>,
+    ) -> Trail {
         let span = crate::observe::tracer().map(|tracer| shield_telemetry::server::start(tracer, req));
+        let access = tracing::enabled!(target: "shield::access", tracing::Level::INFO);
         Trail {
-            request_id: request_id.to_string(),
+            request_id,
             method: req.method().clone(),
-            path: req.path().to_string(),
+            path: access.then(|| req.path().to_string()),
             arrived: Instant::now(),
             span,
             metrics,
@@ -102,25 +109,30 @@ impl Trail {
     }
 
     /// The handler answered with `status`; `endpoint`: the matched route pattern.
-    pub fn responded(&self, status: u16, endpoint: Option<&str>) {
+    pub fn responded(&self, status: u16, endpoint: Option<String>) {
         if let Some(cx) = &self.span {
-            shield_telemetry::server::responded(cx, self.method.as_str(), endpoint, status);
+            shield_telemetry::server::responded(cx, self.method.as_str(), endpoint.as_deref(), status);
         }
         let mut facts = self.facts.lock();
         facts.status = status;
-        facts.endpoint = endpoint.map(str::to_string);
+        facts.endpoint = endpoint;
+    }
+
+    /// The request id's text.
+    fn id(&self) -> &str {
+        self.request_id.to_str().unwrap_or_default()
     }
 
     /// The access record: one `shield::access` line per request.
-    fn access_record(&self, facts: &Facts, ending: &str, tenant: &str) {
+    fn access_record(&self, path: &str, facts: &Facts, ending: &str, tenant: &str) {
         let duration_ms = self.arrived.elapsed().as_secs_f64() * 1000.0;
         let trace_id = self.trace_id();
         tracing::info!(
             target: "shield::access",
-            request_id = %self.request_id,
+            request_id = self.id(),
             trace_id = trace_id.as_deref().unwrap_or(""),
             method = %self.method,
-            path = %self.path,
+            path,
             status = facts.status,
             ending,
             tenant,
@@ -204,15 +216,13 @@ impl Drop for Trail {
         let tenant = facts.tenant.as_deref().unwrap_or("");
         self.metrics.http_request(tenant, endpoint, facts.status, ending);
         // Only when the record is written: the trace id's text and the clock cost otherwise.
-        if tracing::enabled!(target: "shield::access", tracing::Level::INFO) {
-            self.access_record(&facts, ending, tenant);
+        if let Some(path) = &self.path {
+            self.access_record(path, &facts, ending, tenant);
         }
         if let Some(cx) = self.span.take() {
             let span = cx.span();
-            let mut attributes = vec![
-                KeyValue::new("shield.request_id", self.request_id.clone()),
-                KeyValue::new("shield.ending", ending),
-            ];
+            let mut attributes =
+                vec![KeyValue::new("shield.request_id", self.id().to_string()), KeyValue::new("shield.ending", ending)];
             let mut add = |key: &'static str, value: Option<String>| {
                 if let Some(value) = value {
                     attributes.push(KeyValue::new(key, value));

@@ -325,7 +325,7 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
                 let anthropic = anthropic_shaped(req.path(), req.headers());
                 // The request's context from its arrival (issue 31): probes and scrapes have none.
                 let trail = (!unobserved(req.path()))
-                    .then(|| Arc::new(context::Trail::arrive(&req, id.to_str().unwrap_or_default(), metrics.clone())));
+                    .then(|| Arc::new(context::Trail::arrive(&req, id.clone(), metrics.clone())));
                 if let Some(trail) = &trail {
                     req.extensions_mut().insert(trail.clone());
                 }
@@ -346,7 +346,7 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
                     response.headers_mut().insert(header, id);
                     if let Some(trail) = trail {
                         let pattern = response.request().match_pattern();
-                        trail.responded(response.status().as_u16(), pattern.as_deref());
+                        trail.responded(response.status().as_u16(), pattern);
                         // A streamed answer holds its own reference until the stream ends.
                         response.request().extensions_mut().remove::<Arc<context::Trail>>();
                     }

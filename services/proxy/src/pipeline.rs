@@ -511,7 +511,7 @@ pub fn with_routing_headers(
         response.insert_header((TARGET_HEADER, target));
     }
     response.insert_header((FAILOVERS_HEADER, small_number(routed.failovers)));
-    response.insert_header((BUDGET_HEADER, routed.budget.as_str()));
+    response.insert_header((BUDGET_HEADER, HeaderValue::from_static(routed.budget.as_str())));
     if let Some(dropped) = dropped_value(&routed.dropped) {
         response.insert_header((DROPPED_HEADER, dropped));
     }
