@@ -63,7 +63,10 @@ impl AsSent {
                 _ => render_tree(Map::new(), model, x_shield),
             };
         };
-        let mut out = Vec::with_capacity(self.bytes.len() + model.len() + 512);
+        // Room for `x_shield`: a route's record with an attempt or two, and four guardrail
+        // records (input and output, two detectors) are ~700 bytes; growing the buffer past it
+        // would copy the whole answer again.
+        let mut out = Vec::with_capacity(self.bytes.len() + model.len() + 1024);
         out.extend_from_slice(head);
         let _ = serde_json::to_writer(&mut out, model);
         out.extend_from_slice(middle);
