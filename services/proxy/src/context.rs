@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use shield_core::plan::Excluded;
 use shield_core::run::{Attempt, Halt};
+use shield_core::snapshot::ApiKeyRecord;
 
 use crate::limits::Admission;
 use crate::metrics::{Metrics, Observed};
@@ -42,8 +43,8 @@ pub struct Trail {
 
 #[derive(Default)]
 struct Facts {
-    tenant: Option<String>,
-    key_id: Option<String>,
+    /// The caller's key (its tenant and id), shared with the snapshot.
+    caller: Option<Arc<ApiKeyRecord>>,
     route: Option<String>,
     rule: Option<String>,
     budget: Option<&'static str>,
@@ -90,10 +91,8 @@ impl Trail {
     }
 
     /// The caller was authenticated.
-    pub fn caller(&self, tenant: &str, key_id: &str) {
-        let mut facts = self.facts.lock();
-        facts.tenant = Some(tenant.to_string());
-        facts.key_id = Some(key_id.to_string());
+    pub fn caller(&self, key: &Arc<ApiKeyRecord>) {
+        self.facts.lock().caller = Some(key.clone());
     }
 
     /// The request named this route (or the default path's model).
@@ -136,7 +135,7 @@ impl Trail {
             status = facts.status,
             ending,
             tenant,
-            key_id = facts.key_id.as_deref().unwrap_or(""),
+            key_id = facts.caller.as_ref().map_or("", |k| k.key_id.as_str()),
             route = facts.route.as_deref().unwrap_or(""),
             rule = facts.rule.as_deref().unwrap_or(""),
             target = facts.target.as_deref().unwrap_or(""),
@@ -213,7 +212,7 @@ impl Drop for Trail {
         let ending =
             facts.ending.unwrap_or(if facts.status == 0 { "client_gone" } else { ending_of_status(facts.status) });
         let endpoint = facts.endpoint.as_deref().unwrap_or("unmatched");
-        let tenant = facts.tenant.as_deref().unwrap_or("");
+        let tenant = facts.caller.as_ref().map_or("", |k| k.tenant.as_str());
         self.metrics.http_request(tenant, endpoint, facts.status, ending);
         // Only when the record is written: the trace id's text and the clock cost otherwise.
         if let Some(path) = &self.path {
@@ -228,8 +227,8 @@ impl Drop for Trail {
                     attributes.push(KeyValue::new(key, value));
                 }
             };
-            add("shield.tenant", facts.tenant);
-            add("shield.key_id", facts.key_id);
+            add("shield.tenant", facts.caller.as_ref().map(|k| k.tenant.clone()));
+            add("shield.key_id", facts.caller.as_ref().map(|k| k.key_id.clone()));
             add("shield.route", facts.route);
             add("shield.rule", facts.rule);
             add("shield.budget", facts.budget.map(str::to_string));
@@ -243,9 +242,9 @@ impl Drop for Trail {
 
 /// A routed request, from its arrival to its end.
 pub struct RequestContext {
-    tenant: String,
-    /// The caller's key: usage and spend per key (issue 32).
-    key_id: String,
+    /// The caller's key, its tenant and id (usage and spend per key, issue 32): shared with
+    /// the snapshot, not copied per request.
+    caller: Arc<ApiKeyRecord>,
     route: String,
     arrived: Instant,
     stream: bool,
@@ -297,8 +296,7 @@ impl<'a> Ending<'a> {
 
 impl RequestContext {
     pub fn new(
-        tenant: &str,
-        key_id: &str,
+        caller: Arc<ApiKeyRecord>,
         route: &str,
         arrived: Instant,
         stream: bool,
@@ -306,8 +304,7 @@ impl RequestContext {
         metrics: Arc<Metrics>,
     ) -> RequestContext {
         RequestContext {
-            tenant: tenant.to_string(),
-            key_id: key_id.to_string(),
+            caller,
             route: route.to_string(),
             arrived,
             stream,
@@ -346,7 +343,7 @@ impl RequestContext {
     }
 
     pub fn tenant(&self) -> &str {
-        &self.tenant
+        &self.caller.tenant
     }
 
     pub fn route(&self) -> &str {
@@ -357,14 +354,15 @@ impl RequestContext {
     pub fn end(self, ending: Ending<'_>) {
         let Ending { halt, target, attempts, excluded, answered, answered_at, upstream, malformed_events } = ending;
         let stream_broken = answered.iter().any(|a| a.stream_broken);
-        self.usage.record(&self.tenant, &self.key_id, &self.route, attempts, &answered);
+        let tenant = self.tenant();
+        self.usage.record(tenant, &self.caller.key_id, &self.route, attempts, &answered);
         if let Some(admission) = &self.admission {
             // Issue 18: token limits settle to the reported usage of every answer produced.
             admission.settle(answered.iter().map(|a| a.input_tokens + a.output_tokens).sum());
         }
         let until = answered_at.unwrap_or_else(Instant::now);
         self.metrics.routed(Observed {
-            tenant: &self.tenant,
+            tenant,
             route: &self.route,
             target,
             halt: halt.as_str(),
@@ -376,7 +374,7 @@ impl RequestContext {
             trail.routed(halt, target, attempts, self.rule.clone(), self.budget);
         }
         if self.stream {
-            self.metrics.stream_ended(&self.tenant, &self.route, target.unwrap_or(""), stream_broken, malformed_events);
+            self.metrics.stream_ended(tenant, &self.route, target.unwrap_or(""), stream_broken, malformed_events);
         }
         // The provenance record, one line per request. Debug level keeps the hot path free of
         // it unless asked for (`RUST_LOG=shield_proxy::context=debug`).
@@ -384,7 +382,7 @@ impl RequestContext {
             let tokens: Vec<(u64, u64, i64)> =
                 answered.iter().map(|a| (a.input_tokens, a.output_tokens, a.cost_micros)).collect();
             tracing::debug!(
-                tenant = %self.tenant, route = %self.route, target = target.unwrap_or(""), halt = halt.as_str(),
+                tenant, route = %self.route, target = target.unwrap_or(""), halt = halt.as_str(),
                 stream = self.stream, tokens = ?tokens, malformed_events,
                 attempts = %serde_json::to_string(attempts).unwrap_or_default(),
                 excluded = %serde_json::to_string(excluded).unwrap_or_default(), "request ended"

@@ -149,7 +149,7 @@ pub async fn admit(req: &HttpRequest, state: &ProxyState) -> Result<Caller, Prox
     let hop = inbound_hop(req.headers(), state.config.max_hops)?;
     let key = authenticate(req, &state.caches).await?;
     if let Some(trail) = crate::trail_of(req) {
-        trail.caller(&key.tenant, &key.key_id);
+        trail.caller(&key);
     }
     Ok(Caller { key, hop, arrived: Instant::now() })
 }
@@ -279,8 +279,7 @@ pub async fn pipeline(
         observer,
     };
     let mut context = RequestContext::new(
-        &caller.tenant,
-        &caller.key_id,
+        caller.clone(),
         &route.name,
         started,
         request.stream(),
