@@ -8,7 +8,7 @@ use prometheus::{
     TextEncoder,
 };
 use std::hash::BuildHasher;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use shield_core::run::Attempt;
 
@@ -59,20 +59,29 @@ pub struct Metrics {
 /// attempt starts and kept for the next: `with_label_values` hashes every label byte by byte
 /// and takes the vector's lock on each call, three times per answered attempt, and an attempt
 /// held its five labels as owned strings until its end (issue 33: ~2 % of a small request's
-/// instructions). The set of label values is the one Prometheus keeps a series for anyway.
+/// instructions). The set of label values is the one Prometheus keeps a series for anyway. Each
+/// series is resolved when first observed, as `with_label_values` made it, so `/metrics` shows
+/// the same series as before (no first-chunk series for an upstream that never streamed).
 pub struct GenAiSeries {
     /// The label values as written (tenant, route and target empty when tenant labels are off).
     labels: [Box<str>; 5],
     /// The duration of an attempt that answered (`error.type` empty).
-    answered: Histogram,
-    first_chunk: Histogram,
-    input_tokens: Histogram,
-    output_tokens: Histogram,
+    answered: OnceLock<Histogram>,
+    first_chunk: OnceLock<Histogram>,
+    /// Input and output tokens.
+    tokens: OnceLock<[Histogram; 2]>,
 }
 
 impl GenAiSeries {
     fn matches(&self, labels: &[&str; 5]) -> bool {
         self.labels.iter().zip(labels).all(|(have, want)| **have == **want)
+    }
+
+    /// The labels of the vectors' six common ones: tenant, route, target, the operation,
+    /// provider and model.
+    fn common(&self) -> [&str; 6] {
+        let [tenant, route, target, provider, model] = &self.labels;
+        [tenant, route, target, "chat", provider, model]
     }
 }
 
@@ -299,14 +308,11 @@ impl Metrics {
         if let Some(found) = all.iter().find(|s| s.matches(&labels)) {
             return found.clone();
         }
-        let [a, b, c, e, f] = labels;
-        let common = [a, b, c, "chat", e, f];
         let series = Arc::new(GenAiSeries {
             labels: labels.map(Box::from),
-            answered: self.gen_ai_duration.with_label_values(&[a, b, c, "chat", e, f, ""]),
-            first_chunk: self.gen_ai_first_chunk.with_label_values(&common),
-            input_tokens: self.gen_ai_tokens.with_label_values(&[a, b, c, "chat", e, f, "input"]),
-            output_tokens: self.gen_ai_tokens.with_label_values(&[a, b, c, "chat", e, f, "output"]),
+            answered: OnceLock::new(),
+            first_chunk: OnceLock::new(),
+            tokens: OnceLock::new(),
         });
         all.push(series.clone());
         series
@@ -322,19 +328,24 @@ impl Metrics {
         error: Option<&str>,
         usage: Option<&shield_core::usage::TokenUsage>,
     ) {
+        let common = series.common();
+        let [a, b, c, d, e, f] = common;
         match error {
-            None => series.answered.observe(seconds),
-            Some(error) => {
-                let [a, b, c, e, f] = series.labels.each_ref().map(|label| &**label);
-                self.gen_ai_duration.with_label_values(&[a, b, c, "chat", e, f, error]).observe(seconds);
-            }
+            None => series
+                .answered
+                .get_or_init(|| self.gen_ai_duration.with_label_values(&[a, b, c, d, e, f, ""]))
+                .observe(seconds),
+            Some(error) => self.gen_ai_duration.with_label_values(&[a, b, c, d, e, f, error]).observe(seconds),
         }
         if let Some(first) = first_chunk {
-            series.first_chunk.observe(first);
+            series.first_chunk.get_or_init(|| self.gen_ai_first_chunk.with_label_values(&common)).observe(first);
         }
         if let Some(usage) = usage {
-            series.input_tokens.observe(usage.input as f64);
-            series.output_tokens.observe(usage.output as f64);
+            let [input, output] = series.tokens.get_or_init(|| {
+                ["input", "output"].map(|kind| self.gen_ai_tokens.with_label_values(&[a, b, c, d, e, f, kind]))
+            });
+            input.observe(usage.input as f64);
+            output.observe(usage.output as f64);
         }
     }
 
@@ -373,7 +384,7 @@ mod tests {
 
     fn count(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> u64 {
         let families = metrics.registry.gather();
-        let family = families.iter().find(|f| f.name() == name).unwrap();
+        let Some(family) = families.iter().find(|f| f.name() == name) else { return 0 };
         family
             .get_metric()
             .iter()
@@ -403,6 +414,26 @@ mod tests {
         let tokens = "gen_ai_client_token_usage";
         assert_eq!(count(&metrics, tokens, &[t1[0], ("gen_ai_token_type", "input")]), 1);
         assert_eq!(count(&metrics, tokens, &[t1[0], ("gen_ai_token_type", "output")]), 1);
+    }
+
+    /// `/metrics` shows the series it showed when each was resolved on its first observation.
+    #[test]
+    fn a_series_shows_once_observed() {
+        let metrics = Metrics::new(true);
+        let failing = metrics.gen_ai_series(["t1", "r", "g", "openai", "m"]);
+        metrics.gen_ai_attempt(&failing, 0.5, None, Some("connect"), None);
+        let series = |name: &str| {
+            let families = metrics.registry.gather();
+            families.iter().find(|f| f.name() == name).map_or(0, |f| f.get_metric().len())
+        };
+        assert_eq!(series("gen_ai_client_operation_duration_seconds"), 1, "the failure's series only");
+        assert_eq!(series("gen_ai_client_operation_time_to_first_chunk_seconds"), 0, "never streamed");
+        assert_eq!(series("gen_ai_client_token_usage"), 0, "never answered");
+        let usage = TokenUsage { input: 1, output: 1, ..Default::default() };
+        metrics.gen_ai_attempt(&failing, 0.5, None, None, Some(&usage));
+        assert_eq!(series("gen_ai_client_operation_duration_seconds"), 2);
+        assert_eq!(series("gen_ai_client_token_usage"), 2);
+        assert_eq!(series("gen_ai_client_operation_time_to_first_chunk_seconds"), 0);
     }
 
     #[test]
