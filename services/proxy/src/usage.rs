@@ -189,6 +189,15 @@ struct Spend {
     totals: HashMap<String, (String, i64)>,
 }
 
+/// `target`'s row in `rows`, added when it has none yet (never `None`).
+fn row_of<'r, 't>(rows: &'r mut Vec<(&'t str, UsageRow)>, target: &'t str) -> Option<&'r mut UsageRow> {
+    let at = rows.iter().position(|(known, _)| *known == target).unwrap_or_else(|| {
+        rows.push((target, UsageRow::default()));
+        rows.len() - 1
+    });
+    rows.get_mut(at).map(|(_, row)| row)
+}
+
 /// Adds `micros` of `month` to `entry`; an entry of another month starts again from 0.
 fn add_month(entry: &mut (String, i64), month: &str, micros: i64) {
     if entry.0 != month {
@@ -378,9 +387,11 @@ impl UsageBuffer {
     /// The key's row of the route counts the request once, with its tokens and cost.
     pub fn record(&self, tenant: &str, key_id: &str, route: &str, attempts: &[Attempt], answered: &[Answered<'_>]) {
         let day = today();
-        let mut rows: BTreeMap<&str, UsageRow> = BTreeMap::new();
+        // Per target: a call has one or a few, so a list searched in order (a map's node was an
+        // allocation and a walk on every call).
+        let mut rows: Vec<(&str, UsageRow)> = Vec::with_capacity(attempts.len().max(answered.len()));
         for (i, attempt) in attempts.iter().enumerate() {
-            let row = rows.entry(attempt.target.as_str()).or_default();
+            let Some(row) = row_of(&mut rows, attempt.target.as_str()) else { continue };
             row.calls += 1;
             row.latency_ms_sum += attempt.ms;
             row.stream_resumed += u64::from(attempt.resumed);
@@ -394,7 +405,7 @@ impl UsageBuffer {
             }
         }
         for answer in answered {
-            let row = rows.entry(answer.target).or_default();
+            let Some(row) = row_of(&mut rows, answer.target) else { continue };
             row.input_tokens += answer.input_tokens;
             row.output_tokens += answer.output_tokens;
             row.cost_micros += answer.cost_micros;
@@ -404,7 +415,7 @@ impl UsageBuffer {
         // The key's row counts the request once (its attempts are the route rows' business):
         // a call, answered or failed, with its failovers, tokens and cost.
         let mut by_key = UsageRow::default();
-        for row in rows.values() {
+        for (_, row) in &rows {
             by_key.add(row);
         }
         let answered_ok = attempts.iter().any(|a| a.outcome == "ok");
