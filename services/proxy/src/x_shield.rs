@@ -66,8 +66,7 @@ pub fn routing_record<'a>(routed: &'a Routed, target: Option<&'a str>) -> Routin
 pub trait XShieldJson: Serialize {
     /// Appends the value's JSON text, as `serde_json::to_writer` would write it.
     fn write_json(&self, out: &mut Vec<u8>) {
-        // Writing to a Vec cannot fail.
-        let _ = serde_json::to_writer(out, self);
+        serde(out, self);
     }
 }
 
@@ -155,7 +154,8 @@ fn optional_str(out: &mut Vec<u8>, text: Option<&str>) {
     }
 }
 
-fn serde(out: &mut Vec<u8>, value: &impl Serialize) {
+/// Appends `value` as serde_json writes it.
+fn serde(out: &mut Vec<u8>, value: &(impl Serialize + ?Sized)) {
     // Writing to a Vec cannot fail; the values written here have no map with non-string keys.
     let _ = serde_json::to_writer(out, value);
 }
