@@ -83,19 +83,24 @@ pub fn read<R: ShapeReader>(body: &Bytes, memo: &Memo, reader: &mut R) -> Option
     let (mut values, mut keys, mut messages) = (Map::new(), Keys::default(), None);
     let (mut system, mut tools) = (SystemPrompt::default(), ToolList::default());
     let (mut known_tools, mut known_prefix) = (None, None);
+    // The spans of the body the memo knows by their bytes: checked as UTF-8 when first sent.
+    let mut known_spans = Vec::with_capacity(2);
     let found = fields(body, |key, at| match key {
         "tools" => {
             let (end, count) = tools_known_at(R::SHAPE, body, memo, at)?;
             known_tools = Some(count);
+            known_spans.push(at..end);
             Some((end, None))
         }
         "messages" => {
             let (prefix, after, end) = prefix_known_at(R::SHAPE, body, memo, at)?;
+            known_spans.push(at..at + prefix.segments.last()?);
             known_prefix = Some(prefix);
             Some((end, Some(after)))
         }
         _ => None,
     })?;
+    utf8_but(body, &mut known_spans)?;
     for field in found {
         keys.found(field.key, field.key_at);
         let text = body.get(field.value.clone())?;
@@ -177,7 +182,6 @@ fn fields(
     body: &Bytes,
     known: impl FnMut(&str, usize) -> Option<(usize, Option<Vec<Item>>)>,
 ) -> Option<Vec<Field<'_>>> {
-    simdutf8::basic::from_utf8(body).ok()?;
     let fields = json_scan::fields_knowing(body, &["messages", "tools", "system"], known)?;
     // A few fields: each compared with those before it costs less than a set, and a body of
     // thousands of keys (read whole, then) cannot make it quadratic.
@@ -189,6 +193,23 @@ fn fields(
         }
     }
     Some(fields)
+}
+
+/// Whether `body` is UTF-8 but for the spans `known` (sorted here), the body's `tools` and its
+/// history's prefix that the tenant sent before: each was checked, whole, in the body that first
+/// sent it (every remembered span comes from a body checked here), and is known by a keyed hash
+/// of 128 bits of its bytes. So a resent 150 KB history is not checked again, only what is new
+/// (issue 33). Every span starts and ends at a JSON structural byte, where no UTF-8 sequence
+/// spans: the body is UTF-8 exactly when the parts between them are. `None`: it is not (read it
+/// whole, which refuses it in serde_json's words).
+fn utf8_but(body: &[u8], known: &mut [std::ops::Range<usize>]) -> Option<()> {
+    known.sort_unstable_by_key(|span| span.start);
+    let mut from = 0;
+    for span in known.iter() {
+        simdutf8::basic::from_utf8(body.get(from..span.start.max(from))?).ok()?;
+        from = from.max(span.end);
+    }
+    simdutf8::basic::from_utf8(body.get(from..)?).ok().map(drop)
 }
 
 /// The history a `messages` array at `at` holds: the items of a `prefix` the tenant sent before
@@ -543,6 +564,63 @@ mod tests {
                 prop_assert!(!known.messages.is_typed(), "judged without typing the history");
                 prop_assert_eq!(known, alone);
             }
+        }
+    }
+
+    proptest! {
+        /// The body is UTF-8 but for its known spans exactly when it is UTF-8: a known span's
+        /// bytes are (they were checked when first sent), and a span starts and ends at a JSON
+        /// structural byte (here the `,` between parts).
+        #[test]
+        fn utf8_but_the_known_spans_is_utf8(parts in prop::collection::vec((".{0,12}", any::<bool>(), prop::option::of((0..16usize, 0x80u8..=0xff))), 0..12)) {
+            let (mut body, mut known) = (Vec::new(), Vec::new());
+            for (text, is_known, bad) in parts {
+                let mut bytes = text.into_bytes();
+                if let Some((at, byte)) = bad {
+                    bytes.insert(at.min(bytes.len()), byte);
+                }
+                if is_known && std::str::from_utf8(&bytes).is_ok() {
+                    known.push(body.len()..body.len() + bytes.len());
+                }
+                body.extend_from_slice(&bytes);
+                body.push(b',');
+            }
+            known.reverse();
+            prop_assert_eq!(super::utf8_but(&body, &mut known).is_some(), std::str::from_utf8(&body).is_ok());
+        }
+    }
+
+    /// A turn whose new message or other field is not UTF-8 is refused as the body alone is, in
+    /// serde_json's words, though its history and tools are known by their bytes and not
+    /// checked again.
+    #[test]
+    fn what_is_new_is_checked_as_utf8() {
+        let memo = Verdicts::default().of("tenant");
+        let tools = r#"[{"type":"function","function":{"name":"Bash","parameters":{"type":"object","properties":{"c":{"type":"string"}}}}}]"#;
+        let with_tools = |sent: bytes::Bytes| {
+            let text = String::from_utf8(sent.to_vec()).unwrap();
+            bytes::Bytes::from(text.replacen(r#""messages""#, &format!(r#""tools":{tools},"messages""#), 1))
+        };
+        let history: Vec<Value> = (0..9).map(|i| message(i, 0)).collect();
+        for upto in [3, 6] {
+            ChatRequest::parse_remembering(&with_tools(body(&history[..upto], false, 0)), Some(&memo)).unwrap();
+        }
+        let sent = with_tools(body(&history, false, 0));
+        let known = ChatRequest::parse_remembering(&sent, Some(&memo)).unwrap();
+        assert!(known.exchange.messages.sent().is_some(), "read by its spans, its prefix and tools known");
+        assert_eq!(memo.prefixes()[0].spans.len(), 9, "the prefix of six extended");
+        // A bad byte in the newest message's text, or in the field after the history.
+        let text = String::from_utf8(sent.to_vec()).unwrap();
+        for (within, after) in [("fix the build", 4), (r#""pad":"p"#, 7)] {
+            let at = text.rfind(within).unwrap() + after;
+            let mut bad = sent.to_vec();
+            bad.insert(at, 0xff);
+            let bad = bytes::Bytes::from(bad);
+            let refused = |read: Result<ChatRequest, _>| read.err().expect("refused");
+            let alone = refused(ChatRequest::parse(&bad));
+            let known = refused(ChatRequest::parse_remembering(&bad, Some(&memo)));
+            assert_eq!(known.to_string(), alone.to_string());
+            assert!(known.to_string().contains("unicode") || known.to_string().contains("UTF-8"), "{known}");
         }
     }
 
