@@ -42,6 +42,7 @@ machine lands on every path alike rather than on whichever ran then.
 
 Usage: bench/run.sh [seconds per run, default 10]
 """
+import glob
 import json
 import os
 import re
@@ -128,11 +129,25 @@ def cpu_split(pid):
 
 
 def proc_stat(pid):
-    """(utime, stime, minor page faults) of `pid`: a fault is the kernel giving the process a
-    page it touched for the first time (or again, after the allocator gave it back)."""
+    """(utime, stime, minor page faults, voluntary and involuntary context switches) of `pid`: a
+    fault is the kernel giving the process a page it touched for the first time (or again, after
+    the allocator gave it back); a voluntary switch is a thread going to sleep with nothing to do
+    (a worker's epoll_wait finding no event, then woken), an involuntary one a thread the
+    scheduler took off its core for another (the load generator, nginx: they share the cores)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]), int(fields[12]), int(fields[7])
+    voluntary = involuntary = 0
+    for task in glob.glob(f"/proc/{pid}/task/*/status"):
+        try:
+            with open(task) as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        voluntary += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        involuntary += int(line.split()[1])
+        except OSError:  # a thread that ended between the listing and the read
+            pass
+    return int(fields[11]), int(fields[12]), int(fields[7]), voluntary, involuntary
 
 
 def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None, pid=None):
@@ -156,15 +171,15 @@ def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None, pid
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     pct = {p: to_ms(v) for p, v in re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M)}
     answered = int(re.search(r"(\d+) requests in", out).group(1))
-    cpu_us = user_us = faults = None
+    cpu_us = user_us = faults = voluntary = involuntary = None
     if pid:
         after = proc_stat(pid)
         per_request = 1e6 / os.sysconf("SC_CLK_TCK") / max(answered, 1)
         user_us = (after[0] - before[0]) * per_request
         cpu_us = user_us + (after[1] - before[1]) * per_request
-        faults = (after[2] - before[2]) / max(answered, 1)
+        faults, voluntary, involuntary = ((after[i] - before[i]) / max(answered, 1) for i in (2, 3, 4))
     return {"rps": rps, "p50": pct["50"], "p99": pct["99"], "non_2xx": int(errors.group(1)) if errors else 0,
-            "cpu_us": cpu_us, "user_us": user_us, "faults": faults}
+            "cpu_us": cpu_us, "user_us": user_us, "faults": faults, "voluntary": voluntary, "involuntary": involuntary}
 
 
 def paced(url, headers, pid=None):
@@ -184,7 +199,7 @@ def paced(url, headers, pid=None):
     ok = sum(v for k, v in codes.items() if k.startswith("2"))
     return {"rps": report["summary"]["requestsPerSec"], "p50": report["latencyPercentiles"]["p50"] * 1000,
             "p99": report["latencyPercentiles"]["p99"] * 1000, "non_2xx": sum(codes.values()) - ok, "cpu_us": None,
-            "user_us": None, "faults": None}
+            "user_us": None, "faults": None, "voluntary": None, "involuntary": None}
 
 
 def ttft(port, path, headers, n=300):
@@ -233,12 +248,15 @@ def print_c20(results, baseline):
     # CPU per request split: user space (the gateway's own instructions) and the kernel on its
     # behalf (system calls, loopback TCP): issue 33 asks why the floor ratio moves with the CPU.
     # Page faults per request: memory the kernel hands the process afresh, counted in kernel time.
+    # Context switches per request (vcsw: the process's threads sleeping for want of work, then
+    # woken; icsw: taken off a core for another process): each costs scheduler time in the kernel.
     print(f"{'path':<10}{'RPS':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}{'CPU us/req':>12}{'user':>8}{'kernel':>8}"
-          f"{'faults':>8}")
+          f"{'faults':>8}{'vcsw':>8}{'icsw':>8}")
     for name, r in results.items():
         cpu = f"{r['cpu_us']:>12.1f}" if r.get("cpu_us") is not None else f"{'':>12}"
         if r.get("user_us") is not None:
             cpu += f"{r['user_us']:>8.1f}{r['cpu_us'] - r['user_us']:>8.1f}{r['faults']:>8.2f}"
+            cpu += f"{r['voluntary']:>8.2f}{r['involuntary']:>8.2f}"
         print(f"{name:<10}{r['rps']:>10.0f}{r['p50']:>10.3f}{r['p99']:>10.3f}{r['non_2xx']:>10}{cpu}")
     for prefix in [p for p in ("", "s-") if f"{p}shield" in results and f"{p}nginx" in results]:
         s_, n_ = results[f"{prefix}shield"], results[f"{prefix}nginx"]
