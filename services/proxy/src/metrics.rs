@@ -1,16 +1,20 @@
 //! Prometheus metrics of the data plane (`GET /metrics`). Every label value comes from a closed
 //! set (halts, failure classes, breaker states) or from the tenant's own ids, which the 100
 //! route / 50 target limits bound; `SHIELD_METRICS_TENANT_LABELS=0` drops tenant, route and
-//! target labels for very large fleets. No key, credential or prompt is ever a label.
+//! target labels for very large fleets. No key, credential or prompt is ever a label. A metric
+//! with a label a tenant names is a [`family::Family`], whose series are told apart by their
+//! whole label values (prometheus's own vectors are not: see there).
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 use std::hash::BuildHasher;
 use std::sync::{Arc, OnceLock};
 
 use shield_core::run::Attempt;
+
+mod family;
+use family::{Registered, Series};
 
 /// What [`Metrics::routed`] records of one call.
 pub struct Observed<'a> {
@@ -28,24 +32,24 @@ pub struct Observed<'a> {
 pub struct Metrics {
     registry: Registry,
     tenant_labels: bool,
-    requests: IntCounterVec,
-    failovers: IntCounterVec,
-    upstream_seconds: HistogramVec,
+    requests: Registered<IntCounter, 4>,
+    failovers: Registered<IntCounter, 3>,
+    upstream_seconds: Registered<Histogram, 3>,
     /// `shield_gateway_added_seconds` for non-streamed and streamed calls: its only two
     /// series, resolved once instead of by label on every call.
     added_seconds: [Histogram; 2],
-    circuit_state: IntGaugeVec,
-    stream_broken: IntCounterVec,
+    circuit_state: Registered<IntGauge, 2>,
+    stream_broken: Registered<IntCounter, 3>,
     malformed_events: IntCounter,
-    rate_limited: IntCounterVec,
-    snapshot_age: IntGaugeVec,
+    rate_limited: Registered<IntCounter, 4>,
+    snapshot_age: Registered<IntGauge, 1>,
     pub usage_buffer_dropped: IntCounter,
     /// Every request by how it ended (issue 31), written by [`crate::context::Trail`].
-    http_requests: IntCounterVec,
+    http_requests: Registered<IntCounter, 4>,
     /// GenAI client metrics (semantic conventions v1.41), per upstream attempt.
-    gen_ai_tokens: HistogramVec,
-    gen_ai_duration: HistogramVec,
-    gen_ai_first_chunk: HistogramVec,
+    gen_ai_tokens: Registered<Histogram, 7>,
+    gen_ai_duration: Registered<Histogram, 7>,
+    gen_ai_first_chunk: Registered<Histogram, 6>,
     /// Spans dropped by the trace exporter, by why; spans exported.
     trace_dropped: IntCounterVec,
     trace_exported: IntCounter,
@@ -66,10 +70,10 @@ pub struct GenAiSeries {
     /// The label values as written (tenant, route and target empty when tenant labels are off).
     labels: [Box<str>; 5],
     /// The duration of an attempt that answered (`error.type` empty).
-    answered: OnceLock<Histogram>,
-    first_chunk: OnceLock<Histogram>,
+    answered: OnceLock<Option<Histogram>>,
+    first_chunk: OnceLock<Option<Histogram>>,
     /// Input and output tokens.
-    tokens: OnceLock<[Histogram; 2]>,
+    tokens: OnceLock<Option<(Histogram, Histogram)>>,
 }
 
 impl GenAiSeries {
@@ -140,31 +144,40 @@ impl Metrics {
             h
         };
         let histogram = |name: &str, help: &str, labels: &[&str]| histogram_of(name, help, &LATENCY_BUCKETS, labels);
-        let gauge = |name: &str, help: &str, labels: &[&str]| {
-            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry.register(Box::new(g.clone())).expect("unique metric");
-            g
-        };
+        // A label a tenant names (tenant, route, target, model): a family of its own (see
+        // [`family`]); the vectors above keep closed sets only.
+        fn family<M: Series, const N: usize>(
+            registry: &Registry,
+            opts: M::Opts,
+            labels: [&'static str; N],
+        ) -> Registered<M, N> {
+            family::Family::new(opts, labels).and_then(|f| Registered::new(f, registry)).expect("valid, unique metric")
+        }
+        let counted = |name: &str, help: &str| Opts::new(name, help);
+        let timed = |name: &str, help: &str, buckets: &[f64]| HistogramOpts::new(name, help).buckets(buckets.to_vec());
         let single = |name: &str, help: &str| {
             let c = IntCounter::new(name, help).expect("valid metric");
             registry.register(Box::new(c.clone())).expect("unique metric");
             c
         };
         Metrics {
-            requests: counter(
-                "shield_requests_total",
-                "Routed requests by how the run ended (halt).",
-                &["tenant", "route", "target", "halt"],
+            requests: family(
+                &registry,
+                counted("shield_requests_total", "Routed requests by how the run ended (halt)."),
+                ["tenant", "route", "target", "halt"],
             ),
-            failovers: counter(
-                "shield_failovers_total",
-                "Failed attempts after which another target was tried, by failure class.",
-                &["tenant", "route", "class"],
+            failovers: family(
+                &registry,
+                counted(
+                    "shield_failovers_total",
+                    "Failed attempts after which another target was tried, by failure class.",
+                ),
+                ["tenant", "route", "class"],
             ),
-            upstream_seconds: histogram(
-                "shield_upstream_seconds",
-                "Time of each upstream attempt.",
-                &["tenant", "target", "outcome"],
+            upstream_seconds: family(
+                &registry,
+                timed("shield_upstream_seconds", "Time of each upstream attempt.", &LATENCY_BUCKETS),
+                ["tenant", "target", "outcome"],
             ),
             added_seconds: {
                 let added = histogram(
@@ -174,53 +187,68 @@ impl Metrics {
                 );
                 [added.with_label_values(&["false"]), added.with_label_values(&["true"])]
             },
-            circuit_state: gauge(
-                "shield_circuit_state",
-                "This process's breaker: 0 closed, 1 half-open, 2 open.",
-                &["tenant", "target"],
+            circuit_state: family(
+                &registry,
+                counted("shield_circuit_state", "This process's breaker: 0 closed, 1 half-open, 2 open."),
+                ["tenant", "target"],
             ),
-            stream_broken: counter(
-                "shield_stream_broken_total",
-                "Streams that failed after the commit point.",
-                &["tenant", "route", "target"],
+            stream_broken: family(
+                &registry,
+                counted("shield_stream_broken_total", "Streams that failed after the commit point."),
+                ["tenant", "route", "target"],
             ),
             malformed_events: single("shield_malformed_events_total", "Malformed upstream stream events dropped."),
-            rate_limited: counter(
-                "shield_rate_limited_total",
-                "Requests refused by a rate limit before routing, by whose limit (key, tenant, route) and what ran out.",
-                &["tenant", "route", "scope", "kind"],
+            rate_limited: family(
+                &registry,
+                counted(
+                    "shield_rate_limited_total",
+                    "Requests refused by a rate limit before routing, by whose limit (key, tenant, route) and what ran out.",
+                ),
+                ["tenant", "route", "scope", "kind"],
             ),
-            snapshot_age: gauge(
-                "shield_config_snapshot_age_seconds",
-                "Age of the cached configuration snapshot.",
-                &["tenant"],
+            snapshot_age: family(
+                &registry,
+                counted("shield_config_snapshot_age_seconds", "Age of the cached configuration snapshot."),
+                ["tenant"],
             ),
             usage_buffer_dropped: single(
                 "shield_usage_buffer_dropped_total",
                 "Usage rows dropped because the buffer was full.",
             ),
-            http_requests: counter(
-                "shield_http_requests_total",
-                "Every request to the proxy by how it ended (ending), its endpoint pattern and status.",
-                &["tenant", "endpoint", "status", "ending"],
+            http_requests: family(
+                &registry,
+                counted(
+                    "shield_http_requests_total",
+                    "Every request to the proxy by how it ended (ending), its endpoint pattern and status.",
+                ),
+                ["tenant", "endpoint", "status", "ending"],
             ),
-            gen_ai_tokens: histogram_of(
-                "gen_ai_client_token_usage",
-                "Tokens per upstream attempt, by type (GenAI semantic conventions v1.41).",
-                &TOKEN_BUCKETS,
-                &GEN_AI_TOKEN_LABELS,
+            gen_ai_tokens: family(
+                &registry,
+                timed(
+                    "gen_ai_client_token_usage",
+                    "Tokens per upstream attempt, by type (GenAI semantic conventions v1.41).",
+                    &TOKEN_BUCKETS,
+                ),
+                GEN_AI_TOKEN_LABELS,
             ),
-            gen_ai_duration: histogram_of(
-                "gen_ai_client_operation_duration_seconds",
-                "Duration of each upstream attempt, streams to their end (GenAI semantic conventions v1.41).",
-                &GEN_AI_SECONDS,
-                &GEN_AI_DURATION_LABELS,
+            gen_ai_duration: family(
+                &registry,
+                timed(
+                    "gen_ai_client_operation_duration_seconds",
+                    "Duration of each upstream attempt, streams to their end (GenAI semantic conventions v1.41).",
+                    &GEN_AI_SECONDS,
+                ),
+                GEN_AI_DURATION_LABELS,
             ),
-            gen_ai_first_chunk: histogram_of(
-                "gen_ai_client_operation_time_to_first_chunk_seconds",
-                "Time to the first chunk of a streamed upstream attempt (GenAI semantic conventions v1.41).",
-                &GEN_AI_SECONDS,
-                &GEN_AI_LABELS,
+            gen_ai_first_chunk: family(
+                &registry,
+                timed(
+                    "gen_ai_client_operation_time_to_first_chunk_seconds",
+                    "Time to the first chunk of a streamed upstream attempt (GenAI semantic conventions v1.41).",
+                    &GEN_AI_SECONDS,
+                ),
+                GEN_AI_LABELS,
             ),
             trace_dropped: counter(
                 "shield_trace_spans_dropped_total",
@@ -248,13 +276,12 @@ impl Metrics {
     pub fn routed(&self, call: Observed<'_>) {
         let Observed { tenant, route, target, halt, attempts, added, stream } = call;
         let (t, r) = (self.id(tenant), self.id(route));
-        self.requests.with_label_values(&[t, r, self.id(target.unwrap_or("")), halt]).inc();
+        self.requests.with([t, r, self.id(target.unwrap_or("")), halt], IntCounter::inc);
         for (i, attempt) in attempts.iter().enumerate() {
-            self.upstream_seconds
-                .with_label_values(&[t, self.id(&attempt.target), attempt.outcome])
-                .observe(attempt.ms as f64 / 1000.0);
+            let seconds = attempt.ms as f64 / 1000.0;
+            self.upstream_seconds.with([t, self.id(&attempt.target), attempt.outcome], |h| h.observe(seconds));
             if let (Some(class), true) = (attempt.class, shield_core::run::failed_over(attempts, i)) {
-                self.failovers.with_label_values(&[t, r, class.as_str()]).inc();
+                self.failovers.with([t, r, class.as_str()], IntCounter::inc);
             }
         }
         if let Some(histogram) = self.added_seconds.get(usize::from(stream)) {
@@ -264,13 +291,13 @@ impl Metrics {
 
     pub fn stream_ended(&self, tenant: &str, route: &str, target: &str, broken: bool, malformed: u32) {
         if broken {
-            self.stream_broken.with_label_values(&[self.id(tenant), self.id(route), self.id(target)]).inc();
+            self.stream_broken.with([self.id(tenant), self.id(route), self.id(target)], IntCounter::inc);
         }
         self.malformed_events.inc_by(u64::from(malformed));
     }
 
     pub fn rate_limited(&self, tenant: &str, route: &str, scope: &str, kind: &str) {
-        self.rate_limited.with_label_values(&[self.id(tenant), self.id(route), scope, kind]).inc();
+        self.rate_limited.with([self.id(tenant), self.id(route), scope, kind], IntCounter::inc);
     }
 
     pub fn circuit(&self, tenant: &str, target: &str, state: &str) {
@@ -279,17 +306,17 @@ impl Metrics {
             "half_open" => 1,
             _ => 0,
         };
-        self.circuit_state.with_label_values(&[self.id(tenant), self.id(target)]).set(value);
+        self.circuit_state.with([self.id(tenant), self.id(target)], |gauge| gauge.set(value));
     }
 
     pub fn snapshot_age(&self, tenant: &str, seconds: i64) {
-        self.snapshot_age.with_label_values(&[self.id(tenant)]).set(seconds.max(0));
+        self.snapshot_age.with([self.id(tenant)], |gauge| gauge.set(seconds.max(0)));
     }
 
     /// One request's end: its endpoint pattern, status and how it ended.
     pub fn http_request(&self, tenant: &str, endpoint: &str, status: u16, ending: &str) {
         let mut digits = itoa::Buffer::new();
-        self.http_requests.with_label_values(&[self.id(tenant), endpoint, digits.format(status), ending]).inc();
+        self.http_requests.with([self.id(tenant), endpoint, digits.format(status), ending], IntCounter::inc);
     }
 
     /// The GenAI series of an upstream attempt (`labels`: tenant, route, target, provider,
@@ -331,21 +358,26 @@ impl Metrics {
         let common = series.common();
         let [a, b, c, d, e, f] = common;
         match error {
-            None => series
-                .answered
-                .get_or_init(|| self.gen_ai_duration.with_label_values(&[a, b, c, d, e, f, ""]))
-                .observe(seconds),
-            Some(error) => self.gen_ai_duration.with_label_values(&[a, b, c, d, e, f, error]).observe(seconds),
+            None => {
+                let answered = series.answered.get_or_init(|| self.gen_ai_duration.series([a, b, c, d, e, f, ""]));
+                answered.iter().for_each(|histogram| histogram.observe(seconds));
+            }
+            Some(error) => self.gen_ai_duration.with([a, b, c, d, e, f, error], |h| h.observe(seconds)),
         }
         if let Some(first) = first_chunk {
-            series.first_chunk.get_or_init(|| self.gen_ai_first_chunk.with_label_values(&common)).observe(first);
+            let first_chunk = series.first_chunk.get_or_init(|| self.gen_ai_first_chunk.series(common));
+            first_chunk.iter().for_each(|histogram| histogram.observe(first));
         }
         if let Some(usage) = usage {
-            let [input, output] = series.tokens.get_or_init(|| {
-                ["input", "output"].map(|kind| self.gen_ai_tokens.with_label_values(&[a, b, c, d, e, f, kind]))
+            let tokens = series.tokens.get_or_init(|| {
+                let [input, output] =
+                    ["input", "output"].map(|kind| self.gen_ai_tokens.series([a, b, c, d, e, f, kind]));
+                input.zip(output)
             });
-            input.observe(usage.input as f64);
-            output.observe(usage.output as f64);
+            if let Some((input, output)) = tokens {
+                input.observe(usage.input as f64);
+                output.observe(usage.output as f64);
+            }
         }
     }
 
@@ -414,6 +446,88 @@ mod tests {
         let tokens = "gen_ai_client_token_usage";
         assert_eq!(count(&metrics, tokens, &[t1[0], ("gen_ai_token_type", "input")]), 1);
         assert_eq!(count(&metrics, tokens, &[t1[0], ("gen_ai_token_type", "output")]), 1);
+    }
+
+    /// A routed call's counter, its attempts' histogram and its HTTP end land in the series of
+    /// their labels: labels that differ anywhere, or only in where one ends and the next begins
+    /// (tenant `tr` with route `` against tenant `t` with route `r`, which prometheus's own
+    /// vectors took for one series), are other series; none shows before it is recorded on.
+    #[test]
+    fn series_are_their_whole_labels() {
+        let metrics = Metrics::new(true);
+        let counter = |name: &str, labels: &[(&str, &str)]| {
+            let families = metrics.registry.gather();
+            let family = families.iter().find(|f| f.name() == name);
+            let matching = |m: &&prometheus::proto::Metric| {
+                labels.iter().all(|(k, v)| m.get_label().iter().any(|l| l.name() == *k && l.value() == *v))
+            };
+            family.map_or(0.0, |f| f.get_metric().iter().filter(matching).map(|m| m.get_counter().value()).sum())
+        };
+        let attempts = [Attempt {
+            n: 1,
+            target: "g1".into(),
+            model: "m".into(),
+            outcome: "ok",
+            class: None,
+            status: Some(200),
+            ms: 5,
+            committed: false,
+            retry: false,
+            resumed: false,
+        }];
+        let call = |tenant, route, halt| Observed {
+            tenant,
+            route,
+            target: Some("g1"),
+            halt,
+            attempts: &attempts,
+            added: std::time::Duration::ZERO,
+            stream: false,
+        };
+        for _ in 0..3 {
+            metrics.routed(call("t", "r", "answered"));
+        }
+        metrics.routed(call("t", "r2", "answered"));
+        metrics.routed(call("tr", "", "answered"));
+        let requests = "shield_requests_total";
+        assert_eq!(counter(requests, &[("tenant", "t"), ("route", "r"), ("halt", "answered")]), 3.0);
+        assert_eq!(counter(requests, &[("tenant", "t"), ("route", "r2")]), 1.0);
+        assert_eq!(counter(requests, &[("tenant", "tr"), ("route", "")]), 1.0);
+        let upstream = "shield_upstream_seconds";
+        assert_eq!(count(&metrics, upstream, &[("tenant", "t"), ("target", "g1"), ("outcome", "ok")]), 4);
+        assert_eq!(count(&metrics, upstream, &[("tenant", "tr")]), 1);
+        assert_eq!(counter(requests, &[("halt", "exhausted")]), 0.0, "not shown before it is recorded on");
+        metrics.http_request("t", "/v1/chat/completions", 200, "complete");
+        metrics.http_request("t", "/v1/chat/completions", 200, "complete");
+        metrics.http_request("t", "/v1/chat/completions", 429, "refused");
+        let http = "shield_http_requests_total";
+        assert_eq!(counter(http, &[("status", "200"), ("ending", "complete")]), 2.0);
+        assert_eq!(counter(http, &[("status", "429"), ("ending", "refused")]), 1.0);
+        metrics.circuit("ab", "c", "open");
+        metrics.circuit("a", "bc", "half_open");
+        let a = metrics.gen_ai_series(["ab", "c", "g", "openai", "m"]);
+        let b = metrics.gen_ai_series(["a", "bc", "g", "openai", "m"]);
+        metrics.gen_ai_attempt(&a, 0.5, None, None, None);
+        metrics.gen_ai_attempt(&b, 0.5, None, Some("timeout"), None);
+        metrics.gen_ai_attempt(&b, 0.5, None, Some("timeout"), None);
+        let duration = "gen_ai_client_operation_duration_seconds";
+        assert_eq!(count(&metrics, duration, &[("tenant", "ab"), ("route", "c")]), 1);
+        assert_eq!(count(&metrics, duration, &[("tenant", "a"), ("route", "bc"), ("error_type", "timeout")]), 2);
+        // The text as the vectors wrote it: labels by name, one line per series.
+        let text = metrics.render();
+        for line in [
+            "# TYPE shield_requests_total counter",
+            r#"shield_requests_total{halt="answered",route="r",target="g1",tenant="t"} 3"#,
+            r#"shield_requests_total{halt="answered",route="",target="g1",tenant="tr"} 1"#,
+            "# TYPE shield_circuit_state gauge",
+            r#"shield_circuit_state{target="c",tenant="ab"} 2"#,
+            r#"shield_circuit_state{target="bc",tenant="a"} 1"#,
+            "# TYPE shield_upstream_seconds histogram",
+            r#"shield_upstream_seconds_bucket{outcome="ok",target="g1",tenant="t",le="0.005"} 4"#,
+            r#"shield_upstream_seconds_count{outcome="ok",target="g1",tenant="t"} 4"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
     }
 
     /// `/metrics` shows the series it showed when each was resolved on its first observation.
