@@ -129,25 +129,32 @@ def cpu_split(pid):
 
 
 def proc_stat(pid):
-    """(utime, stime, minor page faults, voluntary and involuntary context switches) of `pid`: a
-    fault is the kernel giving the process a page it touched for the first time (or again, after
-    the allocator gave it back); a voluntary switch is a thread going to sleep with nothing to do
+    """(utime, stime, minor page faults, each thread's voluntary and involuntary context switches)
+    of `pid`: a fault is the kernel giving the process a page it touched for the first time (or
+    again, after the allocator gave it back); a voluntary switch is a thread going to sleep with nothing to do
     (a worker's epoll_wait finding no event, then woken), an involuntary one a thread the
     scheduler took off its core for another (the load generator, nginx: they share the cores)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    voluntary = involuntary = 0
+    switches = {}  # per thread: a thread that ends takes its counts along
     for task in glob.glob(f"/proc/{pid}/task/*/status"):
+        counts = [0, 0]
         try:
             with open(task) as f:
                 for line in f:
                     if line.startswith("voluntary_ctxt_switches:"):
-                        voluntary += int(line.split()[1])
+                        counts[0] = int(line.split()[1])
                     elif line.startswith("nonvoluntary_ctxt_switches:"):
-                        involuntary += int(line.split()[1])
+                        counts[1] = int(line.split()[1])
         except OSError:  # a thread that ended between the listing and the read
-            pass
-    return int(fields[11]), int(fields[12]), int(fields[7]), voluntary, involuntary
+            continue
+        switches[task.split("/")[4]] = counts
+    return int(fields[11]), int(fields[12]), int(fields[7]), switches
+
+
+def switches_between(before, after):
+    """(voluntary, involuntary) context switches of the threads alive at the end, since `before`."""
+    return tuple(sum(counts[i] - before.get(tid, [0, 0])[i] for tid, counts in after.items()) for i in (0, 1))
 
 
 def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None, pid=None):
@@ -177,7 +184,8 @@ def wrk(url, headers, connections=CONCURRENCY, duration=None, pause_ms=None, pid
         per_request = 1e6 / os.sysconf("SC_CLK_TCK") / max(answered, 1)
         user_us = (after[0] - before[0]) * per_request
         cpu_us = user_us + (after[1] - before[1]) * per_request
-        faults, voluntary, involuntary = ((after[i] - before[i]) / max(answered, 1) for i in (2, 3, 4))
+        faults = (after[2] - before[2]) / max(answered, 1)
+        voluntary, involuntary = (n / max(answered, 1) for n in switches_between(before[3], after[3]))
     return {"rps": rps, "p50": pct["50"], "p99": pct["99"], "non_2xx": int(errors.group(1)) if errors else 0,
             "cpu_us": cpu_us, "user_us": user_us, "faults": faults, "voluntary": voluntary, "involuntary": involuntary}
 

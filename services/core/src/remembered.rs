@@ -83,23 +83,25 @@ pub fn read<R: ShapeReader>(body: &Bytes, memo: &Memo, reader: &mut R) -> Option
     let (mut values, mut keys, mut messages) = (Map::new(), Keys::default(), None);
     let (mut system, mut tools) = (SystemPrompt::default(), ToolList::default());
     let (mut known_tools, mut known_prefix) = (None, None);
-    // The spans of the body the memo knows by their bytes: checked as UTF-8 when first sent.
-    let mut known_spans = Vec::with_capacity(2);
+    // The spans of the body the memo knows by their bytes (`tools`, the history's prefix):
+    // checked as UTF-8 when first sent. Empty where nothing is known.
+    let mut known_spans = [0..0, 0..0];
     let found = fields(body, |key, at| match key {
         "tools" => {
             let (end, count) = tools_known_at(R::SHAPE, body, memo, at)?;
             known_tools = Some(count);
-            known_spans.push(at..end);
+            known_spans[0] = at..end;
             Some((end, None))
         }
         "messages" => {
             let (prefix, after, end) = prefix_known_at(R::SHAPE, body, memo, at)?;
-            known_spans.push(at..at + prefix.segments.last()?);
+            known_spans[1] = at..at + prefix.segments.last()?;
             known_prefix = Some(prefix);
             Some((end, Some(after)))
         }
         _ => None,
     })?;
+    // Before anything below remembers a part of this body: what the memo holds was checked.
     utf8_but(body, &mut known_spans)?;
     for field in found {
         keys.found(field.key, field.key_at);
@@ -197,7 +199,8 @@ fn fields(
 
 /// Whether `body` is UTF-8 but for the spans `known` (sorted here), the body's `tools` and its
 /// history's prefix that the tenant sent before: each was checked, whole, in the body that first
-/// sent it (every remembered span comes from a body checked here), and is known by a keyed hash
+/// sent it (every remembered span comes from a body checked here: [`read`] checks before
+/// [`history`], [`tools`] and [`system`] remember anything), and is known by a keyed hash
 /// of 128 bits of its bytes. So a resent 150 KB history is not checked again, only what is new
 /// (issue 33). Every span starts and ends at a JSON structural byte, where no UTF-8 sequence
 /// spans: the body is UTF-8 exactly when the parts between them are. `None`: it is not (read it
@@ -609,10 +612,13 @@ mod tests {
         let known = ChatRequest::parse_remembering(&sent, Some(&memo)).unwrap();
         assert!(known.exchange.messages.sent().is_some(), "read by its spans, its prefix and tools known");
         assert_eq!(memo.prefixes()[0].spans.len(), 9, "the prefix of six extended");
-        // A bad byte in the newest message's text, or in the field after the history.
+        // A bad byte in the newest message's text, in the field after the history, or in the
+        // first message (the prefix then is not the one remembered: the body is checked whole).
         let text = String::from_utf8(sent.to_vec()).unwrap();
-        for (within, after) in [("fix the build", 4), (r#""pad":"p"#, 7)] {
-            let at = text.rfind(within).unwrap() + after;
+        let places =
+            [(text.rfind("fix the build"), 4), (text.rfind(r#""pad":"p"#), 7), (text.find("fix the build"), 4)];
+        for (at, after) in places {
+            let at = at.unwrap() + after;
             let mut bad = sent.to_vec();
             bad.insert(at, 0xff);
             let bad = bytes::Bytes::from(bad);

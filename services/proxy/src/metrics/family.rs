@@ -7,18 +7,17 @@
 //! routes, targets and models, so one tenant could fold its counts into another's (found
 //! 2026-12-06, issue 33's metrics work). A [`Family`] keeps each series under its label values
 //! themselves and is collected as the vector was: the same name, help, labels, type and text.
-//! It also resolves a series once per label set rather than on every call.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use prometheus::core::{Collector, Desc};
+use prometheus::core::{Collector, Desc, Metric};
 use prometheus::proto::MetricFamily;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Opts};
 
 /// A kind of series a [`Family`] holds: made with its label values as constant labels.
-pub trait Series: Collector + Sized + 'static {
+pub trait Series: Collector + Metric + Sized + 'static {
     type Opts: Send + Sync;
 
     /// The family's description: its name, help and label names.
@@ -93,19 +92,14 @@ impl<M: Series, const N: usize> Family<M, N> {
             return record(series);
         }
         let mut kept = self.series.write();
-        let all = kept.entry(hash).or_default();
-        if let Some((_, series)) = all.iter().find(same) {
+        if let Some((_, series)) = kept.get(&hash).and_then(|all| all.iter().find(same)) {
             return record(series);
         }
         // The names were checked when the family was made; a value is any text.
-        let Ok(series) = M::series(
-            &self.opts,
-            self.names.iter().zip(&labels).map(|(n, v)| (n.to_string(), v.to_string())).collect(),
-        ) else {
-            return;
-        };
+        let pairs = self.names.iter().zip(&labels).map(|(name, value)| (name.to_string(), value.to_string()));
+        let Ok(series) = M::series(&self.opts, pairs.collect()) else { return };
         record(&series);
-        all.push((labels.map(Box::from), series));
+        kept.entry(hash).or_default().push((labels.map(Box::from), series));
     }
 }
 
@@ -123,19 +117,16 @@ impl<M: Series, const N: usize> Collector for Family<M, N> {
         vec![&self.desc]
     }
 
-    /// Every series' sample, as one family (the registry sorts them by label values).
+    /// Every series' sample, as one family (the registry sorts them by label values): its
+    /// name, help and type as the first series tells them, then each series' sample.
     fn collect(&self) -> Vec<MetricFamily> {
         let kept = self.series.read();
-        let mut family: Option<MetricFamily> = None;
-        for (_, series) in kept.values().flatten() {
-            for mut collected in series.collect() {
-                match &mut family {
-                    Some(all) => all.mut_metric().extend(collected.take_metric()),
-                    None => family = Some(collected),
-                }
-            }
-        }
-        family.into_iter().collect()
+        let mut all = kept.values().flatten().map(|(_, series)| series);
+        let Some(mut family) = all.next().and_then(|first| first.collect().into_iter().next()) else {
+            return Vec::new();
+        };
+        family.mut_metric().extend(all.map(Metric::metric));
+        vec![family]
     }
 }
 
