@@ -69,7 +69,8 @@ pub struct Metrics {
 pub struct GenAiSeries {
     /// The label values as written (tenant, route and target empty when tenant labels are off).
     labels: [Box<str>; 5],
-    /// The duration of an attempt that answered (`error.type` empty).
+    /// The duration of an attempt that answered (`error.type` empty). Each `None` only if its
+    /// series could not be made ([`family::Family::series`]; its names are checked at start).
     answered: OnceLock<Option<Histogram>>,
     first_chunk: OnceLock<Option<Histogram>>,
     /// Input and output tokens.
@@ -153,7 +154,7 @@ impl Metrics {
         ) -> Registered<M, N> {
             family::Family::new(opts, labels).and_then(|f| Registered::new(f, registry)).expect("valid, unique metric")
         }
-        let counted = |name: &str, help: &str| Opts::new(name, help);
+        let named = |name: &str, help: &str| Opts::new(name, help);
         let timed = |name: &str, help: &str, buckets: &[f64]| HistogramOpts::new(name, help).buckets(buckets.to_vec());
         let single = |name: &str, help: &str| {
             let c = IntCounter::new(name, help).expect("valid metric");
@@ -163,12 +164,12 @@ impl Metrics {
         Metrics {
             requests: family(
                 &registry,
-                counted("shield_requests_total", "Routed requests by how the run ended (halt)."),
+                named("shield_requests_total", "Routed requests by how the run ended (halt)."),
                 ["tenant", "route", "target", "halt"],
             ),
             failovers: family(
                 &registry,
-                counted(
+                named(
                     "shield_failovers_total",
                     "Failed attempts after which another target was tried, by failure class.",
                 ),
@@ -189,18 +190,18 @@ impl Metrics {
             },
             circuit_state: family(
                 &registry,
-                counted("shield_circuit_state", "This process's breaker: 0 closed, 1 half-open, 2 open."),
+                named("shield_circuit_state", "This process's breaker: 0 closed, 1 half-open, 2 open."),
                 ["tenant", "target"],
             ),
             stream_broken: family(
                 &registry,
-                counted("shield_stream_broken_total", "Streams that failed after the commit point."),
+                named("shield_stream_broken_total", "Streams that failed after the commit point."),
                 ["tenant", "route", "target"],
             ),
             malformed_events: single("shield_malformed_events_total", "Malformed upstream stream events dropped."),
             rate_limited: family(
                 &registry,
-                counted(
+                named(
                     "shield_rate_limited_total",
                     "Requests refused by a rate limit before routing, by whose limit (key, tenant, route) and what ran out.",
                 ),
@@ -208,7 +209,7 @@ impl Metrics {
             ),
             snapshot_age: family(
                 &registry,
-                counted("shield_config_snapshot_age_seconds", "Age of the cached configuration snapshot."),
+                named("shield_config_snapshot_age_seconds", "Age of the cached configuration snapshot."),
                 ["tenant"],
             ),
             usage_buffer_dropped: single(
@@ -217,7 +218,7 @@ impl Metrics {
             ),
             http_requests: family(
                 &registry,
-                counted(
+                named(
                     "shield_http_requests_total",
                     "Every request to the proxy by how it ended (ending), its endpoint pattern and status.",
                 ),
