@@ -8,7 +8,6 @@
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
-use std::hash::BuildHasher;
 use std::sync::{Arc, OnceLock};
 
 use shield_core::run::Attempt;
@@ -56,7 +55,7 @@ pub struct Metrics {
     trace_counts: parking_lot::Mutex<()>,
     guardrail_units: IntCounterVec,
     /// The GenAI series of each label set met, resolved once (see [`GenAiSeries`]).
-    gen_ai_series: parking_lot::RwLock<crate::FastMap<u64, Vec<Arc<GenAiSeries>>>>,
+    gen_ai_series: family::ByLabels<Arc<GenAiSeries>, 5>,
 }
 
 /// The GenAI series of one upstream (tenant, route, target, provider, model), resolved when an
@@ -78,10 +77,6 @@ pub struct GenAiSeries {
 }
 
 impl GenAiSeries {
-    fn matches(&self, labels: &[&str; 5]) -> bool {
-        self.labels.iter().zip(labels).all(|(have, want)| **have == **want)
-    }
-
     /// The labels of the vectors' six common ones: tenant, route, target, the operation,
     /// provider and model.
     fn common(&self) -> [&str; 6] {
@@ -89,9 +84,6 @@ impl GenAiSeries {
         [tenant, route, target, "chat", provider, model]
     }
 }
-
-/// The hash of a label set in [`Metrics::gen_ai_series`]: fixed per process.
-static SERIES_HASH: std::sync::LazyLock<foldhash::fast::RandomState> = std::sync::LazyLock::new(Default::default);
 
 /// `gen_ai.client.token.usage` buckets: powers of 4 from 1 to 4^13 (the conventions').
 const TOKEN_BUCKETS: [f64; 14] = [
@@ -263,7 +255,7 @@ impl Metrics {
                 "Input guardrail units (system parts and messages): scanned, or reused from the tenant's memo of texts judged before.",
                 &["result"],
             ),
-            gen_ai_series: parking_lot::RwLock::default(),
+            gen_ai_series: family::ByLabels::default(),
             registry,
             tenant_labels,
         }
@@ -325,25 +317,15 @@ impl Metrics {
     pub fn gen_ai_series(&self, labels: [&str; 5]) -> Arc<GenAiSeries> {
         let [tenant, route, target, provider, model] = labels;
         let labels = [self.id(tenant), self.id(route), self.id(target), provider, model];
-        let hash = SERIES_HASH.hash_one(labels);
-        if let Some(found) =
-            self.gen_ai_series.read().get(&hash).and_then(|all| all.iter().find(|s| s.matches(&labels)))
-        {
-            return found.clone();
-        }
-        let mut kept = self.gen_ai_series.write();
-        let all = kept.entry(hash).or_default();
-        if let Some(found) = all.iter().find(|s| s.matches(&labels)) {
-            return found.clone();
-        }
-        let series = Arc::new(GenAiSeries {
-            labels: labels.map(Box::from),
-            answered: OnceLock::new(),
-            first_chunk: OnceLock::new(),
-            tokens: OnceLock::new(),
-        });
-        all.push(series.clone());
-        series
+        let fresh = || {
+            Arc::new(GenAiSeries {
+                labels: labels.map(Box::from),
+                answered: OnceLock::new(),
+                first_chunk: OnceLock::new(),
+                tokens: OnceLock::new(),
+            })
+        };
+        self.gen_ai_series.with(labels, || Some(fresh()), Arc::clone).unwrap_or_else(fresh)
     }
 
     /// One upstream attempt of `series`: its duration, time to first chunk (streams), error

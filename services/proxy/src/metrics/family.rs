@@ -20,18 +20,24 @@ use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Opts};
 pub trait Series: Collector + Metric + Sized + 'static {
     type Opts: Send + Sync;
 
-    /// The family's description: its name, help and label names.
-    fn describe(opts: &Self::Opts, names: Vec<String>) -> prometheus::Result<Desc>;
+    /// The name and help among `opts`.
+    fn common(opts: &Self::Opts) -> &Opts;
 
     /// The series of one label set.
     fn series(opts: &Self::Opts, labels: HashMap<String, String>) -> prometheus::Result<Self>;
+
+    /// The family's description: its name, help and label names.
+    fn describe(opts: &Self::Opts, names: Vec<String>) -> prometheus::Result<Desc> {
+        let common = Self::common(opts);
+        Desc::new(common.fq_name(), common.help.clone(), names, HashMap::new())
+    }
 }
 
 impl Series for IntCounter {
     type Opts = Opts;
 
-    fn describe(opts: &Opts, names: Vec<String>) -> prometheus::Result<Desc> {
-        Desc::new(opts.fq_name(), opts.help.clone(), names, HashMap::new())
+    fn common(opts: &Opts) -> &Opts {
+        opts
     }
 
     fn series(opts: &Opts, labels: HashMap<String, String>) -> prometheus::Result<Self> {
@@ -42,8 +48,8 @@ impl Series for IntCounter {
 impl Series for IntGauge {
     type Opts = Opts;
 
-    fn describe(opts: &Opts, names: Vec<String>) -> prometheus::Result<Desc> {
-        Desc::new(opts.fq_name(), opts.help.clone(), names, HashMap::new())
+    fn common(opts: &Opts) -> &Opts {
+        opts
     }
 
     fn series(opts: &Opts, labels: HashMap<String, String>) -> prometheus::Result<Self> {
@@ -54,8 +60,8 @@ impl Series for IntGauge {
 impl Series for Histogram {
     type Opts = HistogramOpts;
 
-    fn describe(opts: &HistogramOpts, names: Vec<String>) -> prometheus::Result<Desc> {
-        Desc::new(opts.common_opts.fq_name(), opts.common_opts.help.clone(), names, HashMap::new())
+    fn common(opts: &HistogramOpts) -> &Opts {
+        &opts.common_opts
     }
 
     fn series(opts: &HistogramOpts, labels: HashMap<String, String>) -> prometheus::Result<Self> {
@@ -63,43 +69,78 @@ impl Series for Histogram {
     }
 }
 
-/// The series kept under one hash of label values: each with its values, compared in full.
-type Kept<M, const N: usize> = Vec<([Box<str>; N], M)>;
+/// Values kept by a set of `N` label values: found by the values' hash, compared in full (what
+/// prometheus's vectors do not do), made the first time a set is met. A family's series and
+/// an upstream's GenAI series ([`super::GenAiSeries`]) are kept so.
+pub struct ByLabels<V, const N: usize> {
+    kept: parking_lot::RwLock<crate::FastMap<u64, Vec<Labelled<V, N>>>>,
+}
+
+/// A value with its label values.
+type Labelled<V, const N: usize> = ([Box<str>; N], V);
+
+impl<V, const N: usize> Default for ByLabels<V, N> {
+    fn default() -> Self {
+        ByLabels { kept: parking_lot::RwLock::default() }
+    }
+}
+
+/// The hash of a label set: fixed per process.
+static LABELS_HASH: std::sync::LazyLock<foldhash::fast::RandomState> = std::sync::LazyLock::new(Default::default);
+
+impl<V, const N: usize> ByLabels<V, N> {
+    /// `read` of the value of `labels`, made with `make` and kept the first time they are met
+    /// (`None`: `make` made none, and nothing is kept).
+    pub fn with<R>(
+        &self,
+        labels: [&str; N],
+        make: impl FnOnce() -> Option<V>,
+        read: impl FnOnce(&V) -> R,
+    ) -> Option<R> {
+        let hash = LABELS_HASH.hash_one(labels);
+        let same = |kept: &&Labelled<V, N>| kept.0.iter().zip(&labels).all(|(have, want)| **have == **want);
+        if let Some((_, value)) = self.kept.read().get(&hash).and_then(|all| all.iter().find(same)) {
+            return Some(read(value));
+        }
+        let mut kept = self.kept.write();
+        if let Some((_, value)) = kept.get(&hash).and_then(|all| all.iter().find(same)) {
+            return Some(read(value));
+        }
+        let value = make()?;
+        let read = read(&value);
+        kept.entry(hash).or_default().push((labels.map(Box::from), value));
+        Some(read)
+    }
+
+    /// Every value kept, in no order.
+    fn each(&self, mut visit: impl FnMut(&V)) {
+        self.kept.read().values().flatten().for_each(|(_, value)| visit(value));
+    }
+}
 
 /// One metric's series by label set (`N` labels, named at its making).
 pub struct Family<M: Series, const N: usize> {
     opts: M::Opts,
     names: [&'static str; N],
     desc: Desc,
-    series: parking_lot::RwLock<crate::FastMap<u64, Kept<M, N>>>,
+    series: ByLabels<M, N>,
 }
-
-/// The hash of a label set: fixed per process.
-static LABELS_HASH: std::sync::LazyLock<foldhash::fast::RandomState> = std::sync::LazyLock::new(Default::default);
 
 impl<M: Series, const N: usize> Family<M, N> {
     pub fn new(opts: M::Opts, names: [&'static str; N]) -> prometheus::Result<Family<M, N>> {
         let desc = M::describe(&opts, names.iter().map(|name| name.to_string()).collect())?;
-        Ok(Family { opts, names, desc, series: parking_lot::RwLock::default() })
+        Ok(Family { opts, names, desc, series: ByLabels::default() })
     }
 
     /// `record` on the series of `labels`, made the first time they are met (so that a series
     /// shows once it has been recorded on, as a vector's did).
     pub fn with(&self, labels: [&str; N], record: impl FnOnce(&M)) {
-        let hash = LABELS_HASH.hash_one(labels);
-        let same = |kept: &&([Box<str>; N], M)| kept.0.iter().zip(&labels).all(|(have, want)| **have == **want);
-        if let Some((_, series)) = self.series.read().get(&hash).and_then(|all| all.iter().find(same)) {
-            return record(series);
-        }
-        let mut kept = self.series.write();
-        if let Some((_, series)) = kept.get(&hash).and_then(|all| all.iter().find(same)) {
-            return record(series);
-        }
         // The names were checked when the family was made; a value is any text.
-        let pairs = self.names.iter().zip(&labels).map(|(name, value)| (name.to_string(), value.to_string()));
-        let Ok(series) = M::series(&self.opts, pairs.collect()) else { return };
-        record(&series);
-        kept.entry(hash).or_default().push((labels.map(Box::from), series));
+        let make = || {
+            let pairs = self.names.iter().zip(&labels).map(|(name, value)| (name.to_string(), value.to_string()));
+            M::series(&self.opts, pairs.collect()).ok()
+        };
+        self.series.with(labels, make, record);
     }
 }
 
@@ -120,13 +161,12 @@ impl<M: Series, const N: usize> Collector for Family<M, N> {
     /// Every series' sample, as one family (the registry sorts them by label values): its
     /// name, help and type as the first series tells them, then each series' sample.
     fn collect(&self) -> Vec<MetricFamily> {
-        let kept = self.series.read();
-        let mut all = kept.values().flatten().map(|(_, series)| series);
-        let Some(mut family) = all.next().and_then(|first| first.collect().into_iter().next()) else {
-            return Vec::new();
-        };
-        family.mut_metric().extend(all.map(Metric::metric));
-        vec![family]
+        let mut family: Option<MetricFamily> = None;
+        self.series.each(|series| match &mut family {
+            Some(family) => family.mut_metric().push(series.metric()),
+            None => family = series.collect().into_iter().next(),
+        });
+        family.into_iter().collect()
     }
 }
 
