@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use actix_web::HttpRequest;
-use actix_web::http::header::{AUTHORIZATION, HeaderName};
+use crate::server::Request;
+use http::header::{AUTHORIZATION, HeaderName};
 use shield_core::snapshot::{ApiKeyRecord, key_hash};
 
 use crate::cache::{Caches, KeyLookup};
 use crate::error::ProxyError;
 
-pub async fn authenticate(req: &HttpRequest, caches: &Caches) -> Result<Arc<ApiKeyRecord>, ProxyError> {
+pub async fn authenticate(req: &Request, caches: &Caches) -> Result<Arc<ApiKeyRecord>, ProxyError> {
     let key = presented_key(req).ok_or(ProxyError::InvalidApiKey(
         "missing API key: send Authorization: Bearer <your Shield key> (or x-api-key)",
     ))?;
@@ -31,7 +31,7 @@ pub async fn authenticate(req: &HttpRequest, caches: &Caches) -> Result<Arc<ApiK
 /// `x-api-key`, parsed once (a `&str` lookup of a non-standard name allocates per request).
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
-fn presented_key(req: &HttpRequest) -> Option<&str> {
+fn presented_key(req: &Request) -> Option<&str> {
     let headers = req.headers();
     let bearer = headers.get(AUTHORIZATION).and_then(|h| h.to_str().ok()).and_then(|h| {
         let (scheme, token) = h.split_once(' ')?;

@@ -2,7 +2,7 @@
 //! stream's end, break or block) to the caller's endpoint's [`ClientWire`], which writes it
 //! in the caller's own API shape. No endpoint reaches into another's renderer.
 
-use actix_web::web::Bytes;
+use bytes::Bytes;
 use serde_json::Value;
 use shield_core::usage::TokenUsage;
 

@@ -30,8 +30,8 @@ use crate::usage::{Answered, UsageBuffer};
 /// What is known about one request, from its arrival to its end (see the module's doc).
 pub struct Trail {
     /// The id as the outermost layer chose it (a shared buffer: no copy per request).
-    request_id: actix_web::http::header::HeaderValue,
-    method: actix_web::http::Method,
+    request_id: http::HeaderValue,
+    method: http::Method,
     /// Kept only when the access record is written: decided once, at arrival.
     path: Option<String>,
     arrived: Instant,
@@ -63,16 +63,17 @@ struct Facts {
 impl Trail {
     /// The trail of a request that has just arrived.
     pub fn arrive(
-        req: &actix_web::dev::ServiceRequest,
-        request_id: actix_web::http::header::HeaderValue,
+        head: &http::request::Parts,
+        peer: Option<std::net::SocketAddr>,
+        request_id: http::HeaderValue,
         metrics: Arc<Metrics>,
     ) -> Trail {
-        let span = crate::observe::tracer().map(|tracer| shield_telemetry::server::start(tracer, req));
+        let span = crate::observe::tracer().map(|tracer| shield_telemetry::server::start_head(tracer, head, peer));
         let access = tracing::enabled!(target: "shield::access", tracing::Level::INFO);
         Trail {
             request_id,
-            method: req.method().clone(),
-            path: access.then(|| req.path().to_string()),
+            method: head.method.clone(),
+            path: access.then(|| head.uri.path().to_string()),
             arrived: Instant::now(),
             span,
             metrics,

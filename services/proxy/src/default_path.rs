@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use actix_web::HttpResponse;
-use actix_web::http::StatusCode;
-use actix_web::web::Bytes;
+use crate::server::Response;
+use bytes::Bytes;
+use http::StatusCode;
 use http::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 
 use crate::ProxyState;
@@ -25,7 +25,7 @@ pub async fn forward(
     body: Bytes,
     next_hop: u32,
     request_id: Option<http::HeaderValue>,
-) -> Result<HttpResponse, ProxyError> {
+) -> Result<Response, ProxyError> {
     let Some(base) = &state.config.default_upstream else {
         return Err(ProxyError::ModelNotFound(model.to_string()));
     };
@@ -38,7 +38,7 @@ pub async fn forward(
     }
     let (head, body) = egress.relay(url, headers, body, DEFAULT_TIMEOUT).await.map_err(ProxyError::DefaultUpstream)?;
     let status = StatusCode::from_u16(head.status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let mut out = HttpResponse::build(status);
+    let mut out = Response::build(status);
     if let Some(content_type) = head.headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         out.insert_header(("content-type", content_type));
     }

@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use actix_web::web::Bytes;
+use bytes::Bytes;
 use futures_util::StreamExt;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, Uri};

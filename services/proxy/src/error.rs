@@ -2,8 +2,8 @@
 //! as `{"error": {"message", "type", "code", "param", ...}}` (API.md). Messages never carry a
 //! key or a prompt.
 
-use actix_web::http::StatusCode;
-use actix_web::{HttpResponse, ResponseError};
+use crate::server::Response;
+use http::StatusCode;
 use serde_json::{Value, json};
 
 #[derive(Debug, thiserror::Error)]
@@ -99,8 +99,8 @@ impl ProxyError {
     }
 }
 
-impl ResponseError for ProxyError {
-    fn status_code(&self) -> StatusCode {
+impl ProxyError {
+    pub fn status_code(&self) -> StatusCode {
         match self {
             ProxyError::InvalidApiKey(_) => StatusCode::UNAUTHORIZED,
             ProxyError::AuthUnavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -118,7 +118,8 @@ impl ResponseError for ProxyError {
         }
     }
 
-    fn error_response(&self) -> HttpResponse {
+    /// The error as an answer in OpenAI's shape.
+    pub fn error_response(&self) -> Response {
         let (kind, code) = self.kind_and_code();
         let param = match self {
             ProxyError::ModelNotFound(_) | ProxyError::PermissionDenied(_) => json!("model"),
@@ -132,7 +133,7 @@ impl ResponseError for ProxyError {
                 json!({"scope": limited.scope, "kind": limited.kind, "limit": limited.limit}),
             );
         }
-        let mut response = HttpResponse::build(self.status_code()).json(body);
+        let mut response = Response::build(self.status_code()).json(body);
         self.decorate(&mut response);
         response
     }
@@ -142,9 +143,9 @@ impl ProxyError {
     /// Headers an error carries in every endpoint's shape: a rate limit's `Retry-After` and
     /// `x-ratelimit-*`; a spent budget's `Retry-After` (the month's end) and
     /// `x-should-retry: false`, so the SDKs do not retry a refusal that lasts for days.
-    pub fn decorate(&self, response: &mut HttpResponse) {
+    pub fn decorate(&self, response: &mut Response) {
         if let ProxyError::BudgetExceeded(exceeded) = self {
-            use actix_web::http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+            use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
             if let Ok(value) = HeaderValue::try_from(exceeded.retry_after_s.to_string()) {
                 response.headers_mut().insert(RETRY_AFTER, value);
             }
@@ -152,8 +153,8 @@ impl ProxyError {
         }
         if let ProxyError::RateLimited(limited) = self {
             crate::limits::apply(response, limited.headers.iter().cloned());
-            if let Ok(value) = actix_web::http::header::HeaderValue::try_from(limited.retry_after_s.to_string()) {
-                response.headers_mut().insert(actix_web::http::header::RETRY_AFTER, value);
+            if let Ok(value) = http::header::HeaderValue::try_from(limited.retry_after_s.to_string()) {
+                response.headers_mut().insert(http::header::RETRY_AFTER, value);
             }
         }
     }

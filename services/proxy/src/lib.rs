@@ -1,7 +1,8 @@
 //! shield-proxy: the data plane. An OpenAI-compatible proxy that authenticates tenants by API
 //! key, resolves the route named by `model`, and calls the route's targets with failover.
 //!
-//! Layers, outermost first: request id (`X-Request-Id` on every answer) → handler
+//! Layers, outermost first: the server ([`server`]: hyper's HTTP/1.1 on worker threads) →
+//! arrival (`X-Request-Id` on every answer, the request's trail) → endpoint
 //! ([`chat::chat_completions`], [`models::list`], health). No Redis or Postgres call on the
 //! request path once a key and a tenant are cached ([`cache`]); background tasks keep the
 //! caches fresh ([`sync`]). Never logs a key, a credential or a prompt.
@@ -38,6 +39,7 @@ pub mod provider;
 mod relay;
 pub mod responses;
 pub mod resume;
+pub mod server;
 pub mod sync;
 pub mod tenant;
 pub mod usage;
@@ -47,14 +49,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use actix_web::dev::Service;
-use actix_web::http::header::{HeaderName, HeaderValue};
-use actix_web::{App, HttpResponse, HttpServer, get, web};
+use http::header::{HeaderName, HeaderValue};
+use http::{Method, StatusCode};
 use serde_json::json;
 
 pub use config::ProxyConfig;
 
 use crate::cache::Caches;
+use crate::server::{Request, Response};
 use crate::tenant::TenantConfig;
 
 /// The maps the request path looks names up in (keys, tenants, health, usage rows, spend):
@@ -130,9 +132,8 @@ impl ProxyState {
 
 /// What this service is (the address `shield up` prints); callers use `/v1/...`. `HEAD /`
 /// answers too: Claude Code probes it before its first request.
-#[actix_web::route("/", method = "GET", method = "HEAD")]
-async fn index() -> HttpResponse {
-    HttpResponse::Ok().json(json!({
+fn index() -> Response {
+    Response::ok().json(json!({
         "service": "shield-proxy",
         "endpoints": ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/shield/chat/completions", "/v1/models", "/v1/models/{id}"],
         "health": ["/healthz", "/readyz"],
@@ -140,32 +141,22 @@ async fn index() -> HttpResponse {
     }))
 }
 
-/// Claude Code's connectivity probe (`HEAD /api/hello`, sent unless its non-essential traffic
-/// is turned off): answered like `HEAD /`, so the client sees a reachable gateway.
-#[actix_web::route("/api/hello", method = "GET", method = "HEAD")]
-async fn hello() -> HttpResponse {
-    HttpResponse::Ok().finish()
-}
-
-#[get("/healthz")]
-async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(json!({"status": "ok"}))
+fn healthz() -> Response {
+    Response::ok().json(json!({"status": "ok"}))
 }
 
 /// Ready once Redis has answered at least once (config source reachable or cache warm).
-#[get("/readyz")]
-async fn readyz(state: web::Data<ProxyState>) -> HttpResponse {
+fn readyz(state: &ProxyState) -> Response {
     if state.caches.is_ready() {
-        HttpResponse::Ok().json(json!({"status": "ready"}))
+        Response::ok().json(json!({"status": "ready"}))
     } else {
-        HttpResponse::ServiceUnavailable()
+        Response::build(StatusCode::SERVICE_UNAVAILABLE)
             .json(json!({"status": "unavailable", "reason": "Redis has not answered yet"}))
     }
 }
 
 /// Prometheus text format. Gauges of state (circuits, snapshot ages) are read at scrape time.
-#[get("/metrics")]
-async fn metrics_text(state: web::Data<ProxyState>) -> HttpResponse {
+fn metrics_text(state: &ProxyState) -> Response {
     for (tenant, rows) in state.health.rows("") {
         for (target, row) in rows {
             state.metrics.circuit(&tenant, &target, &row.state);
@@ -177,11 +168,11 @@ async fn metrics_text(state: web::Data<ProxyState>) -> HttpResponse {
     for (tenant, published_at) in state.caches.snapshot_times() {
         state.metrics.snapshot_age(&tenant, now - published_at);
     }
-    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render())
+    Response::ok().content_type("text/plain; version=0.0.4").body(state.metrics.render())
 }
 
-async fn not_found() -> HttpResponse {
-    HttpResponse::NotFound().json(error::openai_error(
+fn not_found() -> Response {
+    Response::build(StatusCode::NOT_FOUND).json(error::openai_error(
         "no such endpoint",
         "invalid_request_error",
         "not_found",
@@ -209,62 +200,203 @@ fn request_id(inbound: Option<&HeaderValue>) -> HeaderValue {
     HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
-/// The request's id, as the outermost layer chose it (in the request's extensions), as the
-/// upstream client's header value (actix and hyper use different `http` versions).
-#[derive(Clone)]
-struct RequestId(http::HeaderValue);
-
 /// Paths with no access record and no span: probes, scrapes and the service's index, which
 /// orchestrators call every few seconds.
 fn unobserved(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/metrics" | "/" | "/api/hello")
 }
 
-/// The request's trail ([`context::Trail`]), as the outermost layer made it.
-pub fn trail_of(req: &actix_web::HttpRequest) -> Option<Arc<context::Trail>> {
-    use actix_web::HttpMessage;
-    req.extensions().get::<Arc<context::Trail>>().cloned()
+/// The request's trail ([`context::Trail`]), as the arrival layer made it.
+pub fn trail_of(req: &Request) -> Option<Arc<context::Trail>> {
+    req.trail().cloned()
 }
 
 /// The id of a request (the caller's `X-Request-Id`, or the one Shield made), to send upstream.
-pub fn request_id_of(req: &actix_web::HttpRequest) -> Option<http::HeaderValue> {
-    use actix_web::HttpMessage;
-    req.extensions().get::<RequestId>().map(|id| id.0.clone())
+pub fn request_id_of(req: &Request) -> Option<http::HeaderValue> {
+    Some(req.request_id().clone())
 }
 
 /// Anthropic's name for the request id, on answers in its shape (its SDKs read it).
 const ANTHROPIC_REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Whether the answer is in Anthropic's shape: `/v1/messages…`, and the model list when the
 /// caller sent `anthropic-version`.
-fn anthropic_shaped(path: &str, headers: &actix_web::http::header::HeaderMap) -> bool {
+fn anthropic_shaped(path: &str, headers: &http::HeaderMap) -> bool {
     path.starts_with("/v1/messages") || (path.starts_with("/v1/models") && models::wants_anthropic(headers))
 }
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(chat::chat_completions)
-        .service(messages::count_tokens)
-        .service(messages::messages)
-        .service(native::chat)
-        .service(responses::responses)
-        .service(responses::upgrade)
-        .service(responses::input_items)
-        .service(responses::retrieve)
-        .service(responses::remove)
-        .service(models::list)
-        .service(models::get)
-        .service(index)
-        .service(hello)
-        .service(healthz)
-        .service(readyz)
-        .service(metrics_text)
-        .default_service(web::to(not_found));
+/// The proxy's endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    ChatCompletions,
+    Messages,
+    CountTokens,
+    Native,
+    Responses,
+    ResponsesUpgrade,
+    RetrieveResponse,
+    RemoveResponse,
+    InputItems,
+    Models,
+    Model,
+    Index,
+    Hello,
+    Healthz,
+    Readyz,
+    Metrics,
 }
 
-/// Sets TCP_NODELAY on every accepted connection.
-pub fn no_delay(connection: &dyn std::any::Any, _: &mut actix_web::dev::Extensions) {
-    if let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {
-        let _ = tcp.set_nodelay(true);
+impl Endpoint {
+    /// The endpoint a method and path name, and the path's `{id}` (percent-decoded).
+    fn of(method: &Method, path: &str) -> Option<(Endpoint, Option<String>)> {
+        let id = |segment: &str| {
+            (!segment.is_empty() && !segment.contains('/'))
+                .then(|| percent_encoding::percent_decode_str(segment).decode_utf8().ok().map(|s| s.into_owned()))
+                .flatten()
+        };
+        let get_or_head = *method == Method::GET || *method == Method::HEAD;
+        let endpoint = match (method, path) {
+            (&Method::POST, "/v1/chat/completions") => Endpoint::ChatCompletions,
+            (&Method::POST, "/v1/messages") => Endpoint::Messages,
+            (&Method::POST, "/v1/messages/count_tokens") => Endpoint::CountTokens,
+            (&Method::POST, "/v1/shield/chat/completions") => Endpoint::Native,
+            (&Method::POST, "/v1/responses") => Endpoint::Responses,
+            (&Method::GET, "/v1/responses") => Endpoint::ResponsesUpgrade,
+            (&Method::GET, "/v1/models") => Endpoint::Models,
+            (_, "/") if get_or_head => Endpoint::Index,
+            (_, "/api/hello") if get_or_head => Endpoint::Hello,
+            (&Method::GET, "/healthz") => Endpoint::Healthz,
+            (&Method::GET, "/readyz") => Endpoint::Readyz,
+            (&Method::GET, "/metrics") => Endpoint::Metrics,
+            (&Method::GET, _) => {
+                if let Some(rest) = path.strip_prefix("/v1/models/") {
+                    return Some((Endpoint::Model, Some(id(rest)?)));
+                }
+                let rest = path.strip_prefix("/v1/responses/")?;
+                return match rest.strip_suffix("/input_items") {
+                    Some(response) => Some((Endpoint::InputItems, Some(id(response)?))),
+                    None => Some((Endpoint::RetrieveResponse, Some(id(rest)?))),
+                };
+            }
+            (&Method::DELETE, _) => {
+                let rest = path.strip_prefix("/v1/responses/")?;
+                return Some((Endpoint::RemoveResponse, Some(id(rest)?)));
+            }
+            _ => return None,
+        };
+        Some((endpoint, None))
+    }
+
+    /// The route pattern, as metrics and spans name it (`http.route`).
+    fn pattern(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::CountTokens => "/v1/messages/count_tokens",
+            Endpoint::Native => "/v1/shield/chat/completions",
+            Endpoint::Responses | Endpoint::ResponsesUpgrade => "/v1/responses",
+            Endpoint::RetrieveResponse | Endpoint::RemoveResponse => "/v1/responses/{id}",
+            Endpoint::InputItems => "/v1/responses/{id}/input_items",
+            Endpoint::Models => "/v1/models",
+            Endpoint::Model => "/v1/models/{id}",
+            Endpoint::Index => "/",
+            Endpoint::Hello => "/api/hello",
+            Endpoint::Healthz => "/healthz",
+            Endpoint::Readyz => "/readyz",
+            Endpoint::Metrics => "/metrics",
+        }
+    }
+}
+
+/// One worker's handler: the shared state and the worker's own egress.
+struct App {
+    state: Arc<ProxyState>,
+    /// One HTTP client per worker thread: its pooled upstream connections live on the
+    /// worker's own runtime, so an attempt never crosses threads.
+    egress: Arc<egress::Egress>,
+}
+
+impl App {
+    /// The arrival layer, outermost: the request id (`X-Request-Id` on every answer), the
+    /// request's trail (issue 31), its log span; then the endpoint.
+    async fn handle(&self, req: http::Request<hyper::body::Incoming>, peer: std::net::SocketAddr) -> Response {
+        use tracing::Instrument;
+        let (head, body) = req.into_parts();
+        let id = request_id(head.headers.get(REQUEST_ID));
+        let path = head.uri.path();
+        let anthropic = anthropic_shaped(path, &head.headers);
+        let endpoint = Endpoint::of(&head.method, path);
+        let pattern = endpoint.as_ref().map(|(e, _)| e.pattern());
+        // The request's context from its arrival (issue 31): probes and scrapes have none.
+        let trail = (!unobserved(path))
+            .then(|| Arc::new(context::Trail::arrive(&head, Some(peer), id.clone(), self.state.metrics.clone())));
+        // Every log line of the request carries its id and trace id (issue 31).
+        let trace_id = trail.as_ref().and_then(|t| t.trace_id());
+        let span = tracing::info_span!(
+            "request",
+            request_id = id.to_str().unwrap_or_default(),
+            trace_id = trace_id.as_deref()
+        );
+        let req = Request::new(head, Some(peer), id.clone(), trail.clone());
+        let mut response = self.call(endpoint, req, body).instrument(span).await;
+        if anthropic {
+            response.headers_mut().insert(ANTHROPIC_REQUEST_ID, id.clone());
+        }
+        response.headers_mut().insert(REQUEST_ID, id);
+        if let Some(trail) = trail {
+            // A streamed answer holds its own reference until the stream ends.
+            trail.responded(response.status().as_u16(), pattern.map(str::to_string));
+        }
+        response
+    }
+
+    async fn call(
+        &self,
+        endpoint: Option<(Endpoint, Option<String>)>,
+        req: Request,
+        body: hyper::body::Incoming,
+    ) -> Response {
+        let (state, egress) = (self.state.clone(), self.egress.clone());
+        let Some((endpoint, id)) = endpoint else { return not_found() };
+        let id = id.unwrap_or_default();
+        match endpoint {
+            Endpoint::ChatCompletions => chat::chat_completions(req, body, state, egress).await,
+            Endpoint::Messages => messages::messages(req, body, state, egress).await,
+            Endpoint::CountTokens => messages::count_tokens(req, body, state).await,
+            Endpoint::Native => native::chat(req, body, state, egress).await,
+            Endpoint::Responses => responses::responses(req, body, state, egress).await,
+            Endpoint::ResponsesUpgrade => responses::upgrade(req).await,
+            Endpoint::RetrieveResponse => responses::retrieve(req, id, state).await,
+            Endpoint::RemoveResponse => responses::remove(req, id, state).await,
+            Endpoint::InputItems => responses::input_items(req, id, state).await,
+            Endpoint::Models => models::list(req, state, egress).await,
+            Endpoint::Model => models::get(req, id, state, egress).await,
+            Endpoint::Index => index(),
+            // Claude Code's connectivity probe (`HEAD /api/hello`, sent unless its
+            // non-essential traffic is turned off): the client sees a reachable gateway.
+            Endpoint::Hello => Response::ok().finish(),
+            Endpoint::Healthz => healthz(),
+            Endpoint::Readyz => readyz(&state),
+            Endpoint::Metrics => metrics_text(&state),
+        }
+    }
+}
+
+/// SIGINT (ctrl-c) or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(mut interrupt), Ok(mut terminate)) => {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        _ => {
+            tracing::warn!("cannot listen for stop signals; the proxy stops when its process is killed");
+            std::future::pending::<()>().await;
+        }
     }
 }
 
@@ -283,7 +415,7 @@ pub fn redis_pool(url: &str) -> Result<shield_store::Pool, String> {
 pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
     let redis = redis_pool(&config.redis_url).map_err(std::io::Error::other)?;
     let (events, pending_events) = tokio::sync::mpsc::channel(1024);
-    let state = web::Data::new(ProxyState::new(config.clone(), redis.clone(), events));
+    let state = Arc::new(ProxyState::new(config.clone(), redis.clone(), events));
     sync::spawn(
         state.caches.clone(),
         state.health.clone(),
@@ -305,69 +437,26 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
         keys: config.redis_keys.clone(),
     };
     flusher.clone().spawn(config.flush_every, pending_events);
+    let listeners = server::listen::bind(&config.addr, 4096)?;
     tracing::info!(addr = %config.addr, routing = config.routing_enabled, "proxy listening");
-    let request_id_header = HeaderName::from_static("x-request-id");
-    HttpServer::new(move || {
-        let request_id_header = request_id_header.clone();
-        let metrics = state.metrics.clone();
-        App::new()
-            .app_data(state.clone())
-            // One HTTP client per worker thread: its pooled upstream connections live on the
-            // worker's own runtime, so an attempt never crosses threads.
-            .app_data(web::Data::new(egress::Egress::default()))
-            .wrap_fn(move |req, srv| {
-                use actix_web::HttpMessage;
-                use tracing::Instrument;
-                let id = request_id(req.headers().get(&request_id_header));
-                if let Ok(upstream) = http::HeaderValue::from_bytes(id.as_bytes()) {
-                    req.extensions_mut().insert(RequestId(upstream));
-                }
-                let anthropic = anthropic_shaped(req.path(), req.headers());
-                // The request's context from its arrival (issue 31): probes and scrapes have none.
-                let trail = (!unobserved(req.path()))
-                    .then(|| Arc::new(context::Trail::arrive(&req, id.clone(), metrics.clone())));
-                if let Some(trail) = &trail {
-                    req.extensions_mut().insert(trail.clone());
-                }
-                // Every log line of the request carries its id and trace id (issue 31).
-                let trace_id = trail.as_ref().and_then(|t| t.trace_id());
-                let span = tracing::info_span!(
-                    "request",
-                    request_id = id.to_str().unwrap_or_default(),
-                    trace_id = trace_id.as_deref()
-                );
-                let response = span.in_scope(|| srv.call(req)).instrument(span);
-                let header = request_id_header.clone();
-                async move {
-                    let mut response = response.await?;
-                    if anthropic {
-                        response.headers_mut().insert(ANTHROPIC_REQUEST_ID, id.clone());
-                    }
-                    response.headers_mut().insert(header, id);
-                    if let Some(trail) = trail {
-                        let pattern = response.request().match_pattern();
-                        trail.responded(response.status().as_u16(), pattern);
-                        // A streamed answer holds its own reference until the stream ends.
-                        response.request().extensions_mut().remove::<Arc<context::Trail>>();
-                    }
-                    Ok(response)
-                }
-            })
-            .configure(configure)
-    })
-    .workers(config.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())))
-    .backlog(4096)
-    // Longer than the callers' own idle expiry (httpx, under the OpenAI and Anthropic Python
-    // SDKs, keeps an idle connection 5 s — actix's default here too): the client then closes
-    // an idle connection first, rather than sending on one the proxy is closing (a reset the
-    // caller sees as a failed request).
-    .keep_alive(Duration::from_secs(75))
-    // Small SSE writes go out at once: without this, Nagle holds a chunk until the client ACKs
-    // the previous one (tens of milliseconds with delayed ACKs).
-    .on_connect(no_delay)
-    .bind(&config.addr)?
-    .run()
-    .await?;
+    let settings = server::listen::Settings {
+        workers: config.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        backlog: 4096,
+        // Longer than the callers' own idle expiry (httpx, under the OpenAI and Anthropic
+        // Python SDKs, keeps an idle connection 5 s): the client then closes an idle connection
+        // first, rather than sending on one the proxy is closing (a reset the caller sees as a
+        // failed request).
+        idle: Duration::from_secs(75),
+        drain: Duration::from_secs(30),
+    };
+    let make = move || {
+        let app = std::rc::Rc::new(App { state: state.clone(), egress: Arc::new(egress::Egress::default()) });
+        move |req, peer| {
+            let app = app.clone();
+            async move { app.handle(req, peer).await }
+        }
+    };
+    server::listen::serve(listeners, settings, make, stop_signal()).await?;
     // Graceful stop (SIGTERM, ctrl-c): what is still buffered goes to Redis, so a clean
     // restart loses no usage.
     match flusher.flush_once().await {
@@ -379,6 +468,30 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn endpoints_are_named_by_method_and_path() {
+        use super::{Endpoint as E, Method};
+        let of = |method: Method, path: &str| super::Endpoint::of(&method, path);
+        let id = |e: E, id: &str| Some((e, Some(id.to_string())));
+        assert_eq!(of(Method::POST, "/v1/chat/completions"), Some((E::ChatCompletions, None)));
+        assert_eq!(of(Method::GET, "/v1/chat/completions"), None, "a known path, another method");
+        assert_eq!(of(Method::POST, "/v1/chat/completions/"), None);
+        assert_eq!(of(Method::POST, "/v1/messages/count_tokens"), Some((E::CountTokens, None)));
+        assert_eq!(of(Method::GET, "/v1/models/gpt%2D4o"), id(E::Model, "gpt-4o"));
+        assert_eq!(of(Method::GET, "/v1/models/a/b"), None);
+        assert_eq!(of(Method::GET, "/v1/models/"), None);
+        assert_eq!(of(Method::GET, "/v1/responses/resp_1"), id(E::RetrieveResponse, "resp_1"));
+        assert_eq!(of(Method::GET, "/v1/responses/resp_1/input_items"), id(E::InputItems, "resp_1"));
+        assert_eq!(of(Method::GET, "/v1/responses//input_items"), None);
+        assert_eq!(of(Method::GET, "/v1/responses/a/b"), None);
+        assert_eq!(of(Method::DELETE, "/v1/responses/resp_1"), id(E::RemoveResponse, "resp_1"));
+        assert_eq!(of(Method::GET, "/v1/responses"), Some((E::ResponsesUpgrade, None)));
+        assert_eq!(of(Method::HEAD, "/"), Some((E::Index, None)));
+        assert_eq!(of(Method::HEAD, "/api/hello"), Some((E::Hello, None)));
+        assert_eq!(of(Method::HEAD, "/healthz"), None);
+        assert_eq!(of(Method::PUT, "/v1/responses/resp_1"), None);
+    }
+
     #[test]
     fn fresh_request_ids_are_32_hex_digits_and_distinct() {
         let (a, b) = (super::request_id(None), super::request_id(None));
@@ -394,7 +507,7 @@ mod tests {
             u64::from_str_radix(&b.to_str().unwrap()[16..], 16).unwrap(),
         );
         assert!(nb > na, "a counter");
-        let inbound = actix_web::http::header::HeaderValue::from_static("caller-id-1");
+        let inbound = http::HeaderValue::from_static("caller-id-1");
         assert_eq!(super::request_id(Some(&inbound)), inbound);
     }
 }

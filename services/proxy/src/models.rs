@@ -6,9 +6,10 @@
 
 use std::time::Duration;
 
-use actix_web::http::StatusCode;
-use actix_web::{HttpRequest, HttpResponse, ResponseError, get, web};
+use crate::server::{Request, Response};
+use http::StatusCode;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 use crate::ProxyState;
 use crate::auth::authenticate;
@@ -24,12 +25,12 @@ enum Shape {
 
 /// Whether a request to an endpoint both shapes share asks for Anthropic's (its SDKs and
 /// Claude Code send `anthropic-version`).
-pub fn wants_anthropic(headers: &actix_web::http::header::HeaderMap) -> bool {
+pub fn wants_anthropic(headers: &http::header::HeaderMap) -> bool {
     headers.contains_key("anthropic-version")
 }
 
 impl Shape {
-    fn of(req: &HttpRequest) -> Shape {
+    fn of(req: &Request) -> Shape {
         if wants_anthropic(req.headers()) { Shape::Anthropic } else { Shape::OpenAi }
     }
 
@@ -42,7 +43,7 @@ impl Shape {
         }
     }
 
-    fn error(self, err: &ProxyError) -> HttpResponse {
+    fn error(self, err: &ProxyError) -> Response {
         match self {
             Shape::OpenAi => err.error_response(),
             Shape::Anthropic => crate::messages::proxy_error(err),
@@ -51,7 +52,7 @@ impl Shape {
 }
 
 /// The ids the caller may name: enabled routes, then the default upstream's models.
-async fn model_ids(req: &HttpRequest, state: &ProxyState, egress: &Egress) -> Result<Vec<String>, ProxyError> {
+async fn model_ids(req: &Request, state: &ProxyState, egress: &Egress) -> Result<Vec<String>, ProxyError> {
     let caller = authenticate(req, &state.caches).await?;
     let mut ids: Vec<String> = Vec::new();
     if state.config.routing_enabled
@@ -74,8 +75,7 @@ async fn model_ids(req: &HttpRequest, state: &ProxyState, egress: &Egress) -> Re
     Ok(ids)
 }
 
-#[get("/v1/models")]
-pub async fn list(req: HttpRequest, state: web::Data<ProxyState>, egress: web::Data<Egress>) -> HttpResponse {
+pub async fn list(req: Request, state: Arc<ProxyState>, egress: Arc<Egress>) -> Response {
     let shape = Shape::of(&req);
     let ids = match model_ids(&req, &state, &egress).await {
         Ok(ids) => ids,
@@ -88,20 +88,14 @@ pub async fn list(req: HttpRequest, state: web::Data<ProxyState>, egress: web::D
             json!({"data": data, "has_more": false, "first_id": ids.first(), "last_id": ids.last()})
         }
     };
-    HttpResponse::Ok().json(body)
+    Response::ok().json(body)
 }
 
-#[get("/v1/models/{id}")]
-pub async fn get(
-    req: HttpRequest,
-    id: web::Path<String>,
-    state: web::Data<ProxyState>,
-    egress: web::Data<Egress>,
-) -> HttpResponse {
+pub async fn get(req: Request, id: String, state: Arc<ProxyState>, egress: Arc<Egress>) -> Response {
     let shape = Shape::of(&req);
     match model_ids(&req, &state, &egress).await {
-        Ok(ids) if ids.contains(&id) => HttpResponse::build(StatusCode::OK).json(shape.model(&id)),
-        Ok(_) => shape.error(&ProxyError::ModelNotFound(id.into_inner())),
+        Ok(ids) if ids.contains(&id) => Response::build(StatusCode::OK).json(shape.model(&id)),
+        Ok(_) => shape.error(&ProxyError::ModelNotFound(id)),
         Err(err) => shape.error(&err),
     }
 }

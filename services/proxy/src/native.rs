@@ -4,10 +4,11 @@
 //! `{error, guardrail_results, routing}`; every target failed is 502 (deadline 504). The same
 //! request path as every endpoint ([`crate::pipeline`]); it does not stream.
 
-use actix_web::http::StatusCode;
-use actix_web::{HttpRequest, HttpResponse, ResponseError, post, web};
+use crate::server::{Request, Response};
+use http::StatusCode;
 use serde_json::{Map, Value, json};
 use shield_core::exchange::Stop;
+use std::sync::Arc;
 
 use crate::ProxyState;
 use crate::body::{self, ChatRequest};
@@ -17,18 +18,17 @@ use crate::error::ProxyError;
 use crate::pipeline::{Ingress, Outcome, admit, pipeline, with_routing_headers};
 use crate::x_shield::routing_record;
 
-#[post("/v1/shield/chat/completions")]
 pub async fn chat(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<ProxyState>,
-    egress: web::Data<Egress>,
-) -> HttpResponse {
+    req: Request,
+    payload: hyper::body::Incoming,
+    state: Arc<ProxyState>,
+    egress: Arc<Egress>,
+) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
         let raw = body::read(&req, payload).await?;
         let fields = native_to_messages(&raw)?;
-        let raw = web::Bytes::from(serde_json::to_vec(&fields).unwrap_or_default());
+        let raw = bytes::Bytes::from(serde_json::to_vec(&fields).unwrap_or_default());
         let request = ChatRequest::parse_shared(&raw)?;
         let served = pipeline(&req, caller, raw.clone(), &request, &state, &egress, INGRESS).await?;
         Ok::<_, ProxyError>(served.render(render))
@@ -75,12 +75,14 @@ fn finish_reason(stop: Stop) -> &'static str {
 /// The Shield-native endpoint does not stream; unrouted models take the default path.
 const INGRESS: Ingress = Ingress { stream: false, default_path: Some("chat/completions") };
 
-fn render(outcome: Outcome) -> HttpResponse {
+fn render(outcome: Outcome) -> Response {
     match outcome {
         Outcome::Relayed(response) => response,
         // Not reached: the pipeline refuses `stream: true` for this endpoint.
-        Outcome::Stream(_) => HttpResponse::BadRequest().json(json!({"error": "this endpoint does not stream"})),
-        Outcome::InputBlocked { reason, guardrails } => HttpResponse::Forbidden().json(
+        Outcome::Stream(_) => {
+            Response::build(StatusCode::BAD_REQUEST).json(json!({"error": "this endpoint does not stream"}))
+        }
+        Outcome::InputBlocked { reason, guardrails } => Response::build(StatusCode::FORBIDDEN).json(
             json!({"error": reason, "guardrail_results": guardrails, "routing": {"reason": reason, "halt": "denied"}}),
         ),
         Outcome::Routed { mut routed, guardrails } => {
@@ -128,7 +130,7 @@ fn render(outcome: Outcome) -> HttpResponse {
             let mut body = body;
             crate::json::set(&mut body, &["guardrail_results"], json!(guardrails));
             crate::json::set(&mut body, &["routing"], json!(routing_record(&routed, target.as_deref())));
-            with_routing_headers(HttpResponse::build(status), &routed, target.as_deref()).json(body)
+            with_routing_headers(Response::build(status), &routed, target.as_deref()).json(body)
         }
     }
 }

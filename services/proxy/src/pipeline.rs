@@ -5,14 +5,13 @@
 //! typed answer returned) → the [`Outcome`], which the shape's module renders. No shape's
 //! wire format is known here: answers and streams are typed ([`shield_core::exchange`]).
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use actix_web::HttpResponse;
-use actix_web::HttpResponseBuilder;
-use actix_web::http::StatusCode;
-use actix_web::http::header::{HeaderMap as InboundHeaders, HeaderName, HeaderValue};
-use actix_web::{HttpRequest, web};
+use crate::server::Request;
+use crate::server::Response;
+use crate::server::ResponseBuilder;
+use http::StatusCode;
+use http::header::{HeaderMap as InboundHeaders, HeaderName, HeaderValue};
 use serde_json::Value;
 use shield_core::limits::Limits;
 use shield_core::money::Usd;
@@ -20,6 +19,7 @@ use shield_core::plan::Exclusion;
 use shield_core::plan::Facts;
 use shield_core::route::Route;
 use shield_core::usage::{TokenUsage, budget_state};
+use std::sync::Arc;
 
 use crate::auth::authenticate;
 use crate::body::ChatRequest;
@@ -71,7 +71,7 @@ pub struct Ingress {
 /// What the shared part of the request path came to.
 pub enum Outcome {
     /// Already a response: the default path's relay.
-    Relayed(HttpResponse),
+    Relayed(Response),
     /// A stream that reached its commit point, for the endpoint to relay in its own shape.
     Stream(Box<StreamStart>),
     /// The input guardrails refused the request before routing.
@@ -97,7 +97,7 @@ pub struct BudgetWarnings {
 impl Served {
     /// The endpoint's response for the outcome, with the `x-ratelimit-*` headers of the
     /// limits that applied (read now: after a non-streamed request has settled its tokens).
-    pub fn render(self, render: impl FnOnce(Outcome) -> HttpResponse) -> HttpResponse {
+    pub fn render(self, render: impl FnOnce(Outcome) -> Response) -> Response {
         let streaming = matches!(self.outcome, Outcome::Stream(_));
         let mut response = render(self.outcome);
         if let Some(admission) = self.admission {
@@ -145,7 +145,7 @@ async fn admit_limits(
 }
 
 /// The loop check and the caller's key, before the body is read: who may be answered at all.
-pub async fn admit(req: &HttpRequest, state: &ProxyState) -> Result<Caller, ProxyError> {
+pub async fn admit(req: &Request, state: &ProxyState) -> Result<Caller, ProxyError> {
     let hop = inbound_hop(req.headers(), state.config.max_hops)?;
     let key = authenticate(req, &state.caches).await?;
     if let Some(trail) = crate::trail_of(req) {
@@ -170,9 +170,9 @@ pub struct Caller {
 
 /// Input guardrails → route → dispatch → output guardrails, on the normalised request.
 pub async fn pipeline(
-    req: &HttpRequest,
+    req: &Request,
     caller: Caller,
-    raw: web::Bytes,
+    raw: bytes::Bytes,
     request: &ChatRequest,
     state: &ProxyState,
     egress: &Egress,
@@ -457,10 +457,10 @@ pub struct StreamStart {
 impl StreamStart {
     /// The committed stream's response: routing headers on the head, then the relayed events
     /// in `wire`'s shape.
-    pub fn respond(self, wire: Box<dyn ClientWire>) -> HttpResponse {
+    pub fn respond(self, wire: Box<dyn ClientWire>) -> Response {
         let StreamStart { committed, health, context, output, prompt_chars, resumer } = self;
         let failovers = committed.run.attempts.iter().filter(|a| a.outcome == "failed").count();
-        let mut response = HttpResponse::Ok();
+        let mut response = Response::ok();
         response
             .insert_header(("content-type", "text/event-stream"))
             .insert_header(("cache-control", "no-cache"))
@@ -500,11 +500,7 @@ pub fn inbound_hop(headers: &InboundHeaders, max_hops: u32) -> Result<u32, Proxy
     if hop >= max_hops { Err(ProxyError::LoopDetected(hop)) } else { Ok(hop) }
 }
 
-pub fn with_routing_headers(
-    mut response: HttpResponseBuilder,
-    routed: &Routed,
-    target: Option<&str>,
-) -> HttpResponseBuilder {
+pub fn with_routing_headers(mut response: ResponseBuilder, routed: &Routed, target: Option<&str>) -> ResponseBuilder {
     response.insert_header((ROUTE_HEADER, routed.route.as_str()));
     if let Some(target) = target {
         response.insert_header((TARGET_HEADER, target));
@@ -593,11 +589,11 @@ mod tests {
     fn hop_limits() {
         let mut headers = InboundHeaders::new();
         assert_eq!(inbound_hop(&headers, 3).unwrap(), 0);
-        headers.insert(HOP_HEADER.try_into().unwrap(), "2".try_into().unwrap());
+        headers.insert(HOP, HeaderValue::from_static("2"));
         assert_eq!(inbound_hop(&headers, 3).unwrap(), 2);
-        headers.insert(HOP_HEADER.try_into().unwrap(), "3".try_into().unwrap());
+        headers.insert(HOP, HeaderValue::from_static("3"));
         assert!(matches!(inbound_hop(&headers, 3), Err(ProxyError::LoopDetected(3))));
-        headers.insert(HOP_HEADER.try_into().unwrap(), "x".try_into().unwrap());
+        headers.insert(HOP, HeaderValue::from_static("x"));
         assert!(matches!(inbound_hop(&headers, 3), Err(ProxyError::BadRequest(_))));
     }
 }

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::web::Bytes;
+use bytes::Bytes;
 use futures_util::StreamExt;
 use shield_core::outcome::Class;
 use shield_core::run::Halt;

@@ -109,16 +109,27 @@ pub fn exported_spans() -> u64 {
 /// The caller's trace context (`traceparent`, `tracestate`), as the parent of a SERVER span.
 /// An absent or malformed header yields an empty context: the span starts a new trace.
 pub fn parent_from(headers: &actix_web::http::header::HeaderMap) -> Context {
-    struct Inbound<'a>(&'a actix_web::http::header::HeaderMap);
-    impl Extractor for Inbound<'_> {
+    extract(|key| headers.get(key).and_then(|v| v.to_str().ok()), || headers.keys().map(|k| k.as_str()).collect())
+}
+
+/// [`parent_from`] for an `http` header map (the proxy's hyper server).
+pub fn parent_from_headers(headers: &http::HeaderMap) -> Context {
+    extract(|key| headers.get(key).and_then(|v| v.to_str().ok()), || headers.keys().map(|k| k.as_str()).collect())
+}
+
+/// The trace context read through a header map's lookups (actix-web's and `http`'s differ).
+fn extract<'a>(get: impl Fn(&str) -> Option<&'a str>, keys: impl Fn() -> Vec<&'a str>) -> Context {
+    // The marker ties the lookups' `'a` to the extractor, so that `'a` outlives a borrow of it.
+    struct Inbound<'a, G, K>(G, K, std::marker::PhantomData<&'a str>);
+    impl<'a, G: Fn(&str) -> Option<&'a str>, K: Fn() -> Vec<&'a str>> Extractor for Inbound<'a, G, K> {
         fn get(&self, key: &str) -> Option<&str> {
-            self.0.get(key).and_then(|v| v.to_str().ok())
+            (self.0)(key)
         }
         fn keys(&self) -> Vec<&str> {
-            self.0.keys().map(|k| k.as_str()).collect()
+            (self.1)()
         }
     }
-    TraceContextPropagator::new().extract(&Inbound(headers))
+    TraceContextPropagator::new().extract(&Inbound(get, keys, std::marker::PhantomData))
 }
 
 /// Writes `cx`'s span as `traceparent` (and `tracestate`, when it has one) into an upstream

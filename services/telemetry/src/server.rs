@@ -1,4 +1,4 @@
-//! SERVER spans for Shield's actix-web services (HTTP semantic conventions): started when a
+//! SERVER spans for Shield's services (the admin's actix-web, the proxy's hyper server) (HTTP semantic conventions): started when a
 //! request arrives — continuing the caller's `traceparent` — named `{method}` until routing
 //! has matched a pattern, then `{method} {http.route}` (`POST /v1/chat/completions`). A 5xx
 //! sets the span's status to error; a 4xx leaves it unset (the caller's fault, not the
@@ -9,20 +9,39 @@ use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
 
-/// Starts the SERVER span of an inbound request.
+/// Starts the SERVER span of an inbound request (an actix-web service: the admin).
 pub fn start(tracer: &SdkTracer, req: &actix_web::dev::ServiceRequest) -> Context {
+    let agent = req.headers().get("user-agent").and_then(|v| v.to_str().ok());
     let parent = crate::parent_from(req.headers());
-    let method = method_name(req.method());
+    span(tracer, parent, req.method().as_str(), req.path(), agent, req.peer_addr())
+}
+
+/// Starts the SERVER span of an inbound request, from its head (the proxy's hyper server).
+pub fn start_head(tracer: &SdkTracer, head: &http::request::Parts, peer: Option<std::net::SocketAddr>) -> Context {
+    let agent = head.headers.get("user-agent").and_then(|v| v.to_str().ok());
+    let parent = crate::parent_from_headers(&head.headers);
+    span(tracer, parent, head.method.as_str(), head.uri.path(), agent, peer)
+}
+
+fn span(
+    tracer: &SdkTracer,
+    parent: Context,
+    method: &str,
+    path: &str,
+    agent: Option<&str>,
+    peer: Option<std::net::SocketAddr>,
+) -> Context {
+    let method = method_name(method);
     let mut attributes = vec![
         KeyValue::new("http.request.method", method.clone()),
-        KeyValue::new("url.path", req.path().to_string()),
+        KeyValue::new("url.path", path.to_string()),
         // Shield's services listen on plain HTTP; TLS ends in front of them.
         KeyValue::new("url.scheme", "http"),
     ];
-    if let Some(agent) = req.headers().get("user-agent").and_then(|v| v.to_str().ok()) {
+    if let Some(agent) = agent {
         attributes.push(KeyValue::new("user_agent.original", agent.chars().take(256).collect::<String>()));
     }
-    if let Some(peer) = req.peer_addr() {
+    if let Some(peer) = peer {
         attributes.push(KeyValue::new("network.peer.address", peer.ip().to_string()));
     }
     let span = tracer
@@ -34,17 +53,16 @@ pub fn start(tracer: &SdkTracer, req: &actix_web::dev::ServiceRequest) -> Contex
 }
 
 /// A method's name without an allocation for the usual ones.
-fn method_name(method: &actix_web::http::Method) -> std::borrow::Cow<'static, str> {
-    use actix_web::http::Method;
-    match *method {
-        Method::GET => "GET".into(),
-        Method::POST => "POST".into(),
-        Method::PUT => "PUT".into(),
-        Method::DELETE => "DELETE".into(),
-        Method::HEAD => "HEAD".into(),
-        Method::PATCH => "PATCH".into(),
-        Method::OPTIONS => "OPTIONS".into(),
-        _ => method.as_str().to_string().into(),
+fn method_name(method: &str) -> std::borrow::Cow<'static, str> {
+    match method {
+        "GET" => "GET".into(),
+        "POST" => "POST".into(),
+        "PUT" => "PUT".into(),
+        "DELETE" => "DELETE".into(),
+        "HEAD" => "HEAD".into(),
+        "PATCH" => "PATCH".into(),
+        "OPTIONS" => "OPTIONS".into(),
+        _ => method.to_string().into(),
     }
 }
 

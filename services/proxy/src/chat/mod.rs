@@ -4,12 +4,12 @@
 //! own answer as sent; any other target's typed answer converted), an SSE stream ([`wire`]),
 //! a refusal or an error in OpenAI's shape.
 
-use actix_web::http::StatusCode;
-use actix_web::http::header::ContentType;
-use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, ResponseError, post, web};
+use crate::server::{Request, Response, ResponseBuilder};
+use http::StatusCode;
 use serde::Serialize;
 use serde_json::{Value, json};
 use shield_core::usage::TokenUsage;
+use std::sync::Arc;
 
 use crate::ProxyState;
 use crate::body::{self, ChatRequest};
@@ -25,13 +25,12 @@ pub mod wire;
 
 use wire::OpenAiWire;
 
-#[post("/v1/chat/completions")]
 pub async fn chat_completions(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<ProxyState>,
-    egress: web::Data<Egress>,
-) -> HttpResponse {
+    req: Request,
+    payload: hyper::body::Incoming,
+    state: Arc<ProxyState>,
+    egress: Arc<Egress>,
+) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
         let raw = body::read(&req, payload).await?;
@@ -49,7 +48,7 @@ pub async fn chat_completions(
     result.await.unwrap_or_else(|err| err.error_response())
 }
 
-fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailRecord>) -> HttpResponse {
+fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailRecord>) -> Response {
     let x_shield = |routed: &Routed, target: Option<&str>| json!({"routing": routing_record(routed, target), "guardrail_results": guardrails});
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
@@ -61,20 +60,18 @@ fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailR
                 Some(Native::OpenAi(native)) => native.render(&model, &x_shield),
                 _ => completion_of(&body.answer, &model, usage, &x_shield),
             };
-            with_routing_headers(HttpResponse::Ok(), &routed, Some(&target))
-                .content_type(ContentType::json())
-                .body(json)
+            with_routing_headers(Response::ok(), &routed, Some(&target)).content_type("application/json").body(json)
         }
         RoutedResult::Refusal { reason, target } => {
             routed.result = RoutedResult::Refusal { reason: reason.clone(), target: target.clone() };
-            let head = with_routing_headers(HttpResponse::Ok(), &routed, target.as_deref());
+            let head = with_routing_headers(Response::ok(), &routed, target.as_deref());
             refusal_response(head, request, &reason, x_shield(&routed, target.as_deref()))
         }
         RoutedResult::Refused { target, status, body } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
             let mut error = refused_error(&target, status, body.as_deref());
             crate::json::set(&mut error, &["x_shield"], x_shield(&routed, Some(&target)));
-            with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error)
+            with_routing_headers(Response::build(status), &routed, Some(&target)).json(error)
         }
         RoutedResult::Unavailable => {
             let (status, message) = unavailable_message(&routed);
@@ -82,7 +79,7 @@ fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailR
             crate::json::set(&mut error, &["error", "attempts"], json!(routed.attempts));
             crate::json::set(&mut error, &["error", "excluded"], json!(routed.excluded));
             crate::json::set(&mut error, &["x_shield"], x_shield(&routed, None));
-            with_routing_headers(HttpResponse::build(status), &routed, None).json(error)
+            with_routing_headers(Response::build(status), &routed, None).json(error)
         }
     }
 }
@@ -137,24 +134,14 @@ fn completion_of(
 }
 
 /// A refusal before routing (an input guardrail in block mode).
-fn refusal(
-    request: &ChatRequest,
-    reason: &str,
-    routing: Option<Value>,
-    guardrails: Vec<GuardrailRecord>,
-) -> HttpResponse {
+fn refusal(request: &ChatRequest, reason: &str, routing: Option<Value>, guardrails: Vec<GuardrailRecord>) -> Response {
     let x_shield = json!({"routing": routing.unwrap_or_else(|| json!({"reason": reason, "halt": "denied"})), "guardrail_results": guardrails});
-    refusal_response(HttpResponse::Ok(), request, reason, x_shield)
+    refusal_response(Response::ok(), request, reason, x_shield)
 }
 
 /// API.md: a refusal is HTTP 200 with one choice, `finish_reason: "content_filter"` and the
 /// reason as its content, in the shape the client asked for (a completion, or an SSE stream).
-fn refusal_response(
-    mut head: HttpResponseBuilder,
-    request: &ChatRequest,
-    reason: &str,
-    x_shield: Value,
-) -> HttpResponse {
+fn refusal_response(mut head: ResponseBuilder, request: &ChatRequest, reason: &str, x_shield: Value) -> Response {
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let id = format!("chatcmpl-shield-{created:x}");
     if request.stream() {
@@ -198,7 +185,7 @@ mod tests {
         assert_eq!(error["error"]["param"], "foo");
     }
 
-    #[actix_web::test]
+    #[tokio::test]
     async fn an_answer_carries_shields_own_x_shield_once_and_the_exact_cost() {
         let (native, answer, _) = crate::provider::OpenAiAnswer::parse(
             br#"{"id": "c1", "model": "up", "choices": [], "x_shield": {"routing": "forged"}}"#.to_vec(),
@@ -233,7 +220,7 @@ mod tests {
         };
         let response = respond(routed, &request, vec![record]);
         assert_eq!(response.headers().get("content-type").unwrap(), "application/json");
-        let bytes = actix_web::body::to_bytes(response.into_body()).await.unwrap();
+        let bytes = response.into_bytes().await;
         let text = String::from_utf8(bytes.to_vec()).unwrap();
         assert_eq!(text.matches("\"x_shield\"").count(), 1, "{text}");
         let answer: Value = serde_json::from_str(&text).unwrap();

@@ -4,7 +4,7 @@
 //! place in a chat completion chunk: it is not sent, and an event that carried only thinking
 //! sends nothing.
 
-use actix_web::web::Bytes;
+use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use shield_core::exchange::{Delta, Stop};
 use shield_core::usage::TokenUsage;

@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use actix_web::web::Bytes;
+use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
 use shield_core::spliced::Spliced;
 

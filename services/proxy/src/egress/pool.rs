@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use actix_web::web::Bytes;
+use bytes::Bytes;
 use http::header::{HOST, HeaderValue};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;

@@ -14,8 +14,8 @@ pub mod lease;
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
-use actix_web::http::header::{HeaderName, HeaderValue};
-use actix_web::web::BytesMut;
+use bytes::BytesMut;
+use http::header::{HeaderName, HeaderValue};
 use parking_lot::{Mutex, RwLock};
 use shield_core::keys::RedisKeys;
 use shield_core::limits::{Bucket, Kind, Limits, Scope, Status};
@@ -421,7 +421,7 @@ fn put_number(out: &mut BytesMut, n: u64) {
 }
 
 /// Inserts headers into a response (rate-limit headers, `Retry-After`).
-pub fn apply(response: &mut actix_web::HttpResponse, headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>) {
+pub fn apply(response: &mut crate::server::Response, headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>) {
     let headers = headers.into_iter();
     let map = response.headers_mut();
     map.reserve(headers.size_hint().0);

@@ -11,8 +11,9 @@ pub(crate) mod request;
 mod response;
 mod wire;
 
-use actix_web::{HttpRequest, HttpResponse, post, web};
+use crate::server::{Request, Response};
 use serde_json::json;
+use std::sync::Arc;
 
 use crate::ProxyState;
 use crate::body;
@@ -24,13 +25,12 @@ pub use response::proxy_error;
 
 const INGRESS: Ingress = Ingress { stream: true, default_path: None };
 
-#[post("/v1/messages")]
 pub async fn messages(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<ProxyState>,
-    egress: web::Data<Egress>,
-) -> HttpResponse {
+    req: Request,
+    payload: hyper::body::Incoming,
+    state: Arc<ProxyState>,
+    egress: Arc<Egress>,
+) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
         let raw = body::read(&req, payload).await?;
@@ -41,7 +41,7 @@ pub async fn messages(
         Ok::<_, ProxyError>(served.render(|outcome| match outcome {
             Outcome::Relayed(response) => response,
             Outcome::Stream(start) => start.respond(Box::new(wire::AnthropicWire::new(&request.model))),
-            Outcome::InputBlocked { reason, .. } => response::refusal(HttpResponse::Ok(), &request, &reason),
+            Outcome::InputBlocked { reason, .. } => response::refusal(Response::ok(), &request, &reason),
             Outcome::Routed { routed, guardrails } => response::respond(*routed, &request, guardrails),
         }))
     };
@@ -50,8 +50,7 @@ pub async fn messages(
 
 /// `{input_tokens}`: the same estimate the router uses (4 characters a token of the prompt's
 /// text, system included). No upstream is called.
-#[post("/v1/messages/count_tokens")]
-pub async fn count_tokens(req: HttpRequest, payload: web::Payload, state: web::Data<ProxyState>) -> HttpResponse {
+pub async fn count_tokens(req: Request, payload: hyper::body::Incoming, state: Arc<ProxyState>) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
         let raw = body::read(&req, payload).await?;
@@ -65,7 +64,7 @@ pub async fn count_tokens(req: HttpRequest, payload: web::Payload, state: web::D
             return Err(ProxyError::ModelNotFound(request.model.clone()));
         }
         let tokens = (request.prompt_chars() as u64).div_ceil(4);
-        Ok::<_, ProxyError>(HttpResponse::Ok().json(json!({"input_tokens": tokens})))
+        Ok::<_, ProxyError>(Response::ok().json(json!({"input_tokens": tokens})))
     };
     result.await.unwrap_or_else(|err| response::proxy_error(&err))
 }

@@ -34,7 +34,7 @@ pub struct Headers {
 }
 
 impl Headers {
-    pub fn of(headers: &actix_web::http::header::HeaderMap) -> Headers {
+    pub fn of(headers: &http::header::HeaderMap) -> Headers {
         let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
         Headers { beta: text("anthropic-beta").filter(|b| !b.trim().is_empty()), version: text("anthropic-version") }
     }

@@ -2,8 +2,8 @@
 //! (whichever flavor answered), refusals as a 200 message with `stop_reason: "refusal"`, and
 //! `{"type":"error","error":{"type","message"}}` with Anthropic's error types.
 
-use actix_web::http::StatusCode;
-use actix_web::{HttpResponse, HttpResponseBuilder, ResponseError};
+use crate::server::{Response, ResponseBuilder};
+use http::StatusCode;
 use serde_json::{Value, json};
 use shield_core::exchange::{self, Block, Stop};
 use shield_core::outcome::Class;
@@ -39,9 +39,9 @@ pub fn error_body(status: StatusCode, message: &str) -> Value {
 }
 
 /// A refusal of the data plane itself (bad key, bad body, unknown route, …).
-pub fn proxy_error(err: &ProxyError) -> HttpResponse {
+pub fn proxy_error(err: &ProxyError) -> Response {
     let status = err.status_code();
-    let mut response = HttpResponse::build(status).json(error_body(status, &err.to_string()));
+    let mut response = Response::build(status).json(error_body(status, &err.to_string()));
     err.decorate(&mut response);
     no_retry(status, &mut response);
     response
@@ -49,11 +49,11 @@ pub fn proxy_error(err: &ProxyError) -> HttpResponse {
 
 /// Anthropic's SDKs (and Claude Code) retry 408, 409, 429 and 5xx unless told not to: a
 /// deterministic refusal (any other 4xx) says so with `x-should-retry: false`.
-fn no_retry(status: StatusCode, response: &mut HttpResponse) {
+fn no_retry(status: StatusCode, response: &mut Response) {
     if status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 429) {
         response.headers_mut().insert(
-            actix_web::http::header::HeaderName::from_static("x-should-retry"),
-            actix_web::http::header::HeaderValue::from_static("false"),
+            http::header::HeaderName::from_static("x-should-retry"),
+            http::header::HeaderValue::from_static("false"),
         );
     }
 }
@@ -130,7 +130,7 @@ pub fn refusal_events(model: &str, reason: &str) -> String {
 }
 
 /// A refusal in the shape the caller asked for (a message, or a stream of events).
-pub fn refusal(head: HttpResponseBuilder, request: &ChatRequest, reason: &str) -> HttpResponse {
+pub fn refusal(head: ResponseBuilder, request: &ChatRequest, reason: &str) -> Response {
     let mut head = head;
     if request.stream() {
         return head.insert_header(("content-type", "text/event-stream")).body(refusal_events(&request.model, reason));
@@ -139,7 +139,7 @@ pub fn refusal(head: HttpResponseBuilder, request: &ChatRequest, reason: &str) -
 }
 
 /// A routed call's result in Anthropic's shape, with Shield's headers (and `x_shield`).
-pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailRecord>) -> HttpResponse {
+pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<GuardrailRecord>) -> Response {
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
             // An Anthropic target's own message as it sent it (only `model` set); any other
@@ -153,20 +153,18 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
                     serde_json::to_vec(&answer).unwrap_or_default()
                 }
             };
-            with_routing_headers(HttpResponse::Ok(), &routed, Some(&target))
-                .content_type(actix_web::http::header::ContentType::json())
-                .body(json)
+            with_routing_headers(Response::ok(), &routed, Some(&target)).content_type("application/json").body(json)
         }
         RoutedResult::Refusal { reason, target } => {
             routed.result = RoutedResult::Refusal { reason: reason.clone(), target: target.clone() };
-            refusal(with_routing_headers(HttpResponse::Ok(), &routed, target.as_deref()), request, &reason)
+            refusal(with_routing_headers(Response::ok(), &routed, target.as_deref()), request, &reason)
         }
         RoutedResult::Refused { target, status, body } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
             let mut error = anthropic_error(status, body.as_deref())
                 .unwrap_or_else(|| error_body(status, &upstream_refusal(&target, status, body.as_deref()).message));
             crate::json::set(&mut error, &["x_shield"], json!({"routing": routing_record(&routed, Some(&target))}));
-            let mut response = with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error);
+            let mut response = with_routing_headers(Response::build(status), &routed, Some(&target)).json(error);
             no_retry(status, &mut response);
             response
         }
@@ -175,7 +173,7 @@ pub fn respond(mut routed: Routed, request: &ChatRequest, guardrails: Vec<Guardr
             let status = unavailable_status(&routed, status);
             let mut error = error_body(status, &message);
             crate::json::set(&mut error, &["x_shield"], json!({"routing": routing_record(&routed, None)}));
-            with_routing_headers(HttpResponse::build(status), &routed, None).json(error)
+            with_routing_headers(Response::build(status), &routed, None).json(error)
         }
     }
 }

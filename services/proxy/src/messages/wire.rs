@@ -4,7 +4,7 @@
 //! for each text or tool-use block, `message_delta` with the stop reason and the final usage,
 //! `message_stop`. A break after the commit point is an `error` event.
 
-use actix_web::web::Bytes;
+use bytes::Bytes;
 use serde_json::{Value, json};
 use shield_core::exchange::{Delta, Stop};
 use shield_core::json_write::push_str;

@@ -192,7 +192,7 @@ pub struct Frame {
 pub type Frames = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Frame, String>> + Send>>;
 
 /// An upstream stream's body, as its bytes arrive.
-pub type BodyBytes = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<actix_web::web::Bytes, String>> + Send>>;
+pub type BodyBytes = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<bytes::Bytes, String>> + Send>>;
 
 /// Server-sent events: what OpenAI and Anthropic stream in.
 pub fn sse_frames(body: BodyBytes) -> Frames {

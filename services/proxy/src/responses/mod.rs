@@ -25,9 +25,9 @@ pub mod wire;
 
 use std::sync::Arc;
 
-use actix_web::http::StatusCode;
-use actix_web::http::header::{HeaderName, HeaderValue};
-use actix_web::{HttpRequest, HttpResponse, ResponseError, delete, get, post, web};
+use crate::server::{Request, Response, ResponseBuilder};
+use http::StatusCode;
+use http::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use shield_core::chat_request::{BadRequest, ChatRequest, Origin};
 use shield_core::exchange::{
@@ -60,13 +60,12 @@ struct Echo {
     summaries: bool,
 }
 
-#[post("/v1/responses")]
 pub async fn responses(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<ProxyState>,
-    egress: web::Data<Egress>,
-) -> HttpResponse {
+    req: Request,
+    payload: hyper::body::Incoming,
+    state: Arc<ProxyState>,
+    egress: Arc<Egress>,
+) -> Response {
     let codex = is_codex(&req);
     let mut streamed = false;
     let result = async {
@@ -138,17 +137,17 @@ pub async fn responses(
 /// Whether the caller is OpenAI's Codex (its `originator` header: `codex_cli_rs`,
 /// `codex_exec`, `codex_vscode`, …). Codex gives up on an HTTP 429 but waits and retries a
 /// stream that fails with `rate_limit_exceeded`, so it is told of rate limits that way.
-fn is_codex(req: &HttpRequest) -> bool {
+fn is_codex(req: &Request) -> bool {
     req.headers().get(ORIGINATOR).and_then(|v| v.to_str().ok()).is_some_and(|o| o.starts_with("codex"))
 }
 
 /// A rate limit told the way Codex waits on: a 200 stream that fails at once with
 /// `rate_limit_exceeded` and "try again in N s" (RESPONSES.md §4).
-fn codex_rate_limited(retry_after_s: u64, message: &str) -> HttpResponse {
+fn codex_rate_limited(retry_after_s: u64, message: &str) -> Response {
     let mut wire = wire::ResponsesWire::new("", Vec::new(), format!("resp_{}", uuid::Uuid::new_v4().simple()), None);
     let message = format!("{message} Please try again in {}s.", retry_after_s.max(1));
     let events = wire.failed("rate_limit_exceeded", &message);
-    HttpResponse::Ok()
+    Response::ok()
         .insert_header(("content-type", "text/event-stream"))
         .insert_header(("retry-after", retry_after_s.max(1).to_string()))
         .body(events)
@@ -174,20 +173,18 @@ fn object_of(raw: &[u8]) -> Result<Map<String, Value>, BadRequest> {
 }
 
 /// `GET /v1/responses/{id}`: a stored response of the caller's tenant.
-#[get("/v1/responses/{id}")]
-pub async fn retrieve(req: HttpRequest, id: web::Path<String>, state: web::Data<ProxyState>) -> HttpResponse {
+pub async fn retrieve(req: Request, id: String, state: Arc<ProxyState>) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
         let kept = state.responses.load(&caller.key.tenant, &id).await.map_err(|err| store_down("GET", err))?;
-        kept.map(|kept| HttpResponse::Ok().json(kept.response)).ok_or_else(|| not_found(&id))
+        kept.map(|kept| Response::ok().json(kept.response)).ok_or_else(|| not_found(&id))
     };
     result.await.unwrap_or_else(|err| err.error_response())
 }
 
 /// `GET /v1/responses/{id}/input_items`: the whole input a stored response answered (the
 /// conversation it continued, then its own input), as a list, oldest first.
-#[get("/v1/responses/{id}/input_items")]
-pub async fn input_items(req: HttpRequest, id: web::Path<String>, state: web::Data<ProxyState>) -> HttpResponse {
+pub async fn input_items(req: Request, id: String, state: Arc<ProxyState>) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
         let tenant = &caller.key.tenant;
@@ -205,7 +202,7 @@ pub async fn input_items(req: HttpRequest, id: web::Path<String>, state: web::Da
         let id_of = |item: Option<&Value>| item.and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null);
         let (first, last) = (id_of(data.first()), id_of(data.last()));
         Ok::<_, ProxyError>(
-            HttpResponse::Ok()
+            Response::ok()
                 .json(json!({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": false})),
         )
     };
@@ -214,15 +211,14 @@ pub async fn input_items(req: HttpRequest, id: web::Path<String>, state: web::Da
 
 /// `DELETE /v1/responses/{id}`: the response and its output items (a conversation that
 /// continued it can no longer be continued past it).
-#[delete("/v1/responses/{id}")]
-pub async fn remove(req: HttpRequest, id: web::Path<String>, state: web::Data<ProxyState>) -> HttpResponse {
+pub async fn remove(req: Request, id: String, state: Arc<ProxyState>) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
         let deleted = state.responses.delete(&caller.key.tenant, &id).await.map_err(|err| store_down("DELETE", err))?;
         if !deleted {
             return Err(not_found(&id));
         }
-        Ok(HttpResponse::Ok().json(json!({"id": id.as_str(), "object": "response", "deleted": true})))
+        Ok(Response::ok().json(json!({"id": id.as_str(), "object": "response", "deleted": true})))
     };
     result.await.unwrap_or_else(|err| err.error_response())
 }
@@ -239,11 +235,10 @@ fn not_found(id: &str) -> ProxyError {
 
 /// `GET /v1/responses`: Codex tries a WebSocket here when its provider says it supports them;
 /// a 426 with an error object makes it fall back to HTTP at once. Anything else is a 405.
-#[actix_web::get("/v1/responses")]
-pub async fn upgrade(req: HttpRequest) -> HttpResponse {
+pub async fn upgrade(req: Request) -> Response {
     let websocket = req
         .headers()
-        .get(actix_web::http::header::UPGRADE)
+        .get(http::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     if websocket {
@@ -253,7 +248,7 @@ pub async fn upgrade(req: HttpRequest) -> HttpResponse {
             "websocket_unsupported",
             Value::Null,
         );
-        return HttpResponse::build(actix_web::http::StatusCode::UPGRADE_REQUIRED).json(error);
+        return Response::build(http::StatusCode::UPGRADE_REQUIRED).json(error);
     }
     let error = crate::error::openai_error(
         "use POST /v1/responses",
@@ -261,7 +256,7 @@ pub async fn upgrade(req: HttpRequest) -> HttpResponse {
         "method_not_allowed",
         Value::Null,
     );
-    HttpResponse::MethodNotAllowed().json(error)
+    Response::build(StatusCode::METHOD_NOT_ALLOWED).json(error)
 }
 
 /// The typed request, the names of the caller's freeform (`custom`) tools, and the tool types
@@ -434,10 +429,10 @@ fn render(
     answer: Option<Value>,
     keeper: Option<Keeper>,
     codex: bool,
-) -> HttpResponse {
+) -> Response {
     match outcome {
         Outcome::Relayed(response) => response,
-        Outcome::InputBlocked { reason, .. } => refusal(HttpResponse::Ok(), request, &reason, &echo),
+        Outcome::InputBlocked { reason, .. } => refusal(Response::ok(), request, &reason, &echo),
         Outcome::Stream(start) => {
             let mut wire = wire::ResponsesWire::new(&request.model, echo.custom, echo.id, keeper);
             wire.reasoning(echo.sealer, echo.summaries);
@@ -457,23 +452,23 @@ fn routed_response(
     echo: &Echo,
     answer: Option<Value>,
     codex_stream: bool,
-) -> HttpResponse {
+) -> Response {
     match std::mem::replace(&mut routed.result, RoutedResult::Unavailable) {
         RoutedResult::Answer { target, model, body, usage } => {
             let mut answer =
                 answer.unwrap_or_else(|| response_of(&body.answer, &model, usage.unwrap_or_default(), echo));
             let x_shield = json!({"routing": routing_record(&routed, Some(&target)), "guardrail_results": guardrails});
             crate::json::set(&mut answer, &["x_shield"], x_shield);
-            with_routing_headers(HttpResponse::Ok(), &routed, Some(&target)).json(answer)
+            with_routing_headers(Response::ok(), &routed, Some(&target)).json(answer)
         }
         RoutedResult::Refusal { reason, target } => {
             routed.result = RoutedResult::Refusal { reason: reason.clone(), target: target.clone() };
-            refusal(with_routing_headers(HttpResponse::Ok(), &routed, target.as_deref()), request, &reason, echo)
+            refusal(with_routing_headers(Response::ok(), &routed, target.as_deref()), request, &reason, echo)
         }
         RoutedResult::Refused { target, status, body } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
             let error = crate::chat::refused_error(&target, status, body.as_deref());
-            with_routing_headers(HttpResponse::build(status), &routed, Some(&target)).json(error)
+            with_routing_headers(Response::build(status), &routed, Some(&target)).json(error)
         }
         RoutedResult::Unavailable => {
             let (status, message) = crate::pipeline::unavailable_message(&routed);
@@ -481,14 +476,14 @@ fn routed_response(
                 // Every target is out of quota for now: Codex waits and retries on this,
                 // where it would give up on a 5xx after a few quick retries.
                 let mut response = codex_rate_limited(UPSTREAM_RETRY_S, &message);
-                let head = with_routing_headers(HttpResponse::Ok(), &routed, None).finish();
+                let head = with_routing_headers(Response::ok(), &routed, None).finish();
                 for (name, value) in head.headers() {
                     response.headers_mut().insert(name.clone(), value.clone());
                 }
                 return response;
             }
             let error = crate::error::openai_error(&message, "upstream_error", routed.halt.as_str(), Value::Null);
-            with_routing_headers(HttpResponse::build(status), &routed, None).json(error)
+            with_routing_headers(Response::build(status), &routed, None).json(error)
         }
     }
 }
@@ -512,7 +507,7 @@ fn upstreams_rate_limited(routed: &crate::dispatch::Routed) -> bool {
 /// A refusal (guardrail, deny rule, budget block): a response whose text is the reason,
 /// marked `incomplete_details.reason: "content_filter"` (as a stream of events when the
 /// caller asked for one).
-fn refusal(mut head: actix_web::HttpResponseBuilder, request: &ChatRequest, reason: &str, echo: &Echo) -> HttpResponse {
+fn refusal(mut head: ResponseBuilder, request: &ChatRequest, reason: &str, echo: &Echo) -> Response {
     if request.stream() {
         let mut wire = wire::ResponsesWire::new(&request.model, Vec::new(), echo.id.clone(), None);
         let events =

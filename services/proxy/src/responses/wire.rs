@@ -6,7 +6,7 @@
 //! the summary (`response.reasoning_summary_*` events) when the caller asked for summaries,
 //! and the blocks sealed as `encrypted_content` ([`super::reasoning`]) for the next turn.
 
-use actix_web::web::Bytes;
+use bytes::Bytes;
 use serde_json::{Value, json};
 use shield_core::exchange::{Delta, Stop};
 use shield_core::usage::TokenUsage;

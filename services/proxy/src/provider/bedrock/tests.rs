@@ -253,9 +253,8 @@ fn message(kind: &str, name: &str, payload: Value) -> Vec<u8> {
 }
 
 async fn frames_of(chunks: Vec<Vec<u8>>) -> Vec<Result<crate::provider::Frame, String>> {
-    let body: BodyBytes = Box::pin(futures_util::stream::iter(
-        chunks.into_iter().map(|c| Ok::<_, String>(actix_web::web::Bytes::from(c))),
-    ));
+    let body: BodyBytes =
+        Box::pin(futures_util::stream::iter(chunks.into_iter().map(|c| Ok::<_, String>(bytes::Bytes::from(c)))));
     BEDROCK.frames(body).collect().await
 }
 

@@ -1,0 +1,167 @@
+//! Listening: one acceptor on the caller's runtime hands each connection, in turn, to one of
+//! N worker threads; each worker is a current-thread runtime serving its connections with
+//! hyper's HTTP/1.1 server. State a worker makes for itself (the egress pool) never crosses
+//! threads, and a request's futures need not be `Send`.
+//!
+//! hyper's server here, not actix-web's (issue 33): on a 148 KB agent request actix grew its
+//! read buffer by doubling and handed the body over in chunks to be gathered again, ~12 µs of
+//! CPU a request more than hyper reading the same body (`bench/ingress`).
+
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::mpsc;
+
+use super::Response;
+
+/// The largest request head accepted (start line and headers).
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// How the server listens and stops.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    pub workers: usize,
+    /// Connections the kernel queues before they are accepted.
+    pub backlog: u32,
+    /// How long a connection may sit between requests, or take to send a request's head,
+    /// before it is closed (hyper's header-read timeout, which runs from the end of the last
+    /// answer).
+    pub idle: Duration,
+    /// After a stop signal: how long requests in flight (streams among them) may take to end.
+    pub drain: Duration,
+}
+
+/// Binds every address `addr` resolves to (`localhost:8080`: IPv4 and IPv6).
+pub fn bind(addr: &str, backlog: u32) -> std::io::Result<Vec<tokio::net::TcpListener>> {
+    let mut listeners = Vec::new();
+    let mut last_error = None;
+    for address in std::net::ToSocketAddrs::to_socket_addrs(addr)? {
+        let socket = match address {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(address).and_then(|()| socket.listen(backlog)) {
+            Ok(listener) => listeners.push(listener),
+            Err(err) => last_error = Some(err),
+        }
+    }
+    match (listeners.is_empty(), last_error) {
+        (true, Some(err)) => Err(err),
+        (true, None) => Err(std::io::Error::other(format!("`{addr}` names no address to listen on"))),
+        (false, _) => Ok(listeners),
+    }
+}
+
+/// Serves `listeners` until `stop` completes, then lets what is in flight end (up to
+/// `settings.drain`). `make` runs once on each worker thread and makes its handler.
+pub async fn serve<M, H, F>(
+    listeners: Vec<tokio::net::TcpListener>,
+    settings: Settings,
+    make: M,
+    stop: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    M: Fn() -> H + Send + Sync + 'static,
+    H: Fn(http::Request<Incoming>, SocketAddr) -> F + 'static,
+    F: Future<Output = Response> + 'static,
+{
+    let make = std::sync::Arc::new(make);
+    let workers = (0..settings.workers.max(1))
+        .map(|index| Worker::start(index, make.clone(), settings))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let next = Cell::new(0usize);
+    let accepting = futures_util::future::join_all(listeners.into_iter().map(|l| accept(l, &workers, &next)));
+    tokio::select! {
+        _ = accepting => {}
+        () = stop => tracing::info!("proxy stopping: requests in flight may take up to {} s", settings.drain.as_secs()),
+    }
+    // The listeners are closed (dropped with `accepting`); each worker, its queue closed,
+    // ends its connections gracefully.
+    let threads: Vec<_> = workers.into_iter().map(|w| w.thread).collect();
+    let joined = tokio::task::spawn_blocking(move || {
+        for thread in threads {
+            let _ = thread.join();
+        }
+    });
+    let _ = joined.await;
+    Ok(())
+}
+
+/// Accepts connections on `listener` and hands them to the workers in turn.
+async fn accept(listener: tokio::net::TcpListener, workers: &[Worker], next: &Cell<usize>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let Ok(stream) = stream.into_std() else { continue };
+                let index = next.get() % workers.len();
+                next.set(index + 1);
+                if let Some(worker) = workers.get(index) {
+                    let _ = worker.connections.send((stream, peer));
+                }
+            }
+            // Out of file descriptors, say: wait a little rather than spin, and go on.
+            Err(err) => {
+                tracing::warn!(error = %err, "could not accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+struct Worker {
+    connections: mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Worker {
+    fn start<M, H, F>(index: usize, make: std::sync::Arc<M>, settings: Settings) -> std::io::Result<Worker>
+    where
+        M: Fn() -> H + Send + Sync + 'static,
+        H: Fn(http::Request<Incoming>, SocketAddr) -> F + 'static,
+        F: Future<Output = Response> + 'static,
+    {
+        let (connections, mut accepted) = mpsc::unbounded_channel::<(std::net::TcpStream, SocketAddr)>();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let thread = std::thread::Builder::new().name(format!("shield-proxy-{index}")).spawn(move || {
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&runtime, async move {
+                let handler = Rc::new(make());
+                let graceful = GracefulShutdown::new();
+                let mut http = http1::Builder::new();
+                // A request head over 64 KB (start line and headers) is refused with 431 and
+                // the connection closed; hyper's default bound is its ~400 KB read buffer.
+                http.timer(TokioTimer::new()).header_read_timeout(settings.idle).max_header_size(MAX_HEAD_BYTES);
+                while let Some((stream, peer)) = accepted.recv().await {
+                    let Ok(stream) = tokio::net::TcpStream::from_std(stream) else { continue };
+                    // Small SSE writes go out at once: without this, Nagle holds a chunk until
+                    // the client ACKs the previous one (tens of ms with delayed ACKs).
+                    let _ = stream.set_nodelay(true);
+                    let handler = handler.clone();
+                    let service = hyper::service::service_fn(move |req| {
+                        let answer = handler(req, peer);
+                        async move { Ok::<_, Infallible>(answer.await.into_inner()) }
+                    });
+                    let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                    tokio::task::spawn_local(async move {
+                        if let Err(err) = connection.await {
+                            tracing::debug!(error = %err, "a client connection ended with an error");
+                        }
+                    });
+                }
+                if tokio::time::timeout(settings.drain, graceful.shutdown()).await.is_err() {
+                    tracing::warn!("requests still in flight after {} s are cut off", settings.drain.as_secs());
+                }
+            });
+        })?;
+        Ok(Worker { connections, thread })
+    }
+}
