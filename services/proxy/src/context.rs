@@ -57,7 +57,7 @@ struct Facts {
     /// read from the status.
     ending: Option<&'static str>,
     status: u16,
-    endpoint: Option<String>,
+    endpoint: Option<&'static str>,
 }
 
 impl Trail {
@@ -109,9 +109,9 @@ impl Trail {
     }
 
     /// The handler answered with `status`; `endpoint`: the matched route pattern.
-    pub fn responded(&self, status: u16, endpoint: Option<String>) {
+    pub fn responded(&self, status: u16, endpoint: Option<&'static str>) {
         if let Some(cx) = &self.span {
-            shield_telemetry::server::responded(cx, self.method.as_str(), endpoint.as_deref(), status);
+            shield_telemetry::server::responded(cx, self.method.as_str(), endpoint, status);
         }
         let mut facts = self.facts.lock();
         facts.status = status;
@@ -212,7 +212,7 @@ impl Drop for Trail {
         // A status of 0: the handler never answered (the client went away before it did).
         let ending =
             facts.ending.unwrap_or(if facts.status == 0 { "client_gone" } else { ending_of_status(facts.status) });
-        let endpoint = facts.endpoint.as_deref().unwrap_or("unmatched");
+        let endpoint = facts.endpoint.unwrap_or("unmatched");
         let tenant = facts.caller.as_ref().map_or("", |k| k.tenant.as_str());
         self.metrics.http_request(tenant, endpoint, facts.status, ending);
         // Only when the record is written: the trace id's text and the clock cost otherwise.

@@ -346,7 +346,7 @@ impl App {
         response.headers_mut().insert(REQUEST_ID, id);
         if let Some(trail) = trail {
             // A streamed answer holds its own reference until the stream ends.
-            trail.responded(response.status().as_u16(), pattern.map(str::to_string));
+            trail.responded(response.status().as_u16(), pattern);
         }
         response
     }
