@@ -134,6 +134,13 @@ impl Settings {
                 _ => bail!("SHIELD_PROXY_WORKERS must be a whole number from 1 to 1024, not {text:?}"),
             },
         };
+        let max_connections = match std::env::var("SHIELD_PROXY_MAX_CONNECTIONS").ok().filter(|v| !v.is_empty()) {
+            None => 25_000,
+            Some(text) => match text.parse::<usize>() {
+                Ok(n @ 1..=1_000_000) => n,
+                _ => bail!("SHIELD_PROXY_MAX_CONNECTIONS must be a whole number from 1 to 1000000, not {text:?}"),
+            },
+        };
         Ok(ProxyConfig {
             addr: self.proxy_addr.clone(),
             redis_url: self.redis_url.clone(),
@@ -144,6 +151,7 @@ impl Settings {
             default_upstream,
             max_hops: env_parse("SHIELD_MAX_HOPS", 3)?,
             workers,
+            max_connections,
             metrics_tenant_labels: env_or("SHIELD_METRICS_TENANT_LABELS", "1") != "0",
             keyring: self.keyring()?,
         })

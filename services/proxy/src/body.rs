@@ -2,23 +2,22 @@
 //! ([`ChatRequest`]), pure so that it can be fuzzed on its own.
 
 use bytes::{Bytes, BytesMut};
-use http_body_util::BodyExt;
-use hyper::body::{Body, Incoming};
 pub use shield_core::chat_request::{BadRequest, ChatRequest, MAX_MESSAGES};
 
 use crate::error::ProxyError;
-use crate::server::Request;
+use crate::server::{Payload, Request};
 
 /// Chat requests with images can be large; beyond this a body is refused with 413.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 /// The whole body. A declared length over the limit is refused before a byte is read; a body
-/// without one (chunked) is refused once it passes the limit.
-pub async fn read(_req: &Request, mut payload: Incoming) -> Result<Bytes, ProxyError> {
+/// without one (chunked) is refused once it passes the limit. What a refused body still has
+/// to send is read and dropped in the background ([`Payload`]).
+pub async fn read(_req: &Request, mut payload: Payload) -> Result<Bytes, ProxyError> {
     let unreadable = |e: hyper::Error| ProxyError::BadRequest(format!("could not read the request body: {e}"));
-    let declared = payload.size_hint().exact();
+    let declared = payload.declared();
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return Err(too_large(payload).await);
+        return Err(ProxyError::TooLarge(MAX_BODY_BYTES));
     }
     // The whole body in one frame, the usual case for a small one: a slice of hyper's read
     // buffer, taken as it is rather than copied (issue 33).
@@ -28,7 +27,7 @@ pub async fn read(_req: &Request, mut payload: Incoming) -> Result<Bytes, ProxyE
         let Ok(data) = frame.map_err(unreadable)?.into_data() else { continue };
         let so_far = gathered.as_ref().map_or(0, BytesMut::len) + first.as_ref().map_or(0, Bytes::len);
         if so_far + data.len() > MAX_BODY_BYTES {
-            return Err(too_large(payload).await);
+            return Err(ProxyError::TooLarge(MAX_BODY_BYTES));
         }
         match (&mut gathered, first.take()) {
             (Some(body), _) => body.extend_from_slice(&data),
@@ -46,24 +45,3 @@ pub async fn read(_req: &Request, mut payload: Incoming) -> Result<Bytes, ProxyE
     }
     Ok(gathered.map(BytesMut::freeze).or(first).unwrap_or_default())
 }
-
-/// Refuses a body over the limit, once what the client is still sending has been read and
-/// dropped (up to [`DRAIN_BYTES`] or [`DRAIN_TIME`]): a connection closed with unread bytes is
-/// reset, and the client would see a broken connection instead of the 413.
-async fn too_large(mut payload: Incoming) -> ProxyError {
-    let drain = async {
-        let mut drained = 0usize;
-        while let Some(Ok(frame)) = payload.frame().await {
-            drained += frame.data_ref().map_or(0, Bytes::len);
-            if drained > DRAIN_BYTES {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
-    ProxyError::TooLarge(MAX_BODY_BYTES)
-}
-
-/// How much of a refused body is read and dropped, at most.
-const DRAIN_BYTES: usize = 4 * MAX_BODY_BYTES;
-const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(5);

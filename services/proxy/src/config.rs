@@ -25,6 +25,9 @@ pub struct ProxyConfig {
     /// `SHIELD_PROXY_WORKERS`: HTTP worker threads (each its own event loop and upstream
     /// pool); `None` is one per core.
     pub workers: Option<usize>,
+    /// `SHIELD_PROXY_MAX_CONNECTIONS`: client connections open at once; past it the proxy stops
+    /// accepting (the kernel queues new ones) until one closes.
+    pub max_connections: usize,
     pub keyring: Keyring,
 }
 

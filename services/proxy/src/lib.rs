@@ -339,6 +339,7 @@ impl App {
             request_id = id.to_str().unwrap_or_default(),
             trace_id = trace_id.as_deref()
         );
+        let body = server::Payload::new(body, &head);
         let req = Request::new(head, Some(peer), id.clone(), trail.clone());
         let mut response = self.call(endpoint, req, body).instrument(span).await;
         if anthropic {
@@ -355,7 +356,7 @@ impl App {
     /// The endpoint's answer, as a boxed future: an endpoint's future is ~10 KB (the whole
     /// pipeline's state), and hyper moves the request's future into its dispatcher, which
     /// copied all of it on every request (callgrind: ~10,700 bytes a request).
-    fn call(&self, endpoint: Option<(Endpoint, Option<String>)>, req: Request, body: Incoming) -> Answer {
+    fn call(&self, endpoint: Option<(Endpoint, Option<String>)>, req: Request, body: server::Payload) -> Answer {
         let (state, egress) = (self.state.clone(), self.egress.clone());
         let Some((endpoint, id)) = endpoint else { return ready(not_found()) };
         let id = id.unwrap_or_default();
@@ -389,8 +390,26 @@ fn ready(response: Response) -> Answer {
     Box::pin(std::future::ready(response))
 }
 
-/// SIGINT (ctrl-c) or SIGTERM.
-async fn stop_signal() {
+/// The first stop signal, and how long requests in flight may take to end: SIGTERM (an
+/// orchestrator's stop) 30 s, within a pod's default grace period; SIGINT (ctrl-c at a
+/// terminal) 5 s.
+async fn stop_signal() -> server::listen::Stop {
+    use tokio::signal::unix::{SignalKind, signal};
+    let drain = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(mut interrupt), Ok(mut terminate)) => tokio::select! {
+            _ = interrupt.recv() => Duration::from_secs(5),
+            _ = terminate.recv() => Duration::from_secs(30),
+        },
+        _ => {
+            tracing::warn!("cannot listen for stop signals; the proxy stops when its process is killed");
+            std::future::pending().await
+        }
+    };
+    server::listen::Stop { drain }
+}
+
+/// A second SIGINT or SIGTERM while stopping: what is still in flight is cut off.
+async fn second_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
         (Ok(mut interrupt), Ok(mut terminate)) => {
@@ -399,10 +418,7 @@ async fn stop_signal() {
                 _ = terminate.recv() => {}
             }
         }
-        _ => {
-            tracing::warn!("cannot listen for stop signals; the proxy stops when its process is killed");
-            std::future::pending::<()>().await;
-        }
+        _ => std::future::pending().await,
     }
 }
 
@@ -443,18 +459,19 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
         keys: config.redis_keys.clone(),
     };
     flusher.clone().spawn(config.flush_every, pending_events);
-    let listeners = server::listen::bind(&config.addr, 4096)?;
-    tracing::info!(addr = %config.addr, routing = config.routing_enabled, "proxy listening");
     let settings = server::listen::Settings {
         workers: config.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         backlog: 4096,
+        max_connections: config.max_connections,
         // Longer than the callers' own idle expiry (httpx, under the OpenAI and Anthropic
         // Python SDKs, keeps an idle connection 5 s): the client then closes an idle connection
         // first, rather than sending on one the proxy is closing (a reset the caller sees as a
-        // failed request).
+        // failed request). hyper has one timer for both: a client trickling a request head holds
+        // its connection at most as long, and `SHIELD_PROXY_MAX_CONNECTIONS` bounds how many.
         idle: Duration::from_secs(75),
-        drain: Duration::from_secs(30),
     };
+    let listeners = server::listen::bind(&config.addr, settings.backlog)?;
+    tracing::info!(addr = %config.addr, routing = config.routing_enabled, "proxy listening");
     let make = move || {
         let app = std::rc::Rc::new(App { state: state.clone(), egress: Arc::new(egress::Egress::default()) });
         move |req, peer| {
@@ -462,7 +479,7 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
             async move { app.handle(req, peer).await }
         }
     };
-    server::listen::serve(listeners, settings, make, stop_signal()).await?;
+    server::listen::serve(listeners, settings, make, stop_signal(), second_signal()).await?;
     // Graceful stop (SIGTERM, ctrl-c): what is still buffered goes to Redis, so a clean
     // restart loses no usage.
     match flusher.flush_once().await {

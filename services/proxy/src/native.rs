@@ -20,7 +20,7 @@ use crate::x_shield::routing_record;
 
 pub async fn chat(
     req: Request,
-    payload: hyper::body::Incoming,
+    payload: crate::server::Payload,
     state: Arc<ProxyState>,
     egress: Arc<Egress>,
 ) -> Response {

@@ -27,7 +27,7 @@ use wire::OpenAiWire;
 
 pub async fn chat_completions(
     req: Request,
-    payload: hyper::body::Incoming,
+    payload: crate::server::Payload,
     state: Arc<ProxyState>,
     egress: Arc<Egress>,
 ) -> Response {

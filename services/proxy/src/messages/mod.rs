@@ -27,7 +27,7 @@ const INGRESS: Ingress = Ingress { stream: true, default_path: None };
 
 pub async fn messages(
     req: Request,
-    payload: hyper::body::Incoming,
+    payload: crate::server::Payload,
     state: Arc<ProxyState>,
     egress: Arc<Egress>,
 ) -> Response {
@@ -50,7 +50,7 @@ pub async fn messages(
 
 /// `{input_tokens}`: the same estimate the router uses (4 characters a token of the prompt's
 /// text, system included). No upstream is called.
-pub async fn count_tokens(req: Request, payload: hyper::body::Incoming, state: Arc<ProxyState>) -> Response {
+pub async fn count_tokens(req: Request, payload: crate::server::Payload, state: Arc<ProxyState>) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
         let raw = body::read(&req, payload).await?;

@@ -62,7 +62,7 @@ struct Echo {
 
 pub async fn responses(
     req: Request,
-    payload: hyper::body::Incoming,
+    payload: crate::server::Payload,
     state: Arc<ProxyState>,
     egress: Arc<Egress>,
 ) -> Response {

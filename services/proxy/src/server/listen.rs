@@ -6,19 +6,24 @@
 //! hyper's server here, not actix-web's (issue 33): on a 148 KB agent request actix grew its
 //! read buffer by doubling and handed the body over in chunks to be gathered again, ~12 µs of
 //! CPU a request more than hyper reading the same body (`bench/ingress`).
+//!
+//! A client that half-closes its side after a request (`shutdown(SHUT_WR)`) is taken as gone:
+//! its pending answer is dropped, as is the upstream call behind it. That is what stops an
+//! abandoned call at once; HTTP clients do not half-close.
 
 use std::cell::Cell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use super::Response;
 
@@ -31,11 +36,17 @@ pub struct Settings {
     pub workers: usize,
     /// Connections the kernel queues before they are accepted.
     pub backlog: u32,
+    /// Connections open at once; past it, accepting waits for one to close.
+    pub max_connections: usize,
     /// How long a connection may sit between requests, or take to send a request's head,
     /// before it is closed (hyper's header-read timeout, which runs from the end of the last
     /// answer).
     pub idle: Duration,
-    /// After a stop signal: how long requests in flight (streams among them) may take to end.
+}
+
+/// How a stop goes: how long requests in flight (streams among them) may take to end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stop {
     pub drain: Duration,
 }
 
@@ -61,75 +72,120 @@ pub fn bind(addr: &str, backlog: u32) -> std::io::Result<Vec<tokio::net::TcpList
     }
 }
 
-/// Serves `listeners` until `stop` completes, then lets what is in flight end (up to
-/// `settings.drain`). `make` runs once on each worker thread and makes its handler.
+/// Serves `listeners` until `stop` tells how to stop, then lets what is in flight end within
+/// the drain it names, or at once when `cut` completes first (a second signal). `make` runs
+/// once on each worker thread and makes its handler.
 pub async fn serve<M, H, F>(
     listeners: Vec<tokio::net::TcpListener>,
     settings: Settings,
     make: M,
-    stop: impl Future<Output = ()>,
+    stop: impl Future<Output = Stop>,
+    cut: impl Future<Output = ()>,
 ) -> std::io::Result<()>
 where
     M: Fn() -> H + Send + Sync + 'static,
     H: Fn(http::Request<Incoming>, SocketAddr) -> F + 'static,
     F: Future<Output = Response> + 'static,
 {
-    let make = std::sync::Arc::new(make);
+    let make = Arc::new(make);
+    let (stopping, stopped) = watch::channel(None::<Stop>);
     let workers = (0..settings.workers.max(1))
-        .map(|index| Worker::start(index, make.clone(), settings))
+        .map(|index| Worker::start(index, make.clone(), settings, stopped.clone()))
         .collect::<std::io::Result<Vec<_>>>()?;
+    let open = Arc::new(Semaphore::new(settings.max_connections.max(1)));
     let next = Cell::new(0usize);
-    let accepting = futures_util::future::join_all(listeners.into_iter().map(|l| accept(l, &workers, &next)));
-    tokio::select! {
-        _ = accepting => {}
-        () = stop => tracing::info!("proxy stopping: requests in flight may take up to {} s", settings.drain.as_secs()),
-    }
+    let accepting =
+        futures_util::future::join_all(listeners.into_iter().map(|l| accept(l, &workers, &next, open.clone())));
+    let how = tokio::select! {
+        _ = accepting => Stop { drain: Duration::ZERO },
+        how = stop => how,
+    };
+    tracing::info!("proxy stopping: requests in flight may take up to {} s", how.drain.as_secs());
     // The listeners are closed (dropped with `accepting`); each worker, its queue closed,
     // ends its connections gracefully.
+    let _ = stopping.send(Some(how));
     let threads: Vec<_> = workers.into_iter().map(|w| w.thread).collect();
     let joined = tokio::task::spawn_blocking(move || {
         for thread in threads {
-            let _ = thread.join();
+            if thread.join().is_err() {
+                tracing::error!("a proxy worker thread panicked");
+            }
         }
     });
-    let _ = joined.await;
+    tokio::select! {
+        _ = joined => {}
+        () = cut => {
+            tracing::warn!("stopping at once: requests still in flight are cut off");
+            let _ = stopping.send(Some(Stop { drain: Duration::ZERO }));
+        }
+    }
     Ok(())
 }
 
-/// Accepts connections on `listener` and hands them to the workers in turn.
-async fn accept(listener: tokio::net::TcpListener, workers: &[Worker], next: &Cell<usize>) {
+/// Accepts connections on `listener`, each once a connection slot is free, and hands them to
+/// the workers in turn.
+async fn accept(listener: tokio::net::TcpListener, workers: &[Worker], next: &Cell<usize>, open: Arc<Semaphore>) {
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let Ok(stream) = stream.into_std() else { continue };
-                let index = next.get() % workers.len();
-                next.set(index + 1);
-                if let Some(worker) = workers.get(index) {
-                    let _ = worker.connections.send((stream, peer));
-                }
-            }
-            // Out of file descriptors, say: wait a little rather than spin, and go on.
+        let Ok(slot) = open.clone().acquire_owned().await else { return };
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(err) => {
+                // Out of file descriptors or memory: wait a little rather than spin. Anything
+                // else is one connection's failure (it went before it was accepted).
+                let exhausted = matches!(
+                    err.raw_os_error(),
+                    Some(libc_errno::EMFILE | libc_errno::ENFILE | libc_errno::ENOBUFS | libc_errno::ENOMEM)
+                );
                 tracing::warn!(error = %err, "could not accept a connection");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                if exhausted {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                continue;
+            }
+        };
+        let Ok(stream) = stream.into_std() else { continue };
+        let mut connection = Some((stream, peer, slot));
+        // A worker whose thread is gone cannot take it: the next one does.
+        for _ in 0..workers.len() {
+            let index = next.get() % workers.len();
+            next.set(index + 1);
+            let (Some(worker), Some(accepted)) = (workers.get(index), connection.take()) else { break };
+            if let Err(mpsc::error::SendError(back)) = worker.connections.send(accepted) {
+                tracing::error!(worker = index, "a proxy worker is gone; its connections go to the others");
+                connection = Some(back);
             }
         }
     }
 }
 
+/// The error numbers of running out of a resource (Linux).
+mod libc_errno {
+    pub const ENOMEM: i32 = 12;
+    pub const ENFILE: i32 = 23;
+    pub const EMFILE: i32 = 24;
+    pub const ENOBUFS: i32 = 105;
+}
+
+type Accepted = (std::net::TcpStream, SocketAddr, OwnedSemaphorePermit);
+
 struct Worker {
-    connections: mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
+    connections: mpsc::UnboundedSender<Accepted>,
     thread: std::thread::JoinHandle<()>,
 }
 
 impl Worker {
-    fn start<M, H, F>(index: usize, make: std::sync::Arc<M>, settings: Settings) -> std::io::Result<Worker>
+    fn start<M, H, F>(
+        index: usize,
+        make: Arc<M>,
+        settings: Settings,
+        mut stopped: watch::Receiver<Option<Stop>>,
+    ) -> std::io::Result<Worker>
     where
         M: Fn() -> H + Send + Sync + 'static,
         H: Fn(http::Request<Incoming>, SocketAddr) -> F + 'static,
         F: Future<Output = Response> + 'static,
     {
-        let (connections, mut accepted) = mpsc::unbounded_channel::<(std::net::TcpStream, SocketAddr)>();
+        let (connections, mut accepted) = mpsc::unbounded_channel::<Accepted>();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let thread = std::thread::Builder::new().name(format!("shield-proxy-{index}")).spawn(move || {
             let local = tokio::task::LocalSet::new();
@@ -140,7 +196,7 @@ impl Worker {
                 // A request head over 64 KB (start line and headers) is refused with 431 and
                 // the connection closed; hyper's default bound is its ~400 KB read buffer.
                 http.timer(TokioTimer::new()).header_read_timeout(settings.idle).max_header_size(MAX_HEAD_BYTES);
-                while let Some((stream, peer)) = accepted.recv().await {
+                while let Some((stream, peer, slot)) = accepted.recv().await {
                     let Ok(stream) = tokio::net::TcpStream::from_std(stream) else { continue };
                     // Small SSE writes go out at once: without this, Nagle holds a chunk until
                     // the client ACKs the previous one (tens of ms with delayed ACKs).
@@ -155,10 +211,19 @@ impl Worker {
                         if let Err(err) = connection.await {
                             tracing::debug!(error = %err, "a client connection ended with an error");
                         }
+                        drop(slot);
                     });
                 }
-                if tokio::time::timeout(settings.drain, graceful.shutdown()).await.is_err() {
-                    tracing::warn!("requests still in flight after {} s are cut off", settings.drain.as_secs());
+                // The acceptor stopped: idle connections close, requests in flight end within
+                // the drain (or at once, when a second signal cuts it).
+                let drain = stopped.borrow().map_or(Duration::ZERO, |s| s.drain);
+                let cut = stopped.wait_for(|s| s.is_some_and(|s| s.drain.is_zero()));
+                tokio::select! {
+                    () = graceful.shutdown() => {}
+                    () = tokio::time::sleep(drain) => {
+                        tracing::warn!("requests still in flight after {} s are cut off", drain.as_secs());
+                    }
+                    _ = cut => {}
                 }
             });
         })?;

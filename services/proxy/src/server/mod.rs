@@ -2,8 +2,10 @@
 //! request and answer types the handlers use ([`Request`], [`Response`]).
 
 pub mod listen;
+mod payload;
 mod request;
 mod response;
 
+pub use payload::Payload;
 pub use request::Request;
 pub use response::{Body, BoxError, Response, ResponseBuilder};
