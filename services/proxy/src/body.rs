@@ -5,7 +5,7 @@ use bytes::{Bytes, BytesMut};
 pub use shield_core::chat_request::{BadRequest, ChatRequest, MAX_MESSAGES};
 
 use crate::error::ProxyError;
-use crate::server::{Payload, Request};
+use crate::server::Payload;
 
 /// Chat requests with images can be large; beyond this a body is refused with 413.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
@@ -13,7 +13,7 @@ pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// The whole body. A declared length over the limit is refused before a byte is read; a body
 /// without one (chunked) is refused once it passes the limit. What a refused body still has
 /// to send is read and dropped in the background ([`Payload`]).
-pub async fn read(_req: &Request, mut payload: Payload) -> Result<Bytes, ProxyError> {
+pub async fn read(mut payload: Payload) -> Result<Bytes, ProxyError> {
     let unreadable = |e: hyper::Error| ProxyError::BadRequest(format!("could not read the request body: {e}"));
     let declared = payload.declared();
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {

@@ -26,7 +26,7 @@ pub async fn chat(
 ) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
-        let raw = body::read(&req, payload).await?;
+        let raw = body::read(payload).await?;
         let fields = native_to_messages(&raw)?;
         let raw = bytes::Bytes::from(serde_json::to_vec(&fields).unwrap_or_default());
         let request = ChatRequest::parse_shared(&raw)?;

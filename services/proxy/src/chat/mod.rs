@@ -33,7 +33,7 @@ pub async fn chat_completions(
 ) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
-        let raw = body::read(&req, payload).await?;
+        let raw = body::read(payload).await?;
         let memo = crate::pipeline::schemas_memo(&state, &caller, &raw);
         let request = ChatRequest::parse_remembering(&raw, memo.as_deref())?;
         let ingress = Ingress { stream: true, default_path: Some("chat/completions") };

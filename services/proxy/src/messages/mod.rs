@@ -33,7 +33,7 @@ pub async fn messages(
 ) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
-        let raw = body::read(&req, payload).await?;
+        let raw = body::read(payload).await?;
         let memo = crate::pipeline::schemas_memo(&state, &caller, &raw);
         let headers = request::Headers::of(req.headers());
         let request = request::normalise_remembering(&raw, headers, false, memo.as_deref())?;
@@ -53,7 +53,7 @@ pub async fn messages(
 pub async fn count_tokens(req: Request, payload: crate::server::Payload, state: Arc<ProxyState>) -> Response {
     let result = async {
         let caller = admit(&req, &state).await?;
-        let raw = body::read(&req, payload).await?;
+        let raw = body::read(payload).await?;
         let request = request::normalise(&raw, request::Headers::default(), true)?;
         if !caller.key.may_use(&request.model) {
             return Err(ProxyError::PermissionDenied(request.model.clone()));

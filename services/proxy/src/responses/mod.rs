@@ -70,7 +70,7 @@ pub async fn responses(
     let mut streamed = false;
     let result = async {
         let caller = admit(&req, &state).await?;
-        let raw = body::read(&req, payload).await?;
+        let raw = body::read(payload).await?;
         let mut fields = object_of(&raw)?;
         streamed = fields.get("stream").and_then(Value::as_bool) == Some(true);
         let id = format!("resp_{}", uuid::Uuid::new_v4().simple());

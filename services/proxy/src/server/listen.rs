@@ -50,6 +50,38 @@ pub struct Stop {
     pub drain: Duration,
 }
 
+/// The first stop signal, and how long requests in flight may take to end: SIGTERM (an
+/// orchestrator's stop) 30 s, within a pod's default grace period; SIGINT (ctrl-c at a
+/// terminal) 5 s.
+pub async fn stop_signal() -> Stop {
+    use tokio::signal::unix::{SignalKind, signal};
+    let drain = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(mut interrupt), Ok(mut terminate)) => tokio::select! {
+            _ = interrupt.recv() => Duration::from_secs(5),
+            _ = terminate.recv() => Duration::from_secs(30),
+        },
+        _ => {
+            tracing::warn!("cannot listen for stop signals; the proxy stops when its process is killed");
+            std::future::pending().await
+        }
+    };
+    Stop { drain }
+}
+
+/// A second SIGINT or SIGTERM while stopping: what is still in flight is cut off.
+pub async fn second_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(mut interrupt), Ok(mut terminate)) => {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
 /// Binds every address `addr` resolves to (`localhost:8080`: IPv4 and IPv6).
 pub fn bind(addr: &str, backlog: u32) -> std::io::Result<Vec<tokio::net::TcpListener>> {
     let mut listeners = Vec::new();
