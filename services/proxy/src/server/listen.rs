@@ -176,15 +176,23 @@ async fn accept(listener: tokio::net::TcpListener, workers: &[Worker], next: &Ce
             }
         };
         let Ok(stream) = stream.into_std() else { continue };
-        let mut connection = Some((stream, peer, slot));
-        // A worker whose thread is gone cannot take it: the next one does.
-        for _ in 0..workers.len() {
-            let index = next.get() % workers.len();
-            next.set(index + 1);
-            let (Some(worker), Some(accepted)) = (workers.get(index), connection.take()) else { break };
-            if let Err(mpsc::error::SendError(back)) = worker.connections.send(accepted) {
+        hand(workers, next, (stream, peer, slot));
+    }
+}
+
+/// Hands a connection to the next worker in turn; a worker whose thread is gone cannot take
+/// it, and the one after it does.
+fn hand(workers: &[Worker], next: &Cell<usize>, accepted: Accepted) {
+    let mut connection = accepted;
+    for _ in 0..workers.len() {
+        let index = next.get() % workers.len();
+        next.set(index + 1);
+        let Some(worker) = workers.get(index) else { return };
+        match worker.connections.send(connection) {
+            Ok(()) => return,
+            Err(mpsc::error::SendError(back)) => {
                 tracing::error!(worker = index, "a proxy worker is gone; its connections go to the others");
-                connection = Some(back);
+                connection = back;
             }
         }
     }
@@ -260,5 +268,32 @@ impl Worker {
             });
         })?;
         Ok(Worker { connections, thread })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_handed_to_the_workers_in_turn_and_past_a_gone_one() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let slots = Arc::new(Semaphore::new(16));
+        let (mut queues, mut workers) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let (connections, queue) = mpsc::unbounded_channel();
+            queues.push(queue);
+            workers.push(Worker { connections, thread: std::thread::spawn(|| {}) });
+        }
+        // The third worker's thread is gone: its queue is closed.
+        drop(queues.pop());
+        let next = Cell::new(0);
+        for _ in 0..6 {
+            let stream = std::net::TcpStream::connect(addr).unwrap();
+            hand(&workers, &next, (stream, addr, slots.clone().try_acquire_owned().unwrap()));
+        }
+        let counts: Vec<usize> = queues.iter_mut().map(|q| std::iter::from_fn(|| q.try_recv().ok()).count()).collect();
+        assert_eq!(counts, vec![3, 3], "in turn, the gone worker's share to the others");
     }
 }
