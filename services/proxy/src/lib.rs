@@ -53,7 +53,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub use config::ProxyConfig;
 
 use crate::cache::Caches;
-use crate::server::Request;
 use crate::tenant::TenantConfig;
 
 /// The maps the request path looks names up in (keys, tenants, health, usage rows, spend):
@@ -125,16 +124,6 @@ impl ProxyState {
             }
         }
     }
-}
-
-/// The request's trail ([`context::Trail`]), as the arrival layer made it.
-pub fn trail_of(req: &Request) -> Option<Arc<context::Trail>> {
-    req.trail().cloned()
-}
-
-/// The id of a request (the caller's `X-Request-Id`, or the one Shield made), to send upstream.
-pub fn request_id_of(req: &Request) -> Option<http::HeaderValue> {
-    Some(req.request_id().clone())
 }
 
 /// `redis://user:pass@host:port/db` → `host:port` (a cluster: `cluster host:port,...`), for

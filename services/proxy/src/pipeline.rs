@@ -148,7 +148,7 @@ async fn admit_limits(
 pub async fn admit(req: &Request, state: &ProxyState) -> Result<Caller, ProxyError> {
     let hop = inbound_hop(req.headers(), state.config.max_hops)?;
     let key = authenticate(req, &state.caches).await?;
-    if let Some(trail) = crate::trail_of(req) {
+    if let Some(trail) = req.trail().cloned() {
         trail.caller(&key);
     }
     Ok(Caller { key, hop, arrived: Instant::now() })
@@ -179,7 +179,7 @@ pub async fn pipeline(
     ingress: Ingress,
 ) -> Result<Served, ProxyError> {
     let (started, hop, caller) = (caller.arrived, caller.hop, caller.key);
-    let trail = crate::trail_of(req);
+    let trail = req.trail().cloned();
     if let Some(trail) = &trail {
         trail.route(&request.model, request.stream());
     }
@@ -241,7 +241,7 @@ pub async fn pipeline(
             trail.ending("default_path");
         }
         let path = ingress.default_path.unwrap_or("chat/completions");
-        let request_id = crate::request_id_of(req);
+        let request_id = Some(req.request_id().clone());
         return Box::pin(default_path::forward(state, egress, &request.model, path, raw, hop + 1, request_id))
             .await
             .map(|response| served(Outcome::Relayed(response)));
@@ -265,7 +265,7 @@ pub async fn pipeline(
         ..Facts::default()
     };
     let upstream_key = req.headers().get(UPSTREAM_KEY).and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
-    let request_id = crate::request_id_of(req);
+    let request_id = Some(req.request_id().clone());
     let parent = trail.as_ref().and_then(|t| t.span());
     let observer = Observer { parent, metrics: &state.metrics, tenant: &caller.tenant, route: &route.name };
     let call = Call {

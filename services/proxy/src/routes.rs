@@ -214,7 +214,7 @@ impl App {
             trace_id = trace_id.as_deref()
         );
         let body = Payload::new(body, &head);
-        let req = Request::new(head, Some(peer), id.clone(), trail.clone());
+        let req = Request::new(head, id.clone(), trail.clone());
         let mut response = self.call(endpoint, req, body).instrument(span).await;
         if anthropic {
             response.headers_mut().insert(ANTHROPIC_REQUEST_ID, id.clone());

@@ -1,50 +1,26 @@
-//! A request as the handlers read it: its head (method, path, headers), the caller's address,
-//! and what the arrival layer decided for it (its id, its [`Trail`]). The body travels
-//! separately ([`crate::body::read`]): a handler reads it only once the caller is admitted.
+//! A request as the handlers read it: its head (the headers) and what the arrival layer decided
+//! for it (its id, its [`Trail`]). The body travels separately ([`crate::body::read`]): a
+//! handler reads it only once the caller is admitted.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::header::{HeaderMap, HeaderValue};
-use http::{Method, Uri};
 
 use crate::context::Trail;
 
 pub struct Request {
     head: http::request::Parts,
-    peer: Option<SocketAddr>,
     request_id: HeaderValue,
     trail: Option<Arc<Trail>>,
 }
 
 impl Request {
-    pub fn new(
-        head: http::request::Parts,
-        peer: Option<SocketAddr>,
-        request_id: HeaderValue,
-        trail: Option<Arc<Trail>>,
-    ) -> Request {
-        Request { head, peer, request_id, trail }
+    pub fn new(head: http::request::Parts, request_id: HeaderValue, trail: Option<Arc<Trail>>) -> Request {
+        Request { head, request_id, trail }
     }
 
     pub fn headers(&self) -> &HeaderMap {
         &self.head.headers
-    }
-
-    pub fn method(&self) -> &Method {
-        &self.head.method
-    }
-
-    pub fn uri(&self) -> &Uri {
-        &self.head.uri
-    }
-
-    pub fn path(&self) -> &str {
-        self.head.uri.path()
-    }
-
-    pub fn peer_addr(&self) -> Option<SocketAddr> {
-        self.peer
     }
 
     /// The request's id (the caller's `X-Request-Id`, or the one Shield made).
