@@ -8,6 +8,7 @@
 //! which [`crate::relay`] owns the stream and records how it ended.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
@@ -21,7 +22,7 @@ use shield_core::target::{AuthMode, Target};
 use shield_core::usage::{BudgetState, TokenUsage};
 
 use crate::body::ChatRequest;
-use crate::egress::{Egress, Failure, Opened};
+use crate::egress::{CallUrl, Egress, Failure, Opened};
 use crate::health::Health;
 use crate::observe::{Answered, AttemptTrace, Observer};
 use crate::provider::{self, Completion, Credential, Provider};
@@ -163,7 +164,7 @@ where
         }
         let n = run.attempts.len() as u32 + 1;
         let retry = run.attempts.last().is_some_and(|a| a.target == id);
-        let endpoint = call.tenant.endpoint(&id).ok();
+        let endpoint = call.tenant.endpoint(&id).ok().map(|e| &e.url);
         let trace = AttemptTrace::start(call.observer, target, n, retry, stream, call.request, endpoint);
         let started = Instant::now();
         let mut held = crate::health::HeldPermit::new(health, tenant, &id, permit);
@@ -443,7 +444,7 @@ async fn prepare(
 }
 
 /// A target's adapter, and the URL, headers and body of one attempt at it.
-pub type Prepared = (&'static dyn Provider, url::Url, HeaderMap, shield_core::spliced::Spliced);
+pub type Prepared = (&'static dyn Provider, Arc<CallUrl>, HeaderMap, shield_core::spliced::Spliced);
 
 /// [`prepare`] from its parts (a resumed stream re-issues the request after the call's end).
 /// What an upstream request carries of the caller's besides the body: the passthrough key, the
@@ -471,7 +472,10 @@ pub async fn prepare_for(
     let Sent { upstream_key, next_hop, request_id, trace } = sent;
     let provider = provider::for_target(target);
     let endpoint = tenant.endpoint(&target.id).map_err(|_| Failure::of(Class::UnsafeUrl))?;
-    let url = provider.call_url(endpoint, stream).into_owned();
+    let url = match provider.call_url(&endpoint.url, stream) {
+        std::borrow::Cow::Borrowed(_) => Arc::clone(endpoint),
+        std::borrow::Cow::Owned(url) => Arc::new(CallUrl::new(url)),
+    };
     let body = provider.body(request, target, stream);
     let mut headers = HeaderMap::with_capacity(4);
     let accept = if stream { "text/event-stream" } else { "application/json" };

@@ -156,11 +156,36 @@ pub struct Opened {
 /// Why a call could not be made or completed: the transport's error, or the guard's refusal.
 type CallError = pool::SendError;
 
+/// A call's URL with its `http::Uri` parsed once. A target's endpoint is built once per
+/// snapshot version ([`crate::tenant::TenantConfig`]); parsing it again on every call (and
+/// cloning its `Url`) cost 0.9 % of a small request's instructions (issue 33: 99,541 → 98,649).
+#[derive(Debug)]
+pub struct CallUrl {
+    pub url: Url,
+    /// `None` when the URL cannot be an HTTP URI (such a call is refused as unsafe).
+    uri: Option<Uri>,
+}
+
+impl CallUrl {
+    pub fn new(url: Url) -> CallUrl {
+        let uri = url.as_str().parse().ok();
+        CallUrl { url, uri }
+    }
+}
+
+impl std::ops::Deref for CallUrl {
+    type Target = Url;
+
+    fn deref(&self) -> &Url {
+        &self.url
+    }
+}
+
 impl Egress {
     /// Sends a POST of `body` (JSON) to `url`, through the client `allow_private` selects.
     fn post(
         &self,
-        url: &Url,
+        url: &CallUrl,
         allow_private: bool,
         headers: HeaderMap,
         body: Spliced,
@@ -168,7 +193,8 @@ impl Egress {
         if !allow_private && url_private_reason(url).is_some() {
             return Err(Failure::of(Class::UnsafeUrl));
         }
-        let request = build(Method::POST, url, headers, body.into()).ok_or(Failure::of(Class::UnsafeUrl))?;
+        let uri = url.uri.clone().ok_or(Failure::of(Class::UnsafeUrl))?;
+        let request = build(Method::POST, uri, headers, body.into());
         Ok(if allow_private {
             let pool = self.private_ok.clone();
             futures_util::future::Either::Left(async move { pool.send(request).await })
@@ -183,7 +209,7 @@ impl Egress {
     pub async fn call(
         &self,
         provider: &dyn Provider,
-        url: &Url,
+        url: &CallUrl,
         allow_private: bool,
         headers: HeaderMap,
         body: Spliced,
@@ -220,7 +246,7 @@ impl Egress {
     pub async fn open_stream(
         &self,
         provider: &dyn Provider,
-        url: &Url,
+        url: &CallUrl,
         allow_private: bool,
         headers: HeaderMap,
         body: Spliced,
@@ -273,7 +299,7 @@ impl Egress {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<(u16, Vec<u8>), Failure> {
-        let sent = self.post(url, allow_private, headers, body.into())?;
+        let sent = self.post(&CallUrl::new(url.clone()), allow_private, headers, body.into())?;
         let exchange = async {
             let response = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
             let status = response.status().as_u16();
@@ -291,8 +317,8 @@ impl Egress {
         body: Bytes,
         timeout: Duration,
     ) -> Result<(http::response::Parts, BodyDataStream<pool::Tracked>), String> {
-        let request =
-            build(Method::POST, &url, headers, Spliced::from(body).into()).ok_or("the URL is not valid for HTTP")?;
+        let uri = url.as_str().parse().map_err(|_| "the URL is not valid for HTTP")?;
+        let request = build(Method::POST, uri, headers, Spliced::from(body).into());
         match tokio::time::timeout(timeout, self.private_ok.send(request)).await {
             Err(_) => Err("timed out".into()),
             Ok(Err(err)) => Err(describe(&err)),
@@ -304,7 +330,7 @@ impl Egress {
     }
 
     pub async fn get_json(&self, url: Url, timeout: Duration) -> Option<serde_json::Value> {
-        let request = build(Method::GET, &url, HeaderMap::new(), pool::Body::empty())?;
+        let request = build(Method::GET, url.as_str().parse().ok()?, HeaderMap::new(), pool::Body::empty());
         let fetch = async {
             let response = self.private_ok.send(request).await.ok()?;
             let bytes = read_body(response.into_body(), 16 << 20).await.ok()??;
@@ -315,15 +341,14 @@ impl Egress {
 }
 
 /// An upstream request built from scratch: `headers` and a JSON content type unless they name
-/// another, nothing of the caller's. `None` when the URL cannot be an HTTP URI (validation refuses those earlier).
-fn build(method: Method, url: &Url, headers: HeaderMap, body: pool::Body) -> Option<Request<pool::Body>> {
-    let uri: Uri = url.as_str().parse().ok()?;
+/// another, nothing of the caller's.
+fn build(method: Method, uri: Uri, headers: HeaderMap, body: pool::Body) -> Request<pool::Body> {
     let mut request = Request::new(body);
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
     request.headers_mut().entry(CONTENT_TYPE).or_insert(HeaderValue::from_static("application/json"));
-    Some(request)
+    request
 }
 
 /// The whole body, or `None` past `limit` bytes; `Err` when the connection broke.
@@ -380,7 +405,7 @@ mod tests {
         // is what defeats rebinding, must classify the attempt `unsafe_url` without connecting.
         let egress = Egress::default();
         let call = |url: &str, allow_private| {
-            let url = Url::parse(url).unwrap();
+            let url = CallUrl::new(Url::parse(url).unwrap());
             let egress = &egress;
             async move {
                 egress
@@ -396,7 +421,7 @@ mod tests {
 
     #[tokio::test]
     async fn ip_literals_are_checked_before_any_connection() {
-        let url = Url::parse("http://10.255.255.1/v1/chat/completions").unwrap();
+        let url = CallUrl::new(Url::parse("http://10.255.255.1/v1/chat/completions").unwrap());
         match Egress::default()
             .call(OPENAI, &url, false, HeaderMap::new(), Vec::new().into(), Duration::from_secs(5))
             .await

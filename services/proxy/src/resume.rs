@@ -154,7 +154,7 @@ impl Resumer {
         }
         let observer =
             Observer { parent: self.parent.as_ref(), metrics: &self.metrics, tenant: tenant_id, route: &self.route };
-        let endpoint = self.tenant.endpoint(&target.id).ok();
+        let endpoint = self.tenant.endpoint(&target.id).ok().map(|e| &e.url);
         let mut trace = Some(AttemptTrace::start(observer, target, n, false, true, &self.request, endpoint));
         let trace_context = trace.as_ref().and_then(|t| t.context().cloned());
         let mut held = HeldPermit::new(health, tenant_id, &target.id, permit);

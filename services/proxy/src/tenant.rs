@@ -6,6 +6,7 @@
 //! sensitive.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use shield_core::snapshot::Snapshot;
 use shield_core::target::{AuthMode, Target};
@@ -13,6 +14,7 @@ use shield_core::url_safety;
 use shield_core::vault::{Keyring, secret_aad};
 use url::Url;
 
+use crate::egress::CallUrl;
 use crate::provider::{self, Credential};
 
 pub struct TenantConfig {
@@ -21,7 +23,7 @@ pub struct TenantConfig {
     /// the target's host (ROUTING.md: a key goes only to a host it is bound to).
     credentials: BTreeMap<String, Credential>,
     /// Per target: the chat completions URL, or why it cannot be called.
-    endpoints: BTreeMap<String, Result<Url, &'static str>>,
+    endpoints: BTreeMap<String, Result<Arc<CallUrl>, &'static str>>,
     pub vault_ready: BTreeSet<String>,
 }
 
@@ -51,7 +53,7 @@ impl TenantConfig {
                     }
                 }
             }
-            endpoints.insert(id.clone(), endpoint);
+            endpoints.insert(id.clone(), endpoint.map(|url| Arc::new(CallUrl::new(url))));
         }
         let vault_ready = credentials.keys().cloned().collect();
         TenantConfig { snapshot, credentials, endpoints, vault_ready }
@@ -66,7 +68,7 @@ impl TenantConfig {
         self.snapshot.targets.get(id)
     }
 
-    pub fn endpoint(&self, id: &str) -> Result<&Url, &'static str> {
+    pub fn endpoint(&self, id: &str) -> Result<&Arc<CallUrl>, &'static str> {
         match self.endpoints.get(id) {
             Some(Ok(url)) => Ok(url),
             Some(Err(why)) => Err(why),
