@@ -420,6 +420,21 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_url_that_is_no_http_uri_is_refused_without_a_connection() {
+        // A `Url` the `http` crate cannot take as a URI (a scheme with no authority) is kept
+        // with no URI, and its call refused as unsafe, as when the URI was parsed per call.
+        let url = CallUrl::new(Url::parse("unix:/run/upstream.sock").unwrap());
+        assert!(url.uri.is_none());
+        let called = Egress::default()
+            .call(OPENAI, &url, true, HeaderMap::new(), Vec::new().into(), Duration::from_secs(5))
+            .await;
+        match called {
+            Err(failure) => assert_eq!(failure.class, Class::UnsafeUrl),
+            Ok(_) => panic!("a URL with no URI was called"),
+        }
+    }
+
+    #[tokio::test]
     async fn ip_literals_are_checked_before_any_connection() {
         let url = CallUrl::new(Url::parse("http://10.255.255.1/v1/chat/completions").unwrap());
         match Egress::default()
