@@ -54,13 +54,10 @@ pub struct Stop {
 /// orchestrator's stop) 30 s, within a pod's default grace period; SIGINT (ctrl-c at a
 /// terminal) 5 s.
 pub async fn stop_signal() -> Stop {
-    use tokio::signal::unix::{SignalKind, signal};
-    let drain = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-        (Ok(mut interrupt), Ok(mut terminate)) => tokio::select! {
-            _ = interrupt.recv() => Duration::from_secs(5),
-            _ = terminate.recv() => Duration::from_secs(30),
-        },
-        _ => {
+    let drain = match next_signal().await {
+        Some(Signal::Interrupt) => Duration::from_secs(5),
+        Some(Signal::Terminate) => Duration::from_secs(30),
+        None => {
             tracing::warn!("cannot listen for stop signals; the proxy stops when its process is killed");
             std::future::pending().await
         }
@@ -70,16 +67,27 @@ pub async fn stop_signal() -> Stop {
 
 /// A second SIGINT or SIGTERM while stopping: what is still in flight is cut off.
 pub async fn second_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-        (Ok(mut interrupt), Ok(mut terminate)) => {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
-            }
-        }
-        _ => std::future::pending().await,
+    if next_signal().await.is_none() {
+        std::future::pending().await
     }
+}
+
+enum Signal {
+    Interrupt,
+    Terminate,
+}
+
+/// The next SIGINT or SIGTERM; `None` at once when they cannot be listened for.
+async fn next_signal() -> Option<Signal> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        return None;
+    };
+    Some(tokio::select! {
+        _ = interrupt.recv() => Signal::Interrupt,
+        _ = terminate.recv() => Signal::Terminate,
+    })
 }
 
 /// Binds every address `addr` resolves to (`localhost:8080`: IPv4 and IPv6).
@@ -164,10 +172,8 @@ async fn accept(listener: tokio::net::TcpListener, workers: &[Worker], next: &Ce
             Err(err) => {
                 // Out of file descriptors or memory: wait a little rather than spin. Anything
                 // else is one connection's failure (it went before it was accepted).
-                let exhausted = matches!(
-                    err.raw_os_error(),
-                    Some(libc_errno::EMFILE | libc_errno::ENFILE | libc_errno::ENOBUFS | libc_errno::ENOMEM)
-                );
+                let exhausted =
+                    matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM));
                 tracing::warn!(error = %err, "could not accept a connection");
                 if exhausted {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -196,14 +202,6 @@ fn hand(workers: &[Worker], next: &Cell<usize>, accepted: Accepted) {
             }
         }
     }
-}
-
-/// The error numbers of running out of a resource (Linux).
-mod libc_errno {
-    pub const ENOMEM: i32 = 12;
-    pub const ENFILE: i32 = 23;
-    pub const EMFILE: i32 = 24;
-    pub const ENOBUFS: i32 = 105;
 }
 
 type Accepted = (std::net::TcpStream, SocketAddr, OwnedSemaphorePermit);
