@@ -4,14 +4,15 @@
 //! are allowed private addresses. Redirects are never followed. The caller's own headers are
 //! never forwarded: each upstream request is built from scratch.
 //!
-//! Built on hyper's connections rather than reqwest: reqwest parses every request's URL twice
-//! more (its redirect layer and its response) even with redirects off, which profiling under
-//! load measured at about 4 % of the proxy's CPU; nothing else of reqwest was needed here. The
-//! connections are pooled by [`pool`] (why not hyper-util's pooled client: see there). TLS is
-//! rustls (aws-lc-rs) with the platform's certificate verifier, as reqwest had it.
+//! Not reqwest: it parses every request's URL twice more (its redirect layer and its response)
+//! even with redirects off, which profiling under load measured at about 4 % of the proxy's
+//! CPU; nothing else of reqwest was needed here. hyper-util's connector resolves, connects and
+//! makes TLS (rustls, aws-lc-rs, the platform's certificate verifier, as reqwest had it); the
+//! connections are pooled by [`pool`] and spoken to by [`wire`], Shield's own HTTP/1.1 exchange
+//! (why not hyper-util's pooled client, nor hyper's client connection: see there).
 
-mod outbound;
 mod pool;
+mod wire;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -194,7 +195,7 @@ impl Egress {
             return Err(Failure::of(Class::UnsafeUrl));
         }
         let uri = url.uri.clone().ok_or(Failure::of(Class::UnsafeUrl))?;
-        let request = build(Method::POST, uri, headers, body.into());
+        let request = build(Method::POST, uri, headers, body);
         Ok(if allow_private {
             let pool = self.private_ok.clone();
             futures_util::future::Either::Left(async move { pool.send(request).await })
@@ -318,7 +319,7 @@ impl Egress {
         timeout: Duration,
     ) -> Result<(http::response::Parts, BodyDataStream<pool::Tracked>), String> {
         let uri = url.as_str().parse().map_err(|_| "the URL is not valid for HTTP")?;
-        let request = build(Method::POST, uri, headers, Spliced::from(body).into());
+        let request = build(Method::POST, uri, headers, Spliced::from(body));
         match tokio::time::timeout(timeout, self.private_ok.send(request)).await {
             Err(_) => Err("timed out".into()),
             Ok(Err(err)) => Err(describe(&err)),
@@ -330,7 +331,7 @@ impl Egress {
     }
 
     pub async fn get_json(&self, url: Url, timeout: Duration) -> Option<serde_json::Value> {
-        let request = build(Method::GET, url.as_str().parse().ok()?, HeaderMap::new(), pool::Body::empty());
+        let request = build(Method::GET, url.as_str().parse().ok()?, HeaderMap::new(), Spliced::default());
         let fetch = async {
             let response = self.private_ok.send(request).await.ok()?;
             let bytes = read_body(response.into_body(), 16 << 20).await.ok()??;
@@ -342,7 +343,7 @@ impl Egress {
 
 /// An upstream request built from scratch: `headers` and a JSON content type unless they name
 /// another, nothing of the caller's.
-fn build(method: Method, uri: Uri, headers: HeaderMap, body: pool::Body) -> Request<pool::Body> {
+fn build(method: Method, uri: Uri, headers: HeaderMap, body: Spliced) -> Request<Spliced> {
     let mut request = Request::new(body);
     *request.method_mut() = method;
     *request.uri_mut() = uri;
@@ -352,7 +353,7 @@ fn build(method: Method, uri: Uri, headers: HeaderMap, body: pool::Body) -> Requ
 }
 
 /// The whole body, or `None` past `limit` bytes; `Err` when the connection broke.
-async fn read_body(mut body: pool::Tracked, limit: usize) -> Result<Option<Vec<u8>>, hyper::Error> {
+async fn read_body(mut body: pool::Tracked, limit: usize) -> Result<Option<Vec<u8>>, wire::Error> {
     use hyper::body::Body;
     let hint = body.size_hint().exact().unwrap_or(4096).min(1 << 20) as usize;
     let mut bytes = Vec::with_capacity(hint);
