@@ -41,6 +41,10 @@ use super::wire::{self, Connection, Sent};
 const MAX_IDLE_PER_ORIGIN: usize = 512;
 /// How often every origin's list is swept for expired connections.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// An origin with no idle connection is forgotten once no call has gone to it for this long.
+/// Not sooner: its connections busy with answers go back to it when the answers end (a sweep
+/// that forgot an origin whose connections were all busy would close them all).
+const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// Why a request could not be sent or its answer's head read.
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +150,8 @@ struct Origin {
     /// scheme's default).
     host_header: HeaderValue,
     idle: Vec<Pooled>,
+    /// When a call last went to it.
+    used: Instant,
 }
 
 impl Origin {
@@ -269,11 +275,12 @@ where
             for origin in &mut origins.list {
                 origin.idle.retain(fresh);
             }
-            // An origin is forgotten once it has no idle connection; an answer still being read
-            // on one of its connections then closes that connection at its end.
-            origins.list.retain(|o| !o.idle.is_empty());
+            // An answer still being read on a forgotten origin's connection closes that
+            // connection at its end.
+            origins.list.retain(|o| !o.idle.is_empty() || now.saturating_duration_since(o.used) < FORGET_AFTER);
         }
         if let Some(origin) = origins.list.iter_mut().find(|o| o.is(https, host, port)) {
+            origin.used = now;
             // The most recently used one that is still open: the others then expire first.
             while let Some(mut pooled) = origin.idle.pop() {
                 if fresh(&pooled) && pooled.connection.is_idle_and_open() {
@@ -296,6 +303,7 @@ where
             port,
             host_header: host_header.clone(),
             idle: Vec::new(),
+            used: now,
         });
         Ok((None, host_header, id))
     }
@@ -368,6 +376,15 @@ mod tests {
     /// over all connections), closing the connection after it when `close_after` says so; it
     /// counts the connections it accepted.
     async fn server(answer: fn(usize) -> Vec<u8>, close_after: fn(usize) -> bool) -> (String, Arc<AtomicUsize>) {
+        slow_server(answer, close_after, |_| Duration::ZERO).await
+    }
+
+    /// [`server`], answering request n after `delay(n)`.
+    async fn slow_server(
+        answer: fn(usize) -> Vec<u8>,
+        close_after: fn(usize) -> bool,
+        delay: fn(usize) -> Duration,
+    ) -> (String, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/v1/x", listener.local_addr().unwrap());
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -404,6 +421,7 @@ mod tests {
                         }
                         buf.drain(..head_end + length);
                         let n = requests.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(delay(n)).await;
                         if socket.write_all(&answer(n)).await.is_err() {
                             return;
                         }
@@ -448,6 +466,27 @@ mod tests {
             assert_eq!((status, body), (200, format!("answer {n}").into_bytes()));
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection for three calls");
+    }
+
+    #[tokio::test]
+    async fn a_connection_busy_through_a_sweep_goes_back_to_its_origin() {
+        // The first answer takes longer than a sweep's interval; a second call meanwhile opens
+        // a second connection and sweeps the origin's (empty) idle list. Both connections must
+        // be there for the next two calls at once.
+        let delay = |n| if n == 0 { SWEEP_EVERY + Duration::from_millis(300) } else { Duration::ZERO };
+        let (url, accepted) = slow_server(ok, |_| false, delay).await;
+        let pool = pool();
+        let slow = pool.send(post(&url, b"{}"));
+        let later = async {
+            tokio::time::sleep(SWEEP_EVERY + Duration::from_millis(100)).await;
+            text(pool.send(post(&url, b"{}")).await.unwrap()).await
+        };
+        let (slow, later) = tokio::join!(async { text(slow.await.unwrap()).await }, later);
+        assert_eq!((slow.0, later.0), (200, 200));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        let (c, d) = tokio::join!(pool.send(post(&url, b"{}")), pool.send(post(&url, b"{}")));
+        assert_eq!((text(c.unwrap()).await.0, text(d.unwrap()).await.0), (200, 200));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "both connections reused");
     }
 
     #[tokio::test]
