@@ -22,7 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
-use http::{Method, Request, Response, Uri};
+use http::{Method, Request, Uri};
 use http_body_util::{BodyDataStream, BodyExt};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -190,7 +190,7 @@ impl Egress {
         allow_private: bool,
         headers: HeaderMap,
         body: Spliced,
-    ) -> Result<impl std::future::Future<Output = Result<Response<pool::Tracked>, CallError>> + use<>, Failure> {
+    ) -> Result<impl std::future::Future<Output = Result<pool::Answered, CallError>> + use<>, Failure> {
         if !allow_private && url_private_reason(url).is_some() {
             return Err(Failure::of(Class::UnsafeUrl));
         }
@@ -218,11 +218,10 @@ impl Egress {
     ) -> Attempted {
         let sent = self.post(url, allow_private, headers, body)?;
         let exchange = async {
-            let response = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
-            let status = response.status().as_u16();
-            let (head, body) = response.into_parts();
+            let pool::Answered { head, body } = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
+            let status = head.status.as_u16();
             let bytes = read_body(body, MAX_UPSTREAM_BODY).await.map_err(|_| Failure::of(Class::Connect))?;
-            Ok::<_, Failure>((status, head.headers, bytes))
+            Ok::<_, Failure>((status, head, bytes))
         };
         match tokio::time::timeout(timeout, exchange).await {
             Err(_) => Err(Failure::of(Class::Timeout)),
@@ -236,7 +235,9 @@ impl Egress {
                     Err(Failure { class: Class::BadResponse, status: Some(status), body: None, reset_hint_ms: None })
                 }
             },
-            Ok(Ok((status, headers, Some(bytes)))) => Err(provider.failure(status, &headers, bytes)),
+            Ok(Ok((status, head, Some(bytes)))) => {
+                Err(provider.failure(status, &head.headers().unwrap_or_default(), bytes))
+            }
         }
     }
 
@@ -255,13 +256,12 @@ impl Egress {
     ) -> Result<Opened, Failure> {
         let sent = self.post(url, allow_private, headers, body)?;
         let opening = async {
-            let response = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
-            let status = response.status().as_u16();
-            let (head, body) = response.into_parts();
+            let pool::Answered { head, body } = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
+            let status = head.status.as_u16();
             if !(200..300).contains(&status) {
                 // The error body, for the class and the caller's message; 1 MiB is plenty.
                 let bytes = read_body(body, 1 << 20).await.ok().flatten().unwrap_or_default();
-                return Err(provider.failure(status, &head.headers, bytes));
+                return Err(provider.failure(status, &head.headers().unwrap_or_default(), bytes));
             }
             let bytes = BodyDataStream::new(body).map(|chunk| chunk.map_err(|err| err.to_string()));
             let mut events: Events = provider.frames(Box::pin(bytes));
@@ -302,9 +302,9 @@ impl Egress {
     ) -> Result<(u16, Vec<u8>), Failure> {
         let sent = self.post(&CallUrl::new(url.clone()), allow_private, headers, body.into())?;
         let exchange = async {
-            let response = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
-            let status = response.status().as_u16();
-            let bytes = read_body(response.into_body(), 1 << 20).await.map_err(|_| Failure::of(Class::Connect))?;
+            let answered = sent.await.map_err(|e| Failure::of(transport_class(&e)))?;
+            let status = answered.head.status.as_u16();
+            let bytes = read_body(answered.body, 1 << 20).await.map_err(|_| Failure::of(Class::Connect))?;
             Ok((status, bytes.ok_or(Failure::of(Class::BadResponse))?))
         };
         tokio::time::timeout(timeout, exchange).await.unwrap_or(Err(Failure::of(Class::Timeout)))
@@ -323,8 +323,8 @@ impl Egress {
         match tokio::time::timeout(timeout, self.private_ok.send(request)).await {
             Err(_) => Err("timed out".into()),
             Ok(Err(err)) => Err(describe(&err)),
-            Ok(Ok(response)) => {
-                let (head, body) = response.into_parts();
+            Ok(Ok(pool::Answered { head, body })) => {
+                let head = head.into_parts().map_err(|_| "the upstream's answer head is not valid HTTP")?;
                 Ok((head, BodyDataStream::new(body)))
             }
         }
@@ -333,8 +333,8 @@ impl Egress {
     pub async fn get_json(&self, url: Url, timeout: Duration) -> Option<serde_json::Value> {
         let request = build(Method::GET, url.as_str().parse().ok()?, HeaderMap::new(), Spliced::default());
         let fetch = async {
-            let response = self.private_ok.send(request).await.ok()?;
-            let bytes = read_body(response.into_body(), 16 << 20).await.ok()??;
+            let answered = self.private_ok.send(request).await.ok()?;
+            let bytes = read_body(answered.body, 16 << 20).await.ok()??;
             serde_json::from_slice(&bytes).ok()
         };
         tokio::time::timeout(timeout, fetch).await.ok()?

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::HeaderValue;
-use http::{Request, Response, Uri};
+use http::{Request, Uri};
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
@@ -214,7 +214,7 @@ where
 
     /// Sends `request` (an absolute URI) on a pooled connection to its origin, or a new one,
     /// and returns the answer's head with its body still to read.
-    pub async fn send(&self, request: Request<Spliced>) -> Result<Response<Tracked>, SendError> {
+    pub async fn send(&self, request: Request<Spliced>) -> Result<Answered, SendError> {
         let (head, body) = request.into_parts();
         let (https, host, port) = parts(&head.uri).ok_or(SendError::Uri)?;
         let (pooled, host_header, origin) = self.checkout(https, host, port, &head.uri)?;
@@ -239,12 +239,7 @@ where
     }
 
     /// The answer's head, and its body to read from the connection.
-    async fn answer(
-        &self,
-        mut connection: Connection<Stream>,
-        sent: Sent,
-        origin: u64,
-    ) -> Result<Response<Tracked>, SendError> {
+    async fn answer(&self, mut connection: Connection<Stream>, sent: Sent, origin: u64) -> Result<Answered, SendError> {
         let mut head = connection.read_head().await.map_err(SendError::Broken)?;
         if let Sent::Interrupted = sent {
             // What was not written leaves the connection in the middle of a request.
@@ -255,7 +250,7 @@ where
             // Nothing to read: the connection is free now, whether or not anyone polls the body.
             tracked.finish();
         }
-        Ok(Response::from_parts(head.parts, tracked))
+        Ok(Answered { head, body: tracked })
     }
 
     /// A ready idle connection to the origin, if there is one, the origin's `Host:` and its id.
@@ -315,6 +310,12 @@ where
         let connected = connector.call(uri).await.map_err(|e| SendError::Connect(e.into()))?;
         Ok(Connection::new(Stream::from(connected)))
     }
+}
+
+/// An answer: its head, and its body still to read.
+pub struct Answered {
+    pub head: wire::Head,
+    pub body: Tracked,
 }
 
 /// An answer's body, read from its connection; the connection goes back to its origin's idle
@@ -447,9 +448,9 @@ mod tests {
         request
     }
 
-    async fn text(response: Response<Tracked>) -> (u16, Vec<u8>) {
-        let status = response.status().as_u16();
-        (status, response.into_body().collect().await.unwrap().to_bytes().to_vec())
+    async fn text(answered: Answered) -> (u16, Vec<u8>) {
+        let status = answered.head.status.as_u16();
+        (status, answered.body.collect().await.unwrap().to_bytes().to_vec())
     }
 
     fn ok(n: usize) -> Vec<u8> {
@@ -533,7 +534,7 @@ mod tests {
     async fn an_answer_that_lies_about_its_length_is_an_error() {
         let (url, _) = server(|_| b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort".to_vec(), |_| true).await;
         let response = pool().send(post(&url, b"{}")).await.unwrap();
-        let err = response.into_body().collect().await.expect_err("the body ended early");
+        let err = response.body.collect().await.expect_err("the body ended early");
         assert!(matches!(err, wire::Error::Closed), "{err}");
     }
 
@@ -570,7 +571,7 @@ mod tests {
             go.recv().await;
             socket.write_all(b"7\r\nsecond\n\r\n0\r\n\r\n").await.unwrap();
         });
-        let mut body = pool().send(post(&url, b"{}")).await.unwrap().into_body();
+        let mut body = pool().send(post(&url, b"{}")).await.unwrap().body;
         let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&first[..], b"first\n", "the first piece before the server sent the second");
         next.send(()).await.unwrap();
