@@ -504,6 +504,21 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answer_with_no_body_frees_its_connection_unread() {
+        fn answer(n: usize) -> Vec<u8> {
+            if n == 0 { b"HTTP/1.1 204 No Content\r\n\r\n".to_vec() } else { ok(n) }
+        }
+        let (url, accepted) = server(answer, |_| false).await;
+        let pool = pool();
+        let answered = pool.send(post(&url, b"{}")).await.unwrap();
+        assert_eq!(answered.head.status, 204);
+        drop(answered);
+        let (status, body) = text(pool.send(post(&url, b"{}")).await.unwrap()).await;
+        assert_eq!((status, body), (200, b"answer 1".to_vec()));
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "the 204's connection took the second call");
+    }
+
+    #[tokio::test]
     async fn an_answer_not_read_to_its_end_leaves_its_connection_closed() {
         let (url, accepted) = server(ok, |_| false).await;
         let pool = pool();

@@ -116,9 +116,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                         // The socket is full: has the upstream answered (or closed) already?
                         self.buf.reserve(READ_SIZE);
                         return match ready!(tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)) {
-                            Ok(0) => Poll::Ready(Err(WriteFailed { error: Error::Closed, wrote_any: true })),
+                            Ok(0) => Poll::Ready(Err(WriteFailed { error: Error::Closed, wrote_any: written > 0 })),
                             Ok(_) => Poll::Ready(Ok(Sent::Interrupted)),
-                            Err(err) => Poll::Ready(Err(WriteFailed { error: err.into(), wrote_any: true })),
+                            Err(err) => Poll::Ready(Err(WriteFailed { error: err.into(), wrote_any: written > 0 })),
                         };
                     }
                 }
@@ -149,10 +149,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         }
     }
 
-    /// Reads what the socket has, asking for at least `want` bytes of room.
+    /// Reads what the socket has, with room for `want` bytes (at least [`READ_SIZE`], at most
+    /// [`MAX_READ`]).
     fn poll_fill(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<std::io::Result<usize>> {
-        if self.buf.capacity() - self.buf.len() < want.min(READ_SIZE) {
-            self.buf.reserve(want.clamp(READ_SIZE, MAX_READ));
+        let room = want.clamp(READ_SIZE, MAX_READ);
+        if self.buf.capacity() - self.buf.len() < room {
+            self.buf.reserve(room);
         }
         tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
     }
@@ -503,7 +505,8 @@ pub struct Body<T> {
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Body<T> {
     pub fn new(connection: Connection<T>, head: &Head) -> Body<T> {
-        Body { connection: Some(connection), framing: head.framing.clone(), keep_alive: head.keep_alive, ended: false }
+        let ended = head.framing == Framing::Length(0);
+        Body { connection: Some(connection), framing: head.framing.clone(), keep_alive: head.keep_alive, ended }
     }
 
     /// The connection, once the body has been read to its end, when it can carry another
