@@ -392,48 +392,108 @@ mod tests {
         let requests = Arc::new(AtomicUsize::new(0));
         let counted = accepted.clone();
         tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
+            while let Ok((socket, _)) = listener.accept().await {
                 counted.fetch_add(1, Ordering::SeqCst);
-                let requests = requests.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    loop {
-                        // One request: its head, then `content-length` bytes.
-                        let mut chunk = [0u8; 4096];
-                        let (head_end, length) = loop {
-                            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                                let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                                let length = head
-                                    .lines()
-                                    .find_map(|l| l.strip_prefix("content-length: "))
-                                    .map_or(0, |v| v.trim().parse::<usize>().unwrap());
-                                break (end + 4, length);
-                            }
-                            match socket.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        };
-                        while buf.len() < head_end + length {
-                            match socket.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        }
-                        buf.drain(..head_end + length);
-                        let n = requests.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(delay(n)).await;
-                        if socket.write_all(&answer(n)).await.is_err() {
-                            return;
-                        }
-                        if close_after(n) {
-                            return;
-                        }
-                    }
-                });
+                tokio::spawn(serve(socket, requests.clone(), answer, close_after, delay));
             }
         });
         (url, accepted)
+    }
+
+    /// One connection's requests: each one's head, then `content-length` bytes, then its answer.
+    async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+        mut socket: S,
+        requests: Arc<AtomicUsize>,
+        answer: fn(usize) -> Vec<u8>,
+        close_after: fn(usize) -> bool,
+        delay: fn(usize) -> Duration,
+    ) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let (head_end, length) = loop {
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                    break (end + 4, length);
+                }
+                match socket.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            };
+            while buf.len() < head_end + length {
+                match socket.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            buf.drain(..head_end + length);
+            let n = requests.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay(n)).await;
+            if socket.write_all(&answer(n)).await.is_err() || socket.flush().await.is_err() || close_after(n) {
+                return;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_over_tls_are_answered_and_reuse_their_connection() {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let ca = CertificateDer::from_pem_slice(include_bytes!("testdata/ca.pem")).unwrap();
+        let cert = CertificateDer::from_pem_slice(include_bytes!("testdata/localhost.pem")).unwrap();
+        let key = PrivateKeyDer::from_pem_slice(include_bytes!("testdata/localhost.key")).unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://localhost:{}/v1/x", listener.local_addr().unwrap().port());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        fn answer(n: usize) -> Vec<u8> {
+            match n {
+                0 => ok(0),
+                _ => format!("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n8\r\nanswer {n}\r\n0\r\n\r\n")
+                    .into_bytes(),
+            }
+        }
+        tokio::spawn(async move {
+            let requests = Arc::new(AtomicUsize::new(0));
+            while let Ok((socket, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let Ok(tls) = acceptor.accept(socket).await else { continue };
+                tokio::spawn(serve(tls, requests.clone(), answer, |_| false, |_| Duration::ZERO));
+            }
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+        http.enforce_http(false);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(client)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let pool = Pool::new(https, Duration::from_secs(4));
+        for n in 0..3 {
+            let (status, body) = text(pool.send(post(&url, &vec![b'x'; 100_000])).await.unwrap()).await;
+            assert_eq!((status, body), (200, format!("answer {n}").into_bytes()));
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "one TLS connection for three calls");
     }
 
     fn pool() -> Arc<Pool<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector<GaiResolver>>>>
