@@ -24,7 +24,10 @@ monitor mode (input and output). Three measurements:
    10: ~20 open at once) for the run's seconds. Time to first token is timed from each stream's
    scheduled start (no coordinated omission): p50/p99 per path and Shield's added time (and
    `base`'s, with SHIELD_BENCH_BASELINE). SHIELD_BENCH_STREAM_ROUNDS=N runs the paths N times,
-   in reverse order every other time, and pools the streams. The relay's CPU per streamed
+   in reverse order every other time, and pools the streams. Before the first round each path
+   serves SHIELD_BENCH_STREAM_WARMUP seconds (default 2; 0: none) of the same streams, not
+   counted: the first round's stalls (5-8 ms, for Shield and the base alike) were connections
+   and memory being set up, and decided which binary's pooled p99 came out worse. The relay's CPU per streamed
    event is Shield's CPU over the window, less the one-piece CPU of as many requests, divided
    by the events relayed. `shield-m` (and `base-m`) is the same stream asked for by a
    Messages caller (Claude Code) on the same OpenAI-shaped target: each chunk converted to
@@ -62,6 +65,7 @@ PARTS = set(os.environ.get("SHIELD_BENCH_PARTS", "piece,streams,idle").split(","
 # SHIELD_BENCH_STREAM_STRACE=1: also count each proxy's system calls per streamed event.
 STREAM_STRACE = os.environ.get("SHIELD_BENCH_STREAM_STRACE") == "1"
 STREAM_ROUNDS = int(os.environ.get("SHIELD_BENCH_STREAM_ROUNDS", "1"))
+STREAM_WARMUP = float(os.environ.get("SHIELD_BENCH_STREAM_WARMUP", "2"))
 STREAM_SCENARIO = "chunks:300;chunkdelay:7;nolog"
 IDLE_SCENARIO = "ttfb:20000;chunks:20;chunkdelay:100;nolog"
 
@@ -315,6 +319,8 @@ def main():
         # a slow spell of the host lands on every path alike; the figures pool every round.
         runs = {name: {"out": [], "used": 0.0} for name in stream_paths}
         per_round = []
+        for name, (port, path, body, headers, pid) in (stream_paths.items() if "streams" in PARTS and STREAM_WARMUP > 0 else ()):
+            asyncio.run(paced_streams(port, path, body, headers, STREAM_RATE, STREAM_WARMUP))  # warm-up, not counted
         for i in range(STREAM_ROUNDS if "streams" in PARTS else 0):
             order = list(stream_paths.items())
             this_round = {}
