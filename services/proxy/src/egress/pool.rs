@@ -246,7 +246,7 @@ where
             head.keep_alive = false;
         }
         let mut tracked = Tracked { body: wire::Body::new(connection, &head), home: Some((self.idle.clone(), origin)) };
-        if tracked.body.is_empty() {
+        if tracked.body.is_ended() {
             // Nothing to read: the connection is free now, whether or not anyone polls the body.
             tracked.finish();
         }

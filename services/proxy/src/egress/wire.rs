@@ -516,11 +516,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Body<T> {
         (self.ended && self.keep_alive && connection.buf.is_empty()).then(|| self.connection.take()).flatten()
     }
 
-    /// Whether the body is known to be over without reading (`Content-Length: 0`, a 204).
-    pub fn is_empty(&self) -> bool {
-        self.framing == Framing::Length(0)
-    }
-
     /// The next piece of the body: `None` at its end.
     pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
         loop {
@@ -552,7 +547,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Body<T> {
         Poll::Ready(Some(Err(error)))
     }
 
-    /// Whether the body has been read to its end.
+    /// Whether the body has been read to its end (from the start, when it has none: a 204,
+    /// `Content-Length: 0`).
     pub fn is_ended(&self) -> bool {
         self.ended
     }
