@@ -29,7 +29,7 @@ const SHIELD_ONLY: [&str; 4] = ["x_shield", "prompt", "system", "run_id"];
 /// The key serde_json uses internally for raw values: no API's field, and a body whose first
 /// key it is reads back as something else in serde_json-based servers (found by the
 /// `request_body` fuzz target). Never sent upstream.
-pub(crate) const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+pub const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 /// Why a request body is refused (answered 400 with this text).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -35,6 +35,14 @@ pub trait ShapeReader {
     /// One message, from its span (`None`: give up).
     fn message(span: &[u8]) -> Option<Message>;
 
+    /// One message [`ShapeReader::message`] read before, in this request or an earlier one of
+    /// the tenant's (the history is typed from its spans when something asks, and every span
+    /// was read so first): a shape may type it without checking it again. By default it is
+    /// read again.
+    fn message_read_before(span: &[u8]) -> Option<Message> {
+        Self::message(span)
+    }
+
     /// One tool of a `tools` array read before (its schemas passed then), from its span.
     fn tool(span: &[u8]) -> Option<Tool>;
 
@@ -109,7 +117,8 @@ pub fn read<R: ShapeReader>(body: &Bytes, memo: &Memo, reader: &mut R) -> Option
         match field.key {
             "messages" => {
                 let (at, items, prefix) = (field.value.start, field.items.as_deref()?, known_prefix.take());
-                messages = Some(history(R::SHAPE, body, at, prefix, items, memo, R::message)?);
+                let readers = (R::message as ReadMessage, R::message_read_before as ReadMessage);
+                messages = Some(history(R::SHAPE, body, at, prefix, items, memo, readers)?);
             }
             "tools" => {
                 let read_all = |text: &[u8]| reader.tools(text, memo);
@@ -215,10 +224,14 @@ fn utf8_but(body: &[u8], known: &mut [std::ops::Range<usize>]) -> Option<()> {
     simdutf8::basic::from_utf8(body.get(from..)?).ok().map(drop)
 }
 
+/// A shape's reader of one message from its span.
+type ReadMessage = fn(&[u8]) -> Option<Message>;
+
 /// The history a `messages` array at `at` holds: the items of a `prefix` the tenant sent before
 /// as they were then, then each of `items` the memo knows by its bytes taken as known, each
-/// other read with `read` (the shape's reader of one message; `None`: give up) and remembered.
-/// The whole array is remembered as the prefix of the next turn's.
+/// other read with `read.0` (the shape's reader of one message; `None`: give up) and
+/// remembered. The whole array is remembered as the prefix of the next turn's; typed, its
+/// messages are read with `read.1` (each was read with `read.0` before).
 fn history(
     shape: Shape,
     body: &Bytes,
@@ -226,7 +239,7 @@ fn history(
     prefix: Option<Arc<SentPrefix>>,
     items: &[Item],
     memo: &Memo,
-    read: fn(&[u8]) -> Option<Message>,
+    (read, read_before): (ReadMessage, ReadMessage),
 ) -> Option<History> {
     // At most as many messages as any request may hold: a longer one is refused, after a
     // reading of the whole body (as before the memo), not remembered message by message.
@@ -248,7 +261,7 @@ fn history(
     };
     all.heads = Some(Heads { matched, whole });
     let len = spans.len();
-    Some(Lazy::of_sent(Spans::new(body.clone(), spans, len, all, read)))
+    Some(Lazy::of_sent(Spans::new(body.clone(), spans, len, all, read_before)))
 }
 
 /// The `messages` array at `at` of `body` as far as one of the tenant's last ones

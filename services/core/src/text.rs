@@ -52,7 +52,14 @@ impl Text {
     /// UTF-16 surrogate (an emoji written as a pair, or a lone half that serde_json refuses when
     /// it unescapes): read such a string as serde_json does.
     pub fn json(token: &serde_json::value::RawValue) -> Option<Text> {
-        let token = token.get();
+        Text::of_token(token.get())
+    }
+
+    /// [`Text::json`] of a token known to be a JSON string serde_json read before (the span of
+    /// a message the tenant sent before, or read earlier in this request): not checked again.
+    /// Given anything else it answers `None`, or keeps what it was given as the token, which a
+    /// writer then copies as it is: so only bytes serde_json accepted may come here.
+    pub fn of_token(token: &str) -> Option<Text> {
         let inner = token.strip_prefix('"')?.strip_suffix('"')?;
         if !inner.contains('\\') {
             return Some(Text(Form::Plain(inner.to_owned())));

@@ -84,6 +84,11 @@ impl remembered::ShapeReader for MessagesShape {
         json_read::whole(span, OneMessage).ok()?.map(|Typed(message)| message)
     }
 
+    /// A message read before, typed by a scan where it is a common one ([`read_before`]).
+    fn message_read_before(span: &[u8]) -> Option<Message> {
+        read_before::message(span).or_else(|| Self::message(span))
+    }
+
     /// One tool of a `tools` array this tenant sent before (with no server tools), from its span.
     fn tool(span: &[u8]) -> Option<Tool> {
         let mut tools = Vec::with_capacity(1);
@@ -461,5 +466,6 @@ impl<'de> Reader<'de> for OneTool<'_> {
     }
 }
 
+mod read_before;
 #[cfg(test)]
 mod tests;

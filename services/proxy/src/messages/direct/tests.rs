@@ -4,6 +4,7 @@ use super::*;
 use crate::messages::request::{Headers, normalise, normalise_as_a_tree};
 use proptest::prelude::*;
 use shield_core::chat_request::ChatRequest;
+use shield_core::remembered::ShapeReader;
 use shield_core::target::Target;
 
 /// JSON with repeated keys allowed (serde_json's own values cannot hold them).
@@ -696,4 +697,55 @@ fn a_converted_history_carries_its_texts_as_sent() {
     let Part::Text(text) = &direct.exchange.messages[0].content[0] else { panic!("a text") };
     assert_eq!(text.as_str(), "fix /src/a.rs\né");
     assert_eq!(direct.exchange.prompt_chars(), tree.exchange.prompt_chars());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// A message the first reading typed is typed alike when it is typed again by a scan, or
+    /// left to that reading (`None`), never typed otherwise.
+    #[test]
+    fn a_message_read_before_types_as_its_first_reading(history in messages()) {
+        let Json::Array(all) = history else { return Ok(()) };
+        for one in all {
+            let mut span = String::new();
+            one.write(&mut span);
+            let Some(first) = MessagesShape::message(span.as_bytes()) else { continue };
+            if let Some(again) = read_before::message(span.as_bytes()) {
+                prop_assert_eq!(&again, &first, "{}", span);
+                prop_assert_eq!(format!("{again:?}"), format!("{first:?}"), "{}", span);
+            }
+            prop_assert_eq!(MessagesShape::message_read_before(span.as_bytes()), Some(first));
+        }
+    }
+}
+
+/// Claude Code's messages (text, thinking, tool use, results as a string or as blocks, a
+/// system reminder) are typed by the scan, as the first reading types them.
+#[test]
+fn an_agent_s_messages_read_before_are_typed_by_a_scan() {
+    let mut messages = agent_turn()["messages"].as_array().unwrap().clone();
+    messages.push(serde_json::json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t2", "content": "line 1\nline \"2\"\n\tend", "is_error": true},
+        {"type": "text", "text": "go on \u{e9} \\u00e9", "cache_control": {"type": "ephemeral"}}]}));
+    messages.push(serde_json::json!({"role": "system", "content": "<system-reminder>\nnote\n</system-reminder>"}));
+    messages.push(serde_json::json!({"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"},
+        {"type": "text", "text": ""}, {"type": "tool_use", "id": "t3", "name": "Read", "input": {"b": [1, 2.5], "a": null}}]}));
+    for message in &messages {
+        let span = message.to_string();
+        let first = MessagesShape::message(span.as_bytes()).expect("read");
+        assert_eq!(read_before::message(span.as_bytes()).as_ref(), Some(&first), "{span}");
+    }
+    // The tool result's text is kept as sent: written out again with its escapes as they came.
+    let span = messages[3].to_string();
+    let Some(Message { content, .. }) = read_before::message(span.as_bytes()) else { panic!("typed") };
+    let Part::ToolResult { content, is_error: true, .. } = &content[0] else { panic!("{content:?}") };
+    let mut out = Vec::new();
+    content.push_json(&mut out);
+    assert_eq!(out, br#""line 1\nline \"2\"\n\tend""#);
+    // What only the first reading types (an image) is left to it.
+    let image = serde_json::json!({"role": "user", "content": [{"type": "image",
+        "source": {"type": "url", "url": "https://x.test/a.png"}}]});
+    assert!(read_before::message(image.to_string().as_bytes()).is_none());
+    assert!(MessagesShape::message_read_before(image.to_string().as_bytes()).is_some());
 }

@@ -1,0 +1,226 @@
+//! A Messages message typed again from bytes its reader ([`super::OneMessage`]) read before
+//! (issue 33): Claude Code's history, converted for an OpenAI-shaped target on every turn.
+//!
+//! Why: serde_json finds each string's end by looking at every byte, eight at a time and once
+//! more per escape (tool output has one a line), to check it; typing a 150 KB history that way
+//! was ~40 % of the converted request's instructions. These bytes were checked when they were
+//! first read, and are known by a keyed hash of them since, so here the message's structure is
+//! found by [`json_scan`] (a string's end by `memchr`) and its strings are taken as sent.
+//!
+//! Only the common message is typed here: text, tool use and results, thinking, with keys
+//! written plainly and once. Anything else (an image, a key given twice or with escapes, a
+//! field of a type the shape does not expect) answers `None`, and the caller reads the message
+//! as it was read first. Where this answers, it answers as that reading does (the property test
+//! `a_message_read_before_types_as_its_first_reading`).
+
+use serde_json::Value;
+use shield_core::exchange::{self, Message, Part, Role};
+use shield_core::json_scan::{self, Field};
+
+/// The message `span` holds, which [`super::OneMessage`] read before; `None`: read it so.
+pub(super) fn message(span: &[u8]) -> Option<Message> {
+    // Checked as UTF-8 when first read; checked again here, with SIMD, not to need `unsafe`.
+    let span = simdutf8::basic::from_utf8(span).ok()?;
+    let (mut role, mut content) = (None, None);
+    // The content's blocks are found in the same pass as the message's fields.
+    for field in object(span, &["content"])? {
+        match field.key {
+            "role" => role = Some(plain(value(span, &field)?)?),
+            "content" => content = Some(field),
+            _ => {}
+        }
+    }
+    let content = content?;
+    let blocks = match &content.items {
+        Some(blocks) => {
+            blocks.iter().map(|item| block(span.get(item.span.clone())?)).collect::<Option<Vec<Block>>>()?
+        }
+        None if span.as_bytes().get(content.value.start) == Some(&b'"') => {
+            vec![Block { kind: Kind::Text, text: Some(kept(value(span, &content)?)?), ..Block::default() }]
+        }
+        None => return None,
+    };
+    let message = match role?.as_str() {
+        "system" => Message {
+            role: Role::System,
+            content: blocks.into_iter().filter_map(|block| block.text).map(Part::Text).collect(),
+        },
+        "user" => Message { role: Role::User, content: blocks.into_iter().map(Block::typed).collect::<Option<_>>()? },
+        "assistant" => {
+            Message { role: Role::Assistant, content: blocks.into_iter().map(Block::typed).collect::<Option<_>>()? }
+        }
+        _ => return None,
+    };
+    Some(message)
+}
+
+/// The fields of the object `text` holds, the arrays of those named in `itemised` with their
+/// items; `None` when a key is written twice (the first reading keeps the last) or is
+/// serde_json's raw-value token.
+fn object<'t>(text: &'t str, itemised: &[&str]) -> Option<Vec<Field<'t>>> {
+    let fields = json_scan::fields(text.as_bytes(), itemised)?;
+    for (i, field) in fields.iter().enumerate() {
+        let twice = fields.get(..i).unwrap_or_default().iter().any(|earlier| earlier.key == field.key);
+        if twice || field.key == shield_core::chat_request::RAW_VALUE_TOKEN {
+            return None;
+        }
+    }
+    Some(fields)
+}
+
+/// A field's value as sent.
+fn value<'t>(text: &'t str, field: &Field<'_>) -> Option<&'t str> {
+    text.get(field.value.clone())
+}
+
+/// A string value's plain text (`None`: not a string).
+fn plain(token: &str) -> Option<String> {
+    let inner = token.strip_prefix('"')?.strip_suffix('"')?;
+    if !inner.contains('\\') {
+        return Some(inner.to_owned());
+    }
+    serde_json::from_str(token).ok()
+}
+
+/// A string value's text kept as sent, as the first reading keeps it (`json_read::kept`).
+fn kept(token: &str) -> Option<exchange::Text> {
+    if !token.starts_with('"') {
+        return None;
+    }
+    exchange::Text::of_token(token).or_else(|| serde_json::from_str::<String>(token).ok().map(exchange::Text::from))
+}
+
+/// A value the first reading reads as "a string, or nothing" (`Lenient(Text)`).
+fn text_or_none(token: &str) -> Option<Option<String>> {
+    match token.as_bytes().first()? {
+        b'"' => plain(token).map(Some),
+        _ => Some(None),
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum Kind {
+    #[default]
+    Text,
+    ToolUse,
+    ToolResult,
+    Thinking,
+    RedactedThinking,
+    /// Any other kind: typed only in a system message, where only texts count.
+    Other,
+}
+
+/// One content block's fields, as [`super::Block`] holds them.
+#[derive(Default)]
+struct Block {
+    kind: Kind,
+    text: Option<exchange::Text>,
+    id: Option<String>,
+    name: Option<String>,
+    input: Option<String>,
+    tool_use_id: Option<String>,
+    content: Option<exchange::Text>,
+    is_error: Option<bool>,
+    thinking: Option<String>,
+    signature: Option<String>,
+    data: Option<String>,
+}
+
+/// A block's fields (`None`: not an object, no string `type`, an image, or a field of a type
+/// the first reading leaves to the tree).
+fn block(text: &str) -> Option<Block> {
+    let mut block = Block::default();
+    let mut kind = None;
+    for field in object(text, &["content"])? {
+        let value = value(text, &field)?;
+        match field.key {
+            "type" => {
+                kind = Some(match plain(value)?.as_str() {
+                    "text" => Kind::Text,
+                    "tool_use" => Kind::ToolUse,
+                    "tool_result" => Kind::ToolResult,
+                    "thinking" => Kind::Thinking,
+                    "redacted_thinking" => Kind::RedactedThinking,
+                    // An image's source is typed by the first reading.
+                    "image" => return None,
+                    _ => Kind::Other,
+                })
+            }
+            "text" => block.text = Some(kept(value)?),
+            "id" => block.id = text_or_none(value)?,
+            "name" => block.name = text_or_none(value)?,
+            // As the first reading writes it: read as a value and written again.
+            "input" => block.input = Some(serde_json::from_str::<Value>(value).ok()?.to_string()),
+            "tool_use_id" => block.tool_use_id = text_or_none(value)?,
+            "content" => block.content = result_content(text, &field)?,
+            "is_error" => {
+                block.is_error = match value {
+                    "true" => Some(true),
+                    "false" => Some(false),
+                    _ => None,
+                }
+            }
+            "thinking" => block.thinking = text_or_none(value)?,
+            "signature" => block.signature = text_or_none(value)?,
+            "data" => block.data = text_or_none(value)?,
+            // An image's source, of a block of another kind: not read.
+            _ => {}
+        }
+    }
+    block.kind = kind?;
+    Some(block)
+}
+
+/// A tool result's `content`, as `super::ResultContent` reads it: a string kept as sent, the
+/// texts of its blocks (one as it was kept, several joined by newlines), `None` for another
+/// type. The outer `None`: read the message as it was read first.
+fn result_content(text: &str, field: &Field<'_>) -> Option<Option<exchange::Text>> {
+    let value = value(text, field)?;
+    match (&field.items, value.as_bytes().first()?) {
+        (_, b'"') => kept(value).map(Some),
+        (Some(items), _) => {
+            let mut texts = Vec::new();
+            for item in items {
+                let item = text.get(item.span.clone())?;
+                if !item.starts_with('{') {
+                    continue;
+                }
+                // A block's `text` (one of another type is left to the tree); a block without
+                // one has none.
+                if let Some(field) = object(item, &[])?.iter().find(|field| field.key == "text") {
+                    texts.push(kept(self::value(item, field)?)?);
+                }
+            }
+            Some(Some(match <[exchange::Text; 1]>::try_from(texts) {
+                Ok([one]) => one,
+                Err(texts) => exchange::lines(texts.into_iter().map(exchange::Text::into_string)).into(),
+            }))
+        }
+        _ => Some(None),
+    }
+}
+
+impl Block {
+    /// As `super::Block::typed` types it; `None` for a kind only the first reading types.
+    fn typed(self) -> Option<Part> {
+        Some(match self.kind {
+            Kind::Text => Part::Text(self.text.unwrap_or_default()),
+            Kind::ToolUse => Part::ToolUse {
+                id: self.id.unwrap_or_default(),
+                name: self.name.unwrap_or_default(),
+                input: self.input.unwrap_or_else(|| "{}".to_string()),
+            },
+            Kind::ToolResult => Part::ToolResult {
+                id: self.tool_use_id.unwrap_or_default(),
+                content: self.content.unwrap_or_default(),
+                is_error: self.is_error.unwrap_or(false),
+            },
+            Kind::Thinking => Part::Thinking {
+                thinking: self.thinking.unwrap_or_default(),
+                signature: self.signature.unwrap_or_default(),
+            },
+            Kind::RedactedThinking => Part::RedactedThinking(self.data.unwrap_or_default()),
+            Kind::Other => return None,
+        })
+    }
+}
