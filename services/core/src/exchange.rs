@@ -480,18 +480,25 @@ pub struct Tool {
 /// for every property of every schema, built and freed unread. An adapter that renders a tool
 /// in another shape reads it as a tree then ([`Schema::value`]), once.
 #[derive(Debug, Clone)]
-pub struct Schema(Box<serde_json::value::RawValue>);
+pub struct Schema(Box<str>);
 
 impl Schema {
     /// A schema read from a body's text (any JSON value, as sent).
     pub fn of_raw(raw: Box<serde_json::value::RawValue>) -> Schema {
-        Schema(raw)
+        Schema(raw.into())
+    }
+
+    /// A schema as sent in a tool the tenant sent before, whose text serde_json read then as
+    /// [`Schema::of_raw`] reads it: not checked again (only such text may come here, since a
+    /// writer copies it as it is).
+    pub fn of_text_read_before(text: &str) -> Schema {
+        Schema(text.into())
     }
 
     /// A schema given as a tree (a tree reading, or Shield's own).
     pub fn of_value(value: &serde_json::Value) -> Schema {
         match serde_json::value::to_raw_value(value) {
-            Ok(raw) => Schema(raw),
+            Ok(raw) => Schema::of_raw(raw),
             // Not reached: a tree always writes (its keys are strings).
             Err(_) => Schema::of_value(&serde_json::Value::Null),
         }
@@ -502,12 +509,12 @@ impl Schema {
     /// recursion limit, which capturing does not count) is rendered as `null`, as an upstream
     /// would refuse it anyway.
     pub fn value(&self) -> serde_json::Value {
-        serde_json::from_str(self.0.get()).unwrap_or(serde_json::Value::Null)
+        serde_json::from_str(&self.0).unwrap_or(serde_json::Value::Null)
     }
 
     /// The schema's JSON text, as sent.
     pub fn text(&self) -> &str {
-        self.0.get()
+        &self.0
     }
 }
 
@@ -515,7 +522,7 @@ impl Schema {
 /// tree reading and a text reading of one body give one request.
 impl PartialEq for Schema {
     fn eq(&self, other: &Schema) -> bool {
-        self.0.get() == other.0.get() || self.value() == other.value()
+        self.0 == other.0 || self.value() == other.value()
     }
 }
 

@@ -91,9 +91,7 @@ impl remembered::ShapeReader for MessagesShape {
 
     /// One tool of a `tools` array this tenant sent before (with no server tools), from its span.
     fn tool(span: &[u8]) -> Option<Tool> {
-        let mut tools = Vec::with_capacity(1);
-        tools_in([json_read::whole(span, OneTool(Schemas::Passed)).ok()?], &mut tools, &mut Vec::new());
-        tools.pop()
+        read_before::tool(span).or_else(|| tool_as_read_first(span))
     }
 
     fn tools(&mut self, text: &[u8], memo: &Memo) -> Option<remembered::Read<Tool>> {
@@ -113,6 +111,13 @@ impl remembered::ShapeReader for MessagesShape {
     fn system_block(span: &[u8]) -> Option<Option<exchange::Text>> {
         json_read::whole(span, TextOf).ok()
     }
+}
+
+/// One tool of a `tools` array this tenant sent before, read as [`OneTool`] read it then.
+fn tool_as_read_first(span: &[u8]) -> Option<Tool> {
+    let mut tools = Vec::with_capacity(1);
+    tools_in([json_read::whole(span, OneTool(Schemas::Passed)).ok()?], &mut tools, &mut Vec::new());
+    tools.pop()
 }
 
 /// The tools of a `tools` array as sent, and its server tools named.

@@ -7,6 +7,8 @@
 //! first read, and are known by a keyed hash of them since, so here the message's structure is
 //! found by [`json_scan`] (a string's end by `memchr`) and its strings are taken as sent.
 //!
+//! The tools' schemas, two dozen of them resent on every turn, are taken as sent the same way.
+//!
 //! Only the common message is typed here: text, tool use and results, thinking, with keys
 //! written plainly and once. Anything else (an image, a key given twice or with escapes, a
 //! field of a type the shape does not expect) answers `None`, and the caller reads the message
@@ -14,7 +16,7 @@
 //! `a_message_read_before_types_as_its_first_reading`).
 
 use serde_json::Value;
-use shield_core::exchange::{self, Message, Part, Role};
+use shield_core::exchange::{self, Message, Part, Role, Schema, Tool};
 use shield_core::json_scan::{self, Field};
 
 /// The message `span` holds, which [`super::OneMessage`] read before; `None`: read it so.
@@ -52,6 +54,33 @@ pub(super) fn message(span: &[u8]) -> Option<Message> {
         _ => return None,
     };
     Some(message)
+}
+
+/// One tool of a `tools` array the tenant sent before (with no server tool, its schemas checked
+/// then), which [`super::OneTool`] read then; `None`: read it so.
+pub(super) fn tool(span: &[u8]) -> Option<Tool> {
+    let span = simdutf8::basic::from_utf8(span).ok()?;
+    let (mut name, mut description, mut schema) = (None, None, None);
+    for field in object(span, &[])? {
+        let value = value(span, &field)?;
+        match field.key {
+            // A server tool is no tool here (none is in a list remembered).
+            "type" => match text_or_none(value)?.as_deref() {
+                None | Some("custom") => {}
+                Some(_) => return None,
+            },
+            "name" => name = text_or_none(value)?,
+            // A description of another type is none (it was checked as a tree checks it then).
+            "description" => description = if value.starts_with('"') { Some(kept(value)?) } else { None },
+            "input_schema" => schema = Some(Schema::of_text_read_before(value)),
+            _ => {}
+        }
+    }
+    Some(Tool {
+        name: name.unwrap_or_default(),
+        description: description.unwrap_or_default(),
+        schema: schema.unwrap_or_else(|| Schema::of_value(&serde_json::json!({"type": "object"}))),
+    })
 }
 
 /// The fields of the object `text` holds, the arrays of those named in `itemised` with their

@@ -749,3 +749,26 @@ fn an_agent_s_messages_read_before_are_typed_by_a_scan() {
     assert!(read_before::message(image.to_string().as_bytes()).is_none());
     assert!(MessagesShape::message_read_before(image.to_string().as_bytes()).is_some());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// A tool read before is typed by a scan as it was typed then (its schema's text as sent),
+    /// or left to that reading.
+    #[test]
+    fn a_tool_read_before_types_as_its_first_reading(tools in tools()) {
+        let Json::Array(all) = tools else { return Ok(()) };
+        for one in all {
+            let mut span = String::new();
+            one.write(&mut span);
+            // Only a tool that reading typed is typed again.
+            let Some(first) = tool_as_read_first(span.as_bytes()) else { continue };
+            if let Some(again) = read_before::tool(span.as_bytes()) {
+                prop_assert_eq!((&again.name, &again.description), (&first.name, &first.description), "{}", span);
+                prop_assert_eq!(again.schema.text(), first.schema.text(), "{}", span);
+            }
+            let by_trait = MessagesShape::tool(span.as_bytes()).map(|tool| tool.schema.text().to_string());
+            prop_assert_eq!(by_trait, Some(first.schema.text().to_string()));
+        }
+    }
+}
