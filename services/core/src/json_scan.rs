@@ -35,7 +35,7 @@ pub fn back_space(text: &[u8], mut end: usize) -> usize {
 pub fn string_end(text: &[u8], at: usize) -> Option<usize> {
     let mut from = at + 1;
     loop {
-        let quote = from + memchr::memchr(b'"', text.get(from..)?)?;
+        let quote = next_quote(text, from)?;
         let mut before = quote;
         // Stops at the opening quote at the latest.
         while before > at + 1 && text.get(before - 1) == Some(&b'\\') {
@@ -46,6 +46,28 @@ pub fn string_end(text: &[u8], at: usize) -> Option<usize> {
         }
         from = quote + 1;
     }
+}
+
+/// The index of the first quote at or after `from`. Most strings are short (keys, ids, a
+/// block's type, a schema's names): their first 16 bytes are looked at a word at a time, which
+/// costs less than memchr's set-up for a call; a longer one is searched by memchr from there.
+fn next_quote(text: &[u8], from: usize) -> Option<usize> {
+    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
+    const LOW: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let mut at = from;
+    for _ in 0..2 {
+        let Some(word) = text.get(at..at + 8).and_then(|word| <[u8; 8]>::try_from(word).ok()) else { break };
+        // A zero byte of `word ^ QUOTES` is a quote; the lowest flag is the first (a borrow
+        // can only flag bytes above a zero one).
+        let quotes = u64::from_le_bytes(word) ^ QUOTES;
+        let flags = quotes.wrapping_sub(LOW) & !quotes & HIGH;
+        if flags != 0 {
+            return Some(at + (flags.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    Some(at + memchr::memchr(b'"', text.get(at..)?)?)
 }
 
 /// A value found: where it ends, and how deeply it nests (0 for a string or a scalar, 1 for an
@@ -254,6 +276,14 @@ mod tests {
     }
 
     proptest! {
+        /// The first quote is found wherever it stands: in the first words or after them.
+        #[test]
+        fn the_first_quote_is_found(text in "[a\"\\\\\u{e9}]{0,40}", from in 0usize..40) {
+            let text = text.as_bytes();
+            let want = text.get(from..).and_then(|rest| rest.iter().position(|b| *b == b'"')).map(|i| from + i);
+            prop_assert_eq!(next_quote(text, from), want);
+        }
+
         /// Whatever valid JSON, compact or pretty, each field's and item's span reads back as
         /// the value serde_json reads there.
         #[test]

@@ -71,6 +71,12 @@ pub trait ShapeReader {
     fn system_block(_span: &[u8]) -> Option<Option<Text>> {
         None
     }
+
+    /// One block [`ShapeReader::system_block`] read before (as
+    /// [`ShapeReader::message_read_before`]); by default read again.
+    fn system_block_read_before(span: &[u8]) -> Option<Option<Text>> {
+        Self::system_block(span)
+    }
 }
 
 /// A body read by its spans: its other top-level fields as values, where its keys stand, its
@@ -365,7 +371,8 @@ type SystemReader = fn(&[u8]) -> Option<Option<Text>>;
 fn system<R: ShapeReader>(body: &Bytes, field: &Field<'_>, memo: &Memo) -> Option<SystemPrompt> {
     // Non-capturing, so a plain `fn` the lazy list keeps: the shape's readers, empty texts dropped.
     let text: fn(&[u8]) -> Option<Text> = |span| R::system_text(span).flatten().filter(|text| !text.is_empty());
-    let block: fn(&[u8]) -> Option<Text> = |span| R::system_block(span).flatten().filter(|text| !text.is_empty());
+    let block: fn(&[u8]) -> Option<Text> =
+        |span| R::system_block_read_before(span).flatten().filter(|text| !text.is_empty());
     // The string as its one item, or the array's items (borrowed: a block holds its own span).
     let whole;
     let (part, read_fresh, read, items): (_, SystemReader, _, &[Item]) =

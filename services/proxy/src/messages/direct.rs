@@ -111,6 +111,10 @@ impl remembered::ShapeReader for MessagesShape {
     fn system_block(span: &[u8]) -> Option<Option<exchange::Text>> {
         json_read::whole(span, TextOf).ok()
     }
+
+    fn system_block_read_before(span: &[u8]) -> Option<Option<exchange::Text>> {
+        read_before::text_of(span).or_else(|| Self::system_block(span))
+    }
 }
 
 /// One tool of a `tools` array this tenant sent before, read as [`OneTool`] read it then.

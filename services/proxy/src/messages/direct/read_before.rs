@@ -7,7 +7,8 @@
 //! first read, and are known by a keyed hash of them since, so here the message's structure is
 //! found by [`json_scan`] (a string's end by `memchr`) and its strings are taken as sent.
 //!
-//! The tools' schemas, two dozen of them resent on every turn, are taken as sent the same way.
+//! The tools' schemas, two dozen of them resent on every turn, and the system prompt's blocks
+//! are taken as sent the same way.
 //!
 //! Only the common message is typed here: text, tool use and results, thinking, with keys
 //! written plainly and once. Anything else (an image, a key given twice or with escapes, a
@@ -81,6 +82,21 @@ pub(super) fn tool(span: &[u8]) -> Option<Tool> {
         description: description.unwrap_or_default(),
         schema: schema.unwrap_or_else(|| Schema::of_value(&serde_json::json!({"type": "object"}))),
     })
+}
+
+/// A block's text, as [`super::TextOf`] read it (`Some(None)`: none): the blocks of Claude
+/// Code's 14 KB system prompt, the same on every turn. `None`: read it so.
+pub(super) fn text_of(span: &[u8]) -> Option<Option<exchange::Text>> {
+    text_in(simdutf8::basic::from_utf8(span).ok()?)
+}
+
+/// The text of the block `text` holds, an object: its `text` kept as sent (`Some(None)`: none;
+/// `None`: one of another type, left to the first reading).
+fn text_in(text: &str) -> Option<Option<exchange::Text>> {
+    match object(text, &[])?.iter().find(|field| field.key == "text") {
+        Some(field) => kept(value(text, field)?).map(Some),
+        None => Some(None),
+    }
 }
 
 /// The fields of the object `text` holds, the arrays of those named in `itemised` with their
@@ -214,11 +230,7 @@ fn result_content(text: &str, field: &Field<'_>) -> Option<Option<exchange::Text
                 if !item.starts_with('{') {
                     continue;
                 }
-                // A block's `text` (one of another type is left to the tree); a block without
-                // one has none.
-                if let Some(field) = object(item, &[])?.iter().find(|field| field.key == "text") {
-                    texts.push(kept(self::value(item, field)?)?);
-                }
+                texts.extend(text_in(item)?);
             }
             Some(Some(match <[exchange::Text; 1]>::try_from(texts) {
                 Ok([one]) => one,

@@ -772,3 +772,21 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// A system prompt's block read before is typed by a scan as it was typed then, or left to
+    /// that reading.
+    #[test]
+    fn a_system_block_read_before_types_as_its_first_reading(system in system()) {
+        let Json::Array(all) = system else { return Ok(()) };
+        for one in all {
+            let mut span = String::new();
+            one.write(&mut span);
+            let Some(first) = MessagesShape::system_block(span.as_bytes()) else { continue };
+            if let Some(again) = read_before::text_of(span.as_bytes()) {
+                prop_assert_eq!(&again, &first, "{}", span);
+            }
+            prop_assert_eq!(MessagesShape::system_block_read_before(span.as_bytes()), Some(first));
+        }
+    }
+}
