@@ -30,6 +30,7 @@ pub mod output_guard;
 pub mod parse;
 pub mod plan;
 pub mod profile;
+pub mod read_before;
 pub mod records;
 pub mod remembered;
 pub mod resume;

@@ -90,14 +90,14 @@ impl remembered::ShapeReader for Chat {
         json_read::whole(span, OneMessage).ok().map(SentMessage::typed)
     }
 
-    /// One tool of a `tools` array, typed from its span as [`Tools`] types it.
+    /// A message read before, typed by a scan where it is a common one ([`read_before`]).
+    fn message_read_before(span: &[u8]) -> Option<Message> {
+        read_before::message(span).or_else(|| Self::message(span))
+    }
+
+    /// One tool of a `tools` array read before, typed from its span as [`Tools`] types it.
     fn tool(span: &[u8]) -> Option<Tool> {
-        let function = json_read::whole(span, OneTool(Schemas::Passed)).ok()??;
-        Some(Tool {
-            name: function.name?,
-            description: function.description.unwrap_or_default(),
-            schema: function.parameters.map_or_else(|| Schema::of_value(&super::empty_schema()), Schema::of_raw),
-        })
+        read_before::tool(span).or_else(|| tool_as_read_first(span))
     }
 
     fn tools(&mut self, text: &[u8], memo: &Memo) -> Option<remembered::Read<Tool>> {
@@ -105,6 +105,18 @@ impl remembered::ShapeReader for Chat {
         Some(remembered::Read { typed, remember: true })
     }
 }
+
+/// One tool of a `tools` array, typed from its span as [`Tools`] types it.
+fn tool_as_read_first(span: &[u8]) -> Option<Tool> {
+    let function = json_read::whole(span, OneTool(Schemas::Passed)).ok()??;
+    Some(Tool {
+        name: function.name?,
+        description: function.description.unwrap_or_default(),
+        schema: function.parameters.map_or_else(|| Schema::of_value(&super::empty_schema()), Schema::of_raw),
+    })
+}
+
+mod read_before;
 
 /// The top-level object of the body it holds.
 struct Body<'b> {
@@ -992,5 +1004,78 @@ mod tests {
         assert!(refused.0.starts_with("malformed JSON body: "), "{refused}");
         let trailing = format!(r#"{{"model": "m", "messages": [], "pad": "{}"}} x"#, "x".repeat(4096));
         assert!(super::super::ChatRequest::parse(trailing.as_bytes()).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// A message the first reading typed is typed alike by a scan when it is typed again,
+        /// or left to that reading.
+        #[test]
+        fn a_message_read_before_types_as_its_first_reading(messages in messages()) {
+            use remembered::ShapeReader;
+            let Json::Array(all) = messages else { return Ok(()) };
+            for one in all {
+                let mut span = String::new();
+                one.write(&mut span);
+                let Some(first) = Chat::message(span.as_bytes()) else { continue };
+                if let Some(again) = read_before::message(span.as_bytes()) {
+                    prop_assert_eq!(format!("{again:?}"), format!("{first:?}"), "{}", span);
+                }
+                prop_assert_eq!(Chat::message_read_before(span.as_bytes()), Some(first));
+            }
+        }
+
+        /// A tool read before is typed by a scan as it was typed then (its schema's text as
+        /// sent), or left to that reading.
+        #[test]
+        fn a_tool_read_before_types_as_its_first_reading(tools in tools()) {
+            use remembered::ShapeReader;
+            let Json::Array(all) = tools else { return Ok(()) };
+            for one in all {
+                let mut span = String::new();
+                one.write(&mut span);
+                let Some(first) = tool_as_read_first(span.as_bytes()) else { continue };
+                if let Some(again) = read_before::tool(span.as_bytes()) {
+                    prop_assert_eq!((&again.name, &again.description), (&first.name, &first.description), "{}", span);
+                    prop_assert_eq!(again.schema.text(), first.schema.text(), "{}", span);
+                }
+                let by_trait = Chat::tool(span.as_bytes()).map(|tool| tool.schema.text().to_string());
+                prop_assert_eq!(by_trait, Some(first.schema.text().to_string()));
+            }
+        }
+    }
+
+    /// An OpenAI-shaped agent's messages (text, tool calls, a tool's result as a string or as
+    /// text parts) are typed by the scan, as the first reading types them.
+    #[test]
+    fn an_agent_s_messages_read_before_are_typed_by_a_scan() {
+        use remembered::ShapeReader;
+        let messages = serde_json::json!([
+            {"role": "system", "content": "You are an agent.\nBe brief."},
+            {"role": "user", "content": [{"type": "text", "text": "fix \"it\""}, {"type": "text", "text": "now"}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "Bash", "arguments": "{\"command\":\"ls\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "a.rs\nb.rs\n"},
+            {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+            {"role": "developer", "content": "be careful"},
+        ]);
+        for message in messages.as_array().unwrap() {
+            let span = message.to_string();
+            let first = Chat::message(span.as_bytes()).unwrap();
+            let again = read_before::message(span.as_bytes());
+            // `content: null` is left to the first reading; every other is typed by the scan.
+            if message.get("content").is_some_and(|content| content.is_null()) {
+                assert!(again.is_none(), "{span}");
+                continue;
+            }
+            assert_eq!(format!("{:?}", again.expect("typed by the scan")), format!("{first:?}"), "{span}");
+        }
+        let tool = serde_json::json!({"type": "function", "function": {"name": "Bash", "description": "Run a command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}});
+        let span = tool.to_string();
+        let again = read_before::tool(span.as_bytes()).expect("typed by the scan");
+        assert_eq!(again.schema.text(), tool["function"]["parameters"].to_string());
+        assert_eq!(Some(again), tool_as_read_first(span.as_bytes()));
     }
 }

@@ -1,29 +1,23 @@
-//! A Messages message typed again from bytes its reader ([`super::OneMessage`]) read before
-//! (issue 33): Claude Code's history, converted for an OpenAI-shaped target on every turn.
-//!
-//! Why: serde_json finds each string's end by looking at every byte, eight at a time and once
-//! more per escape (tool output has one a line), to check it; typing a 150 KB history that way
-//! was ~40 % of the converted request's instructions. These bytes were checked when they were
-//! first read, and are known by a keyed hash of them since, so here the message's structure is
-//! found by [`json_scan`] (a string's end by `memchr`) and its strings are taken as sent.
-//!
-//! The tools' schemas, two dozen of them resent on every turn, and the system prompt's blocks
-//! are taken as sent the same way.
+//! A Messages message, tool or system block typed again from bytes its reader
+//! ([`super::OneMessage`], [`super::OneTool`], [`super::TextOf`]) read before, by a scan
+//! ([`shield_core::read_before`], which says why): Claude Code's history, two dozen tools and
+//! 14 KB system prompt, converted for an OpenAI-shaped target on every turn. Before, typing
+//! them through serde_json again was ~60 % of that request's instructions.
 //!
 //! Only the common message is typed here: text, tool use and results, thinking, with keys
 //! written plainly and once. Anything else (an image, a key given twice or with escapes, a
-//! field of a type the shape does not expect) answers `None`, and the caller reads the message
-//! as it was read first. Where this answers, it answers as that reading does (the property test
-//! `a_message_read_before_types_as_its_first_reading`).
+//! field of a type the shape does not expect) answers `None`, and the caller reads it as it was
+//! read first. Where this answers, it answers as that reading does (the property tests
+//! `a_message_read_before_types_as_its_first_reading` and the like for tools and blocks).
 
 use serde_json::Value;
 use shield_core::exchange::{self, Message, Part, Role, Schema, Tool};
-use shield_core::json_scan::{self, Field};
+use shield_core::json_scan::Field;
+use shield_core::read_before::{self, kept, object, plain, text_in, text_or_none, value};
 
 /// The message `span` holds, which [`super::OneMessage`] read before; `None`: read it so.
 pub(super) fn message(span: &[u8]) -> Option<Message> {
-    // Checked as UTF-8 when first read; checked again here, with SIMD, not to need `unsafe`.
-    let span = simdutf8::basic::from_utf8(span).ok()?;
+    let span = read_before::text_of(span)?;
     let (mut role, mut content) = (None, None);
     // The content's blocks are found in the same pass as the message's fields.
     for field in object(span, &["content"])? {
@@ -60,7 +54,7 @@ pub(super) fn message(span: &[u8]) -> Option<Message> {
 /// One tool of a `tools` array the tenant sent before (with no server tool, its schemas checked
 /// then), which [`super::OneTool`] read then; `None`: read it so.
 pub(super) fn tool(span: &[u8]) -> Option<Tool> {
-    let span = simdutf8::basic::from_utf8(span).ok()?;
+    let span = read_before::text_of(span)?;
     let (mut name, mut description, mut schema) = (None, None, None);
     for field in object(span, &[])? {
         let value = value(span, &field)?;
@@ -87,60 +81,7 @@ pub(super) fn tool(span: &[u8]) -> Option<Tool> {
 /// A block's text, as [`super::TextOf`] read it (`Some(None)`: none): the blocks of Claude
 /// Code's 14 KB system prompt, the same on every turn. `None`: read it so.
 pub(super) fn text_of(span: &[u8]) -> Option<Option<exchange::Text>> {
-    text_in(simdutf8::basic::from_utf8(span).ok()?)
-}
-
-/// The text of the block `text` holds, an object: its `text` kept as sent (`Some(None)`: none;
-/// `None`: one of another type, left to the first reading).
-fn text_in(text: &str) -> Option<Option<exchange::Text>> {
-    match object(text, &[])?.iter().find(|field| field.key == "text") {
-        Some(field) => kept(value(text, field)?).map(Some),
-        None => Some(None),
-    }
-}
-
-/// The fields of the object `text` holds, the arrays of those named in `itemised` with their
-/// items; `None` when a key is written twice (the first reading keeps the last) or is
-/// serde_json's raw-value token.
-fn object<'t>(text: &'t str, itemised: &[&str]) -> Option<Vec<Field<'t>>> {
-    let fields = json_scan::fields(text.as_bytes(), itemised)?;
-    for (i, field) in fields.iter().enumerate() {
-        let twice = fields.get(..i).unwrap_or_default().iter().any(|earlier| earlier.key == field.key);
-        if twice || field.key == shield_core::chat_request::RAW_VALUE_TOKEN {
-            return None;
-        }
-    }
-    Some(fields)
-}
-
-/// A field's value as sent.
-fn value<'t>(text: &'t str, field: &Field<'_>) -> Option<&'t str> {
-    text.get(field.value.clone())
-}
-
-/// A string value's plain text (`None`: not a string).
-fn plain(token: &str) -> Option<String> {
-    let inner = token.strip_prefix('"')?.strip_suffix('"')?;
-    if !inner.contains('\\') {
-        return Some(inner.to_owned());
-    }
-    serde_json::from_str(token).ok()
-}
-
-/// A string value's text kept as sent, as the first reading keeps it (`json_read::kept`).
-fn kept(token: &str) -> Option<exchange::Text> {
-    if !token.starts_with('"') {
-        return None;
-    }
-    exchange::Text::of_token(token).or_else(|| serde_json::from_str::<String>(token).ok().map(exchange::Text::from))
-}
-
-/// A value the first reading reads as "a string, or nothing" (`Lenient(Text)`).
-fn text_or_none(token: &str) -> Option<Option<String>> {
-    match token.as_bytes().first()? {
-        b'"' => plain(token).map(Some),
-        _ => Some(None),
-    }
+    text_in(read_before::text_of(span)?)
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
