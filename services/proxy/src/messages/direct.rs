@@ -342,13 +342,9 @@ enum Kind {
     Other,
 }
 
-struct KindName;
-
-impl<'de> Reader<'de> for KindName {
-    type Out = Option<Kind>;
-
-    fn str(self, kind: &str) -> Option<Kind> {
-        Some(match kind {
+impl Kind {
+    fn named(kind: &str) -> Kind {
+        match kind {
             "text" => Kind::Text,
             "image" => Kind::Image,
             "tool_use" => Kind::ToolUse,
@@ -356,7 +352,17 @@ impl<'de> Reader<'de> for KindName {
             "thinking" => Kind::Thinking,
             "redacted_thinking" => Kind::RedactedThinking,
             _ => Kind::Other,
-        })
+        }
+    }
+}
+
+struct KindName;
+
+impl<'de> Reader<'de> for KindName {
+    type Out = Option<Kind>;
+
+    fn str(self, kind: &str) -> Option<Kind> {
+        Some(Kind::named(kind))
     }
 }
 
@@ -413,11 +419,15 @@ impl<'de> DeserializeSeed<'de> for ResultContent {
         let raw = json_read::checked::<D::Error>(raw.to_owned(), BLOCK_FIELD_REMAINING, Schemas::Check(None))?;
         let blocks = json_read::whole(raw.get().as_bytes(), Each(TextOf)).map_err(|_| as_a_tree::<D::Error>())?;
         let texts = blocks.map(|blocks| blocks.into_iter().flatten().collect::<Vec<_>>());
-        // One block's text as it was kept; several joined by newlines.
-        Ok(texts.map(|texts| match <[exchange::Text; 1]>::try_from(texts) {
-            Ok([one]) => one,
-            Err(texts) => exchange::lines(texts.into_iter().map(exchange::Text::into_string)).into(),
-        }))
+        Ok(texts.map(joined))
+    }
+}
+
+/// A tool result's texts as one: one block's as it was kept; several joined by newlines.
+fn joined(texts: Vec<exchange::Text>) -> exchange::Text {
+    match <[exchange::Text; 1]>::try_from(texts) {
+        Ok([one]) => one,
+        Err(texts) => exchange::lines(texts.into_iter().map(exchange::Text::into_string)).into(),
     }
 }
 

@@ -4,9 +4,10 @@
 //! 14 KB system prompt, converted for an OpenAI-shaped target on every turn. Before, typing
 //! them through serde_json again was ~60 % of that request's instructions.
 //!
-//! Only the common message is typed here: text, tool use and results, thinking, with keys
-//! written plainly and once. Anything else (an image, a key given twice or with escapes, a
-//! field of a type the shape does not expect) answers `None`, and the caller reads it as it was
+//! Only the common message is typed here: text, images, tool use and results, thinking, with
+//! keys written plainly and once, into the first reading's own block ([`super::Block`], typed
+//! by the same code). Anything else (a kind only Anthropic reads, a key given twice or with
+//! escapes, a field of a type the shape does not expect) answers `None`, and the caller reads it as it was
 //! read first. Where this answers, it answers as that reading does (the property tests
 //! `a_message_read_before_types_as_its_first_reading` and the like for tools and blocks).
 
@@ -14,6 +15,8 @@ use serde_json::Value;
 use shield_core::exchange::{self, Message, Part, Role, Schema, Tool};
 use shield_core::json_scan::Field;
 use shield_core::read_before::{self, kept, object, plain, text_in, text_or_none, value};
+
+use super::{Block, Kind};
 
 /// The message `span` holds, which [`super::OneMessage`] read before; `None`: read it so.
 pub(super) fn message(span: &[u8]) -> Option<Message> {
@@ -33,7 +36,7 @@ pub(super) fn message(span: &[u8]) -> Option<Message> {
             blocks.iter().map(|item| block(span.get(item.span.clone())?)).collect::<Option<Vec<Block>>>()?
         }
         None if span.as_bytes().get(content.value.start) == Some(&b'"') => {
-            vec![Block { kind: Kind::Text, text: Some(kept(value(span, &content)?)?), ..Block::default() }]
+            vec![Block { kind: Some(Kind::Text), text: Some(kept(value(span, &content)?)?), ..Block::default() }]
         }
         None => return None,
     };
@@ -84,36 +87,8 @@ pub(super) fn text_of(span: &[u8]) -> Option<Option<exchange::Text>> {
     text_in(read_before::text_of(span)?)
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
-enum Kind {
-    #[default]
-    Text,
-    ToolUse,
-    ToolResult,
-    Thinking,
-    RedactedThinking,
-    /// Any other kind: typed only in a system message, where only texts count.
-    Other,
-}
-
-/// One content block's fields, as [`super::Block`] holds them.
-#[derive(Default)]
-struct Block {
-    kind: Kind,
-    text: Option<exchange::Text>,
-    id: Option<String>,
-    name: Option<String>,
-    input: Option<String>,
-    tool_use_id: Option<String>,
-    content: Option<exchange::Text>,
-    is_error: Option<bool>,
-    thinking: Option<String>,
-    signature: Option<String>,
-    data: Option<String>,
-}
-
-/// A block's fields (`None`: not an object, no string `type`, an image, or a field of a type
-/// the first reading leaves to the tree).
+/// A block's fields, as [`super::OneBlock`] reads them (`None`: not an object, no string
+/// `type`, or a field of a type the first reading leaves to the tree).
 fn block(text: &str) -> Option<Block> {
     let mut block = Block::default();
     let mut kind = None;
@@ -121,22 +96,13 @@ fn block(text: &str) -> Option<Block> {
         let value = value(text, &field)?;
         match field.key {
             "type" => {
-                kind = Some(match plain(value)?.as_str() {
-                    "text" => Kind::Text,
-                    "tool_use" => Kind::ToolUse,
-                    "tool_result" => Kind::ToolResult,
-                    "thinking" => Kind::Thinking,
-                    "redacted_thinking" => Kind::RedactedThinking,
-                    // An image's source is typed by the first reading.
-                    "image" => return None,
-                    _ => Kind::Other,
-                })
+                kind = Some(Kind::named(&plain(value)?));
             }
             "text" => block.text = Some(kept(value)?),
             "id" => block.id = text_or_none(value)?,
             "name" => block.name = text_or_none(value)?,
-            // As the first reading writes it: read as a value and written again.
-            "input" => block.input = Some(serde_json::from_str::<Value>(value).ok()?.to_string()),
+            // Read as a value, as the first reading reads it (and writes it again).
+            "input" => block.input = Some(serde_json::from_str::<Value>(value).ok()?),
             "tool_use_id" => block.tool_use_id = text_or_none(value)?,
             "content" => block.content = result_content(text, &field)?,
             "is_error" => {
@@ -149,11 +115,11 @@ fn block(text: &str) -> Option<Block> {
             "thinking" => block.thinking = text_or_none(value)?,
             "signature" => block.signature = text_or_none(value)?,
             "data" => block.data = text_or_none(value)?,
-            // An image's source, of a block of another kind: not read.
+            "source" => block.source = Some(serde_json::from_str::<Value>(value).ok()?),
             _ => {}
         }
     }
-    block.kind = kind?;
+    block.kind = Some(kind?);
     Some(block)
 }
 
@@ -173,36 +139,8 @@ fn result_content(text: &str, field: &Field<'_>) -> Option<Option<exchange::Text
                 }
                 texts.extend(text_in(item)?);
             }
-            Some(Some(match <[exchange::Text; 1]>::try_from(texts) {
-                Ok([one]) => one,
-                Err(texts) => exchange::lines(texts.into_iter().map(exchange::Text::into_string)).into(),
-            }))
+            Some(Some(super::joined(texts)))
         }
         _ => Some(None),
-    }
-}
-
-impl Block {
-    /// As `super::Block::typed` types it; `None` for a kind only the first reading types.
-    fn typed(self) -> Option<Part> {
-        Some(match self.kind {
-            Kind::Text => Part::Text(self.text.unwrap_or_default()),
-            Kind::ToolUse => Part::ToolUse {
-                id: self.id.unwrap_or_default(),
-                name: self.name.unwrap_or_default(),
-                input: self.input.unwrap_or_else(|| "{}".to_string()),
-            },
-            Kind::ToolResult => Part::ToolResult {
-                id: self.tool_use_id.unwrap_or_default(),
-                content: self.content.unwrap_or_default(),
-                is_error: self.is_error.unwrap_or(false),
-            },
-            Kind::Thinking => Part::Thinking {
-                thinking: self.thinking.unwrap_or_default(),
-                signature: self.signature.unwrap_or_default(),
-            },
-            Kind::RedactedThinking => Part::RedactedThinking(self.data.unwrap_or_default()),
-            Kind::Other => return None,
-        })
     }
 }

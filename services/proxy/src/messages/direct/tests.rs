@@ -743,11 +743,15 @@ fn an_agent_s_messages_read_before_are_typed_by_a_scan() {
     let mut out = Vec::new();
     content.push_json(&mut out);
     assert_eq!(out, br#""line 1\nline \"2\"\n\tend""#);
-    // What only the first reading types (an image) is left to it.
+    // An image is typed by the scan too; what the first reading keeps opaque (a document) is
+    // left to it.
     let image = serde_json::json!({"role": "user", "content": [{"type": "image",
         "source": {"type": "url", "url": "https://x.test/a.png"}}]});
-    assert!(read_before::message(image.to_string().as_bytes()).is_none());
-    assert!(MessagesShape::message_read_before(image.to_string().as_bytes()).is_some());
+    let first = MessagesShape::message(image.to_string().as_bytes()).expect("read");
+    assert_eq!(read_before::message(image.to_string().as_bytes()), Some(first));
+    let document = serde_json::json!({"role": "user", "content": [{"type": "document",
+        "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]});
+    assert!(read_before::message(document.to_string().as_bytes()).is_none());
 }
 
 proptest! {
