@@ -41,8 +41,8 @@ pub(super) fn message(span: &[u8]) -> Option<Message> {
                         typed
                     }
                     None if value.starts_with('"') => vec![Part::Text(kept(value)?)],
-                    // Another type is read by the first reading.
-                    None => return None,
+                    // `null` (an assistant's turn of tool calls) or another type: no parts.
+                    None => Vec::new(),
                 })
             }
             "tool_calls" => {
