@@ -16,7 +16,7 @@ use crate::json_scan::{self, Field};
 
 /// A span read before, as text: checked as UTF-8 when first read, and checked again here (with
 /// SIMD, a fraction of the scan's cost) not to need `unsafe`.
-pub fn text_of(span: &[u8]) -> Option<&str> {
+pub fn utf8(span: &[u8]) -> Option<&str> {
     simdutf8::basic::from_utf8(span).ok()
 }
 

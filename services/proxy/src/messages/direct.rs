@@ -113,7 +113,7 @@ impl remembered::ShapeReader for MessagesShape {
     }
 
     fn system_block_read_before(span: &[u8]) -> Option<Option<exchange::Text>> {
-        read_before::text_of(span).or_else(|| Self::system_block(span))
+        read_before::system_block(span).or_else(|| Self::system_block(span))
     }
 }
 
@@ -131,9 +131,7 @@ fn tools_in(sent: impl IntoIterator<Item = SentTool>, tools: &mut Vec<Tool>, ser
             None | Some("custom") => tools.push(Tool {
                 name: tool.name.unwrap_or_default(),
                 description: tool.description.unwrap_or_default(),
-                schema: tool
-                    .schema
-                    .map_or_else(|| Schema::of_value(&serde_json::json!({"type": "object"})), Schema::of_raw),
+                schema: tool.schema.map_or_else(no_schema, Schema::of_raw),
             }),
             Some(kind) => server_tools.push(format!("tools ({kind})")),
         }
@@ -248,22 +246,31 @@ impl<'de> Reader<'de> for OneMessage {
             Ok(())
         })?;
         let Some(Some(blocks)) = content else { return Ok(None) };
-        let message = match role.as_deref() {
-            // Mid-conversation system messages (Claude Code's reminders): their texts.
-            Some("system") => Message {
-                role: Role::System,
-                content: blocks.into_iter().filter_map(|block| block.text).map(Part::Text).collect(),
-            },
-            Some(sent @ ("user" | "assistant")) => {
-                let role = if sent == "user" { Role::User } else { Role::Assistant };
-                let content = blocks.into_iter().map(Block::typed).collect::<Option<Vec<Part>>>();
-                let Some(content) = content else { return Ok(None) };
-                Message { role, content }
-            }
-            _ => return Ok(None),
-        };
+        let Some(message) = typed_message(role.as_deref(), blocks) else { return Ok(None) };
         Ok(Some(Typed(message)))
     }
+}
+
+/// A message of `role` holding `blocks` (`None`: a role or a block kind only the tree reading
+/// types); also the scan's ([`read_before`]).
+fn typed_message(role: Option<&str>, blocks: Vec<Block>) -> Option<Message> {
+    Some(match role? {
+        // Mid-conversation system messages (Claude Code's reminders): their texts.
+        "system" => Message {
+            role: Role::System,
+            content: blocks.into_iter().filter_map(|block| block.text).map(Part::Text).collect(),
+        },
+        sent @ ("user" | "assistant") => {
+            let role = if sent == "user" { Role::User } else { Role::Assistant };
+            Message { role, content: blocks.into_iter().map(Block::typed).collect::<Option<Vec<Part>>>()? }
+        }
+        _ => return None,
+    })
+}
+
+/// A tool's schema when it gives none.
+fn no_schema() -> Schema {
+    Schema::of_value(&serde_json::json!({"type": "object"}))
 }
 
 /// Content: a string (one text block), or blocks that each have a string `type` (`None`:

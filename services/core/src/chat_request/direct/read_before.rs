@@ -17,7 +17,7 @@ use super::{SentCall, SentMessage, SentRole};
 
 /// The message `span` holds, which [`super::OneMessage`] read before; `None`: read it so.
 pub(super) fn message(span: &[u8]) -> Option<Message> {
-    let span = read_before::text_of(span)?;
+    let span = read_before::utf8(span)?;
     let mut message = SentMessage::default();
     for field in object(span, &["content", "tool_calls"])? {
         let value = value(span, &field)?;
@@ -114,7 +114,7 @@ fn tool_call(text: &str) -> Option<SentCall> {
 /// [`super::OneTool`] read it then and [`super::Tools`] typed it: a `function` with a name.
 /// `None`: read it so.
 pub(super) fn tool(span: &[u8]) -> Option<Tool> {
-    let span = read_before::text_of(span)?;
+    let span = read_before::utf8(span)?;
     let function = object(span, &[])?.into_iter().find(|field| field.key == "function")?;
     let function = value(span, &function)?;
     let (mut name, mut description, mut schema) = (None, None, None);

@@ -12,7 +12,7 @@
 //! `a_message_read_before_types_as_its_first_reading` and the like for tools and blocks).
 
 use serde_json::Value;
-use shield_core::exchange::{self, Message, Part, Role, Schema, Tool};
+use shield_core::exchange::{self, Message, Schema, Tool};
 use shield_core::json_scan::Field;
 use shield_core::read_before::{self, kept, object, plain, text_in, text_or_none, value};
 
@@ -20,7 +20,7 @@ use super::{Block, Kind};
 
 /// The message `span` holds, which [`super::OneMessage`] read before; `None`: read it so.
 pub(super) fn message(span: &[u8]) -> Option<Message> {
-    let span = read_before::text_of(span)?;
+    let span = read_before::utf8(span)?;
     let (mut role, mut content) = (None, None);
     // The content's blocks are found in the same pass as the message's fields.
     for field in object(span, &["content"])? {
@@ -40,24 +40,13 @@ pub(super) fn message(span: &[u8]) -> Option<Message> {
         }
         None => return None,
     };
-    let message = match role?.as_str() {
-        "system" => Message {
-            role: Role::System,
-            content: blocks.into_iter().filter_map(|block| block.text).map(Part::Text).collect(),
-        },
-        "user" => Message { role: Role::User, content: blocks.into_iter().map(Block::typed).collect::<Option<_>>()? },
-        "assistant" => {
-            Message { role: Role::Assistant, content: blocks.into_iter().map(Block::typed).collect::<Option<_>>()? }
-        }
-        _ => return None,
-    };
-    Some(message)
+    super::typed_message(role.as_deref(), blocks)
 }
 
 /// One tool of a `tools` array the tenant sent before (with no server tool, its schemas checked
 /// then), which [`super::OneTool`] read then; `None`: read it so.
 pub(super) fn tool(span: &[u8]) -> Option<Tool> {
-    let span = read_before::text_of(span)?;
+    let span = read_before::utf8(span)?;
     let (mut name, mut description, mut schema) = (None, None, None);
     for field in object(span, &[])? {
         let value = value(span, &field)?;
@@ -77,14 +66,14 @@ pub(super) fn tool(span: &[u8]) -> Option<Tool> {
     Some(Tool {
         name: name.unwrap_or_default(),
         description: description.unwrap_or_default(),
-        schema: schema.unwrap_or_else(|| Schema::of_value(&serde_json::json!({"type": "object"}))),
+        schema: schema.unwrap_or_else(super::no_schema),
     })
 }
 
 /// A block's text, as [`super::TextOf`] read it (`Some(None)`: none): the blocks of Claude
 /// Code's 14 KB system prompt, the same on every turn. `None`: read it so.
-pub(super) fn text_of(span: &[u8]) -> Option<Option<exchange::Text>> {
-    text_in(read_before::text_of(span)?)
+pub(super) fn system_block(span: &[u8]) -> Option<Option<exchange::Text>> {
+    text_in(read_before::utf8(span)?)
 }
 
 /// A block's fields, as [`super::OneBlock`] reads them (`None`: not an object, no string

@@ -787,7 +787,7 @@ proptest! {
             let mut span = String::new();
             one.write(&mut span);
             let Some(first) = MessagesShape::system_block(span.as_bytes()) else { continue };
-            if let Some(again) = read_before::text_of(span.as_bytes()) {
+            if let Some(again) = read_before::system_block(span.as_bytes()) {
                 prop_assert_eq!(&again, &first, "{}", span);
             }
             prop_assert_eq!(MessagesShape::system_block_read_before(span.as_bytes()), Some(first));
