@@ -27,6 +27,7 @@ pub mod error;
 pub mod flush;
 pub mod guard;
 pub mod health;
+pub mod http1;
 pub mod json;
 pub mod limits;
 pub mod messages;

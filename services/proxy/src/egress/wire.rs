@@ -27,18 +27,11 @@ use http::header::{CONNECTION, CONTENT_LENGTH, HOST, HeaderMap, HeaderName, Head
 use http::{Method, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+pub use crate::http1::{Decoded, Framing};
+use crate::http1::{MAX_HEADERS, MAX_READ, Malformed, READ_SIZE, Said};
+
 /// The largest answer head read (status line and headers).
 pub const MAX_HEAD: usize = 64 * 1024;
-/// The most header fields an answer's head may have (hyper's default too).
-const MAX_HEADERS: usize = 100;
-/// The longest chunk-size line, extensions included.
-const MAX_CHUNK_LINE: usize = 4 * 1024;
-/// The most bytes of trailer fields after a chunked body (read and dropped).
-const MAX_TRAILERS: usize = 64 * 1024;
-/// What one read asks for at least.
-const READ_SIZE: usize = 8 * 1024;
-/// The most one read asks for, when more of a body is known to be coming.
-const MAX_READ: usize = 64 * 1024;
 /// The most slices one gathered write passes.
 const MAX_SLICES: usize = 64;
 
@@ -51,6 +44,12 @@ pub enum Error {
     Closed,
     #[error("the upstream's answer is not valid HTTP/1.1: {0}")]
     Malformed(&'static str),
+}
+
+impl From<Malformed> for Error {
+    fn from(Malformed(what): Malformed) -> Error {
+        Error::Malformed(what)
+    }
 }
 
 /// One connection and what has been read from it but not yet consumed.
@@ -286,213 +285,6 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     }
 }
 
-/// What an answer's head says of its framing and its connection, read from its fields in one
-/// pass (names compared without case).
-#[derive(Default)]
-struct Said<'a> {
-    /// `Content-Length`, every value checked and equal to the others.
-    length: Option<u64>,
-    /// The last `Transfer-Encoding` field's value.
-    coding: Option<&'a [u8]>,
-    /// `Connection: close` / `keep-alive`.
-    close: bool,
-    keep_alive: bool,
-}
-
-impl<'a> Said<'a> {
-    fn of(fields: &[httparse::Header<'a>]) -> Result<Said<'a>, Error> {
-        let mut said = Said::default();
-        for field in fields {
-            let name = field.name.as_bytes();
-            if name.eq_ignore_ascii_case(b"content-length") {
-                for item in field.value.split(|b| *b == b',') {
-                    let item = item.trim_ascii();
-                    if item.is_empty() || item.len() > 19 || !item.iter().all(u8::is_ascii_digit) {
-                        return Err(Error::Malformed("content-length"));
-                    }
-                    let parsed = item.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-                    if said.length.is_some_and(|l| l != parsed) {
-                        return Err(Error::Malformed("conflicting content-length values"));
-                    }
-                    said.length = Some(parsed);
-                }
-            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-                said.coding = Some(field.value);
-            } else if name.eq_ignore_ascii_case(b"connection") {
-                for token in field.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
-                    said.close |= token.eq_ignore_ascii_case(b"close");
-                    said.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
-                }
-            }
-        }
-        Ok(said)
-    }
-
-    /// How the body is framed, and whether by one header alone (a `Transfer-Encoding` beside a
-    /// `Content-Length` is taken, and the connection closed after it: RFC 9112 §6.3).
-    fn framing(&self, status: StatusCode) -> (Framing, bool) {
-        if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-            return (Framing::Length(0), true);
-        }
-        match (self.coding, self.length) {
-            (Some(coding), length) => {
-                let last = coding.rsplit(|b| *b == b',').next().unwrap_or_default().trim_ascii();
-                if last.eq_ignore_ascii_case(b"chunked") {
-                    (Framing::Chunked(Chunked::Size), length.is_none())
-                } else {
-                    // Any other final coding: the body runs to the connection's end.
-                    (Framing::Close, false)
-                }
-            }
-            (None, Some(length)) => (Framing::Length(length), true),
-            (None, None) => (Framing::Close, true),
-        }
-    }
-
-    /// HTTP/1.1 keeps the connection unless the answer says `close`; HTTP/1.0 only if it says
-    /// `keep-alive`.
-    fn keeps_alive(&self, version: Version) -> bool {
-        if version == Version::HTTP_10 { self.keep_alive } else { !self.close }
-    }
-}
-
-/// How an answer's body ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Framing {
-    /// This many bytes are left.
-    Length(u64),
-    Chunked(Chunked),
-    /// At the connection's end.
-    Close,
-}
-
-/// Where a chunked body's decoding is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Chunked {
-    /// At a chunk-size line.
-    Size,
-    /// In a chunk's data, this many bytes left.
-    Data(u64),
-    /// At the CRLF after a chunk's data.
-    DataEnd,
-    /// In the trailer section, this many bytes of it read.
-    Trailers(usize),
-    Done,
-}
-
-/// What decoding the buffered bytes gave.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Decoded {
-    Data(Bytes),
-    /// Nothing yet: read more.
-    More,
-    End,
-}
-
-impl Framing {
-    /// Decodes the next piece of the body from `buf`, taking what it consumes off it.
-    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, Error> {
-        match self {
-            Framing::Length(0) => Ok(Decoded::End),
-            Framing::Length(left) => Ok(take(buf, left).map_or(Decoded::More, Decoded::Data)),
-            Framing::Close if buf.is_empty() => Ok(Decoded::More),
-            Framing::Close => Ok(Decoded::Data(buf.split().freeze())),
-            Framing::Chunked(chunked) => chunked.decode(buf),
-        }
-    }
-
-    /// How many more bytes are known to be coming, to size a read.
-    fn wants(&self) -> usize {
-        match self {
-            Framing::Length(left) | Framing::Chunked(Chunked::Data(left)) => usize::try_from(*left).unwrap_or(MAX_READ),
-            _ => READ_SIZE,
-        }
-    }
-}
-
-/// Up to `left` bytes off the front of `buf`, `None` when it is empty.
-fn take(buf: &mut BytesMut, left: &mut u64) -> Option<Bytes> {
-    if buf.is_empty() {
-        return None;
-    }
-    let n = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
-    *left -= n as u64;
-    Some(buf.split_to(n).freeze())
-}
-
-impl Chunked {
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, Error> {
-        loop {
-            match self {
-                Chunked::Size => {
-                    let Some(line) = line(buf, MAX_CHUNK_LINE, "a chunk-size line is too long")? else {
-                        return Ok(Decoded::More);
-                    };
-                    let size = chunk_size(&line)?;
-                    *self = if size == 0 { Chunked::Trailers(0) } else { Chunked::Data(size) };
-                }
-                Chunked::Data(left) => {
-                    let Some(data) = take(buf, left) else { return Ok(Decoded::More) };
-                    if *left == 0 {
-                        *self = Chunked::DataEnd;
-                    }
-                    return Ok(Decoded::Data(data));
-                }
-                Chunked::DataEnd => match buf.get(..2) {
-                    None if buf.first().is_none_or(|b| *b == b'\r') => return Ok(Decoded::More),
-                    Some(b"\r\n") => {
-                        buf.advance(2);
-                        *self = Chunked::Size;
-                    }
-                    _ => return Err(Error::Malformed("a chunk is not followed by CRLF")),
-                },
-                Chunked::Trailers(read) => {
-                    let room = MAX_TRAILERS.saturating_sub(*read);
-                    let Some(field) = line(buf, room, "the trailers are too large")? else {
-                        return Ok(Decoded::More);
-                    };
-                    if field.is_empty() {
-                        *self = Chunked::Done;
-                    } else {
-                        *read += field.len() + 2;
-                    }
-                }
-                Chunked::Done => return Ok(Decoded::End),
-            }
-        }
-    }
-}
-
-/// A CRLF-ended line off the front of `buf` (without its CRLF), `None` while it has no end
-/// within `max` bytes.
-fn line(buf: &mut BytesMut, max: usize, too_long: &'static str) -> Result<Option<Bytes>, Error> {
-    match memchr::memchr(b'\n', buf) {
-        Some(end) if end == 0 || buf.get(end - 1) != Some(&b'\r') => Err(Error::Malformed("a line not ended by CRLF")),
-        Some(end) if end > max => Err(Error::Malformed(too_long)),
-        Some(end) => {
-            let line = buf.split_to(end + 1).freeze();
-            Ok(Some(line.slice(..end - 1)))
-        }
-        None if buf.len() > max => Err(Error::Malformed(too_long)),
-        None => Ok(None),
-    }
-}
-
-/// A chunk-size line's size (hexadecimal, before any `;` extension).
-fn chunk_size(line: &[u8]) -> Result<u64, Error> {
-    let digits = line.split(|b| *b == b';').next().unwrap_or_default();
-    let digits = digits.trim_ascii();
-    if digits.is_empty() || digits.len() > 15 {
-        return Err(Error::Malformed("a chunk size"));
-    }
-    let mut size = 0u64;
-    for digit in digits {
-        let value = (*digit as char).to_digit(16).ok_or(Error::Malformed("a chunk size"))?;
-        size = size * 16 + u64::from(value);
-    }
-    Ok(size)
-}
-
 /// An answer's body, read from its connection as it is polled. Once read to its end, the
 /// connection can be had back for another request ([`Body::reusable`]).
 pub struct Body<T> {
@@ -537,7 +329,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Body<T> {
                     Ok(_) => {}
                     Err(err) => return self.fail(err.into()),
                 },
-                Err(err) => return self.fail(err),
+                Err(err) => return self.fail(err.into()),
             }
         }
     }
@@ -565,18 +357,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Body<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http1::Chunked;
     use proptest::prelude::*;
-
-    fn decode_all(framing: &mut Framing, buf: &mut BytesMut) -> Result<(Vec<u8>, bool), Error> {
-        let mut out = Vec::new();
-        loop {
-            match framing.decode(buf)? {
-                Decoded::Data(data) => out.extend_from_slice(&data),
-                Decoded::More => return Ok((out, false)),
-                Decoded::End => return Ok((out, true)),
-            }
-        }
-    }
 
     fn head(text: &str) -> Result<Option<Head>, Error> {
         parse_head(&mut BytesMut::from(text))
@@ -635,30 +417,6 @@ mod tests {
     }
 
     #[test]
-    fn chunked_bodies_decode_with_extensions_and_trailers() {
-        let mut framing = Framing::Chunked(Chunked::Size);
-        let mut buf = BytesMut::from("5;name=value\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: 1\r\n\r\n");
-        let (out, ended) = decode_all(&mut framing, &mut buf).unwrap();
-        assert_eq!((out.as_slice(), ended), (&b"hello world"[..], true));
-        assert!(buf.is_empty());
-        for bad in ["zz\r\nhello\r\n", "5\r\nhelloXY", "5\nhello\r\n", "1234567890abcdef0\r\n", "\r\n"] {
-            let mut framing = Framing::Chunked(Chunked::Size);
-            assert!(decode_all(&mut framing, &mut BytesMut::from(bad)).is_err(), "{bad:?}");
-        }
-        let mut framing = Framing::Chunked(Chunked::Size);
-        let endless = "f".repeat(MAX_CHUNK_LINE + 10);
-        assert!(decode_all(&mut framing, &mut BytesMut::from(endless.as_str())).is_err(), "a size line without end");
-    }
-
-    #[test]
-    fn a_length_body_ends_at_its_length_and_leaves_what_follows() {
-        let mut framing = Framing::Length(3);
-        let mut buf = BytesMut::from("abcdef");
-        assert_eq!(decode_all(&mut framing, &mut buf).unwrap(), (b"abc".to_vec(), true));
-        assert_eq!(&buf[..], b"def", "left for the caller to see (the connection is then not reused)");
-    }
-
-    #[test]
     fn request_heads_leave_out_framing_headers_of_the_callers() {
         let mut headers = HeaderMap::new();
         headers.insert("authorization", HeaderValue::from_static("Bearer k"));
@@ -673,37 +431,6 @@ mod tests {
     }
 
     proptest! {
-        /// Any body, chunked any way and read in any pieces, decodes to itself and ends once.
-        #[test]
-        fn chunked_decoding_is_the_inverse_of_chunking(
-            body in proptest::collection::vec(any::<u8>(), 0..3000),
-            chunk in 1usize..700,
-            read in 1usize..500,
-            ext in any::<bool>(),
-        ) {
-            let mut wire = Vec::new();
-            for piece in body.chunks(chunk) {
-                wire.extend_from_slice(format!("{:x}{}\r\n", piece.len(), if ext { ";e=1" } else { "" }).as_bytes());
-                wire.extend_from_slice(piece);
-                wire.extend_from_slice(b"\r\n");
-            }
-            wire.extend_from_slice(b"0\r\ntrailer: t\r\n\r\n");
-            let mut framing = Framing::Chunked(Chunked::Size);
-            let mut buf = BytesMut::new();
-            let mut out = Vec::new();
-            let mut ended = false;
-            for piece in wire.chunks(read) {
-                buf.extend_from_slice(piece);
-                let (data, end) = decode_all(&mut framing, &mut buf).unwrap();
-                prop_assert!(!ended || data.is_empty());
-                out.extend_from_slice(&data);
-                ended |= end;
-            }
-            prop_assert!(ended);
-            prop_assert_eq!(out, body);
-            prop_assert!(buf.is_empty());
-        }
-
         /// The gathered write's slices are the head and body from any offset on.
         #[test]
         fn slices_resume_at_any_offset(
