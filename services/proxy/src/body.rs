@@ -12,19 +12,20 @@ pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 /// The whole body. A declared length over the limit is refused before a byte is read; a body
 /// without one (chunked) is refused once it passes the limit. What a refused body still has
-/// to send is read and dropped in the background ([`Payload`]).
+/// to send is read and dropped by its connection after the answer ([`Payload`]).
 pub async fn read(mut payload: Payload) -> Result<Bytes, ProxyError> {
-    let unreadable = |e: hyper::Error| ProxyError::BadRequest(format!("could not read the request body: {e}"));
+    let unreadable =
+        |e: crate::server::BodyError| ProxyError::BadRequest(format!("could not read the request body: {e}"));
     let declared = payload.declared();
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(ProxyError::TooLarge(MAX_BODY_BYTES));
     }
-    // The whole body in one frame, the usual case for a small one: a slice of hyper's read
+    // The whole body in one frame, the usual case for a small one: a slice of the connection's read
     // buffer, taken as it is rather than copied (issue 33).
     let mut first: Option<Bytes> = None;
     let mut gathered: Option<BytesMut> = None;
     while let Some(frame) = payload.frame().await {
-        let Ok(data) = frame.map_err(unreadable)?.into_data() else { continue };
+        let data = frame.map_err(unreadable)?;
         let so_far = gathered.as_ref().map_or(0, BytesMut::len) + first.as_ref().map_or(0, Bytes::len);
         if so_far + data.len() > MAX_BODY_BYTES {
             return Err(ProxyError::TooLarge(MAX_BODY_BYTES));

@@ -9,7 +9,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, StatusCode};
-use hyper::body::Incoming;
 use serde_json::json;
 
 use crate::server::{Payload, Request, Response};
@@ -195,7 +194,7 @@ pub struct App {
 impl App {
     /// The arrival layer, outermost: the request id (`X-Request-Id` on every answer), the
     /// request's trail (issue 31), its log span; then the endpoint.
-    pub async fn handle(&self, req: http::Request<Incoming>, peer: std::net::SocketAddr) -> Response {
+    pub async fn handle(&self, req: http::Request<Payload>, peer: std::net::SocketAddr) -> Response {
         use tracing::Instrument;
         let (head, body) = req.into_parts();
         let id = request_id(head.headers.get(REQUEST_ID));
@@ -213,7 +212,6 @@ impl App {
             request_id = id.to_str().unwrap_or_default(),
             trace_id = trace_id.as_deref()
         );
-        let body = Payload::new(body, &head);
         let req = Request::new(head, id.clone(), trail.clone());
         let mut response = self.call(endpoint, req, body).instrument(span).await;
         if anthropic {
@@ -228,7 +226,7 @@ impl App {
     }
 
     /// The endpoint's answer, as a boxed future: an endpoint's future is ~10 KB (the whole
-    /// pipeline's state), and hyper moves the request's future into its dispatcher, which
+    /// pipeline's state), and the connection's loop moves the request's future as it serves it, which
     /// copied all of it on every request (callgrind: ~10,700 bytes a request).
     fn call(&self, endpoint: Option<(Endpoint, Option<String>)>, req: Request, body: Payload) -> Answer {
         let (state, egress) = (self.state.clone(), self.egress.clone());

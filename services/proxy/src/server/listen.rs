@@ -1,34 +1,27 @@
 //! Listening: one acceptor on the caller's runtime hands each connection, in turn, to one of
-//! N worker threads; each worker is a current-thread runtime serving its connections with
-//! hyper's HTTP/1.1 server. State a worker makes for itself (the egress pool) never crosses
-//! threads, and a request's futures need not be `Send`.
+//! N worker threads; each worker is a current-thread runtime serving its connections, each
+//! from a task of its own ([`super::conn`]). State a worker makes for itself (the egress pool)
+//! never crosses threads, and a request's futures need not be `Send`.
 //!
-//! hyper's server here, not actix-web's (issue 33): on a 148 KB agent request actix grew its
-//! read buffer by doubling and handed the body over in chunks to be gathered again, ~12 µs of
-//! CPU a request more than hyper reading the same body (`bench/ingress`).
+//! Not actix-web's server (issue 33): on a 148 KB agent request actix grew its read buffer by
+//! doubling and handed the body over in chunks to be gathered again, ~12 µs of CPU a request
+//! more than hyper reading the same body (`bench/ingress`); hyper's server after it cost
+//! ~12,000 instructions a small request more than the connection's own loop.
 //!
 //! A client that half-closes its side after a request (`shutdown(SHUT_WR)`) is taken as gone:
 //! its pending answer is dropped, as is the upstream call behind it. That is what stops an
 //! abandoned call at once; HTTP clients do not half-close.
 
 use std::cell::Cell;
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
-use super::Response;
-
-/// The largest request head accepted (start line and headers).
-const MAX_HEAD_BYTES: usize = 64 * 1024;
+use super::{Payload, Response, conn};
 
 /// How the server listens and stops.
 #[derive(Clone, Copy, Debug)]
@@ -39,8 +32,7 @@ pub struct Settings {
     /// Connections open at once; past it, accepting waits for one to close.
     pub max_connections: usize,
     /// How long a connection may sit between requests, or take to send a request's head,
-    /// before it is closed (hyper's header-read timeout, which runs from the end of the last
-    /// answer).
+    /// before it is closed (it runs from the end of the last answer).
     pub idle: Duration,
 }
 
@@ -124,7 +116,7 @@ pub async fn serve<M, H, F>(
 ) -> std::io::Result<()>
 where
     M: Fn() -> H + Send + Sync + 'static,
-    H: Fn(http::Request<Incoming>, SocketAddr) -> F + 'static,
+    H: Fn(http::Request<Payload>, SocketAddr) -> F + 'static,
     F: Future<Output = Response> + 'static,
 {
     let make = Arc::new(make);
@@ -220,7 +212,7 @@ impl Worker {
     ) -> std::io::Result<Worker>
     where
         M: Fn() -> H + Send + Sync + 'static,
-        H: Fn(http::Request<Incoming>, SocketAddr) -> F + 'static,
+        H: Fn(http::Request<Payload>, SocketAddr) -> F + 'static,
         F: Future<Output = Response> + 'static,
     {
         let (connections, mut accepted) = mpsc::unbounded_channel::<Accepted>();
@@ -229,27 +221,16 @@ impl Worker {
             let local = tokio::task::LocalSet::new();
             local.block_on(&runtime, async move {
                 let handler = Rc::new(make());
-                let graceful = GracefulShutdown::new();
-                let mut http = http1::Builder::new();
-                // A request head over 64 KB (start line and headers) is refused with 431 and
-                // the connection closed; hyper's default bound is its ~400 KB read buffer.
-                http.timer(TokioTimer::new()).header_read_timeout(settings.idle).max_header_size(MAX_HEAD_BYTES);
+                let open = Rc::new(Open::default());
                 while let Some((stream, peer, slot)) = accepted.recv().await {
                     let Ok(stream) = tokio::net::TcpStream::from_std(stream) else { continue };
                     // Small SSE writes go out at once: without this, Nagle holds a chunk until
                     // the client ACKs the previous one (tens of ms with delayed ACKs).
                     let _ = stream.set_nodelay(true);
-                    let handler = handler.clone();
-                    let service = hyper::service::service_fn(move |req| {
-                        let answer = handler(req, peer);
-                        async move { Ok::<_, Infallible>(answer.await.into_inner()) }
-                    });
-                    let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                    let (handler, stopped, held) = (handler.clone(), stopped.clone(), Held::new(&open));
                     tokio::task::spawn_local(async move {
-                        if let Err(err) = connection.await {
-                            tracing::debug!(error = %err, "a client connection ended with an error");
-                        }
-                        drop(slot);
+                        conn::serve(stream, peer, &*handler, settings.idle, stopped).await;
+                        drop((held, slot));
                     });
                 }
                 // The acceptor stopped: idle connections close, requests in flight end within
@@ -257,7 +238,7 @@ impl Worker {
                 let drain = stopped.borrow().map_or(Duration::ZERO, |s| s.drain);
                 let cut = stopped.wait_for(|s| s.is_some_and(|s| s.drain.is_zero()));
                 tokio::select! {
-                    () = graceful.shutdown() => {}
+                    () = open.closed() => {}
                     () = tokio::time::sleep(drain) => {
                         tracing::warn!("requests still in flight after {} s are cut off", drain.as_secs());
                     }
@@ -266,6 +247,38 @@ impl Worker {
             });
         })?;
         Ok(Worker { connections, thread })
+    }
+}
+
+/// How many of a worker's connections are open, and a wake for when the last one closes.
+#[derive(Default)]
+struct Open {
+    count: Cell<usize>,
+    closed: Notify,
+}
+
+impl Open {
+    async fn closed(&self) {
+        while self.count.get() > 0 {
+            self.closed.notified().await;
+        }
+    }
+}
+
+/// One open connection, counted until it is dropped.
+struct Held(Rc<Open>);
+
+impl Held {
+    fn new(open: &Rc<Open>) -> Held {
+        open.count.set(open.count.get() + 1);
+        Held(open.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.count.set(self.0.count.get().saturating_sub(1));
+        self.0.closed.notify_one();
     }
 }
 
