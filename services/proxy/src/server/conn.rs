@@ -578,3 +578,212 @@ mod date {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// Answers `{method} {path} {body bytes}`; `/hold` reads the body and never answers (until
+    /// dropped, which it records); `/refuse` answers 401 without reading the body; `/stream`
+    /// answers in three pieces.
+    fn handler(
+        dropped: Rc<Cell<bool>>,
+    ) -> impl Fn(http::Request<Payload>, SocketAddr) -> Pin<Box<dyn Future<Output = Response>>> {
+        move |request, _| {
+            let dropped = dropped.clone();
+            Box::pin(async move {
+                let (head, mut body) = request.into_parts();
+                let path = head.uri.path().to_string();
+                if path == "/refuse" {
+                    return Response::build(StatusCode::UNAUTHORIZED).body("refused");
+                }
+                let mut read = 0;
+                while let Some(piece) = body.frame().await {
+                    match piece {
+                        Ok(piece) => read += piece.len(),
+                        Err(err) => return Response::build(StatusCode::BAD_REQUEST).body(err.to_string()),
+                    }
+                }
+                match path.as_str() {
+                    "/hold" => {
+                        struct Flag(Rc<Cell<bool>>);
+                        impl Drop for Flag {
+                            fn drop(&mut self) {
+                                self.0.set(true);
+                            }
+                        }
+                        let _flag = Flag(dropped);
+                        std::future::pending().await
+                    }
+                    "/stream" => Response::ok().streaming(futures_util::stream::iter(
+                        ["one ", "two ", "three"].map(|s| Ok::<_, std::io::Error>(Bytes::from(s))),
+                    )),
+                    _ => Response::ok().body(format!("{} {path} {read}", head.method)),
+                }
+            })
+        }
+    }
+
+    /// Serves one connection with [`handler`] while `client` talks to it; what `client` returns.
+    async fn talk<C, Fut, T>(client: C) -> (T, bool)
+    where
+        C: FnOnce(TcpStream) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_stop, stopped) = watch::channel(None);
+        let dropped = Rc::new(Cell::new(false));
+        let handler = handler(dropped.clone());
+        let server = async {
+            let (io, peer) = listener.accept().await.unwrap();
+            serve(io, peer, &handler, Duration::from_secs(5), stopped).await;
+        };
+        let client = async { client(TcpStream::connect(addr).await.unwrap()).await };
+        let ((), out) = tokio::join!(server, client);
+        (out, dropped.get())
+    }
+
+    /// Everything the server sends until it closes the connection.
+    async fn to_the_end(mut stream: TcpStream, send: &[u8]) -> String {
+        stream.write_all(send).await.unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Reads until `text` has arrived `times` times.
+    async fn until(stream: &mut TcpStream, text: &str, times: usize) -> String {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while String::from_utf8_lossy(&out).matches(text).count() < times {
+            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await.unwrap().unwrap();
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&out));
+            out.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn requests_on_one_connection_are_answered_in_order_even_pipelined() {
+        let (out, _) = talk(|mut c| async move {
+            c.write_all(b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello").await.unwrap();
+            let first = until(&mut c, "hello", 0).await + &until(&mut c, "POST /a 5", 1).await;
+            // Two at once, the second chunked, then a close-asking third.
+            c.write_all(
+                b"GET /b HTTP/1.1\r\nhost: x\r\n\r\nPOST /c HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nt: 1\r\n\r\n",
+            )
+            .await
+            .unwrap();
+            let second = until(&mut c, "POST /c 5", 1).await;
+            let last = to_the_end(c, b"GET /d HTTP/1.1\r\nconnection: close\r\n\r\n").await;
+            (first, second, last)
+        })
+        .await;
+        let (first, second, last) = out;
+        assert!(first.starts_with("HTTP/1.1 200 OK\r\n"), "{first}");
+        assert!(first.contains("content-length: 9\r\n") && first.contains("\r\ndate: "), "{first}");
+        let b = second.find("GET /b 0").unwrap();
+        assert!(b < second.find("POST /c 5").unwrap(), "in order: {second}");
+        assert!(last.contains("connection: close\r\n") && last.ends_with("GET /d 0"), "{last}");
+    }
+
+    #[tokio::test]
+    async fn bad_heads_are_refused_with_a_named_reason_and_the_connection_closed() {
+        let cases: [(Vec<u8>, &str, &str); 4] = [
+            (b"POST / HTTP/1.1\r\ncontent-length: 1\r\ntransfer-encoding: chunked\r\n\r\n".to_vec(), "400", "both"),
+            (b"POST / HTTP/1.1\r\ncontent-length: x\r\n\r\n".to_vec(), "400", "content-length"),
+            (b"GET /\x01 HTTP/1.1\r\n\r\n".to_vec(), "400", "does not parse"),
+            (
+                format!("GET / HTTP/1.1\r\n{}\r\n", "x-long: yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy\r\n".repeat(2000))
+                    .into_bytes(),
+                "431",
+                "over 65536 bytes",
+            ),
+        ];
+        for (send, status, reason) in cases {
+            let (answer, _) = talk(|c| async move { to_the_end(c, &send).await }).await;
+            assert!(answer.starts_with(&format!("HTTP/1.1 {status} ")), "{answer}");
+            assert!(answer.contains("connection: close") && answer.contains(reason), "{answer}");
+            assert!(answer.contains(r#""type":"invalid_request_error""#), "{answer}");
+        }
+    }
+
+    #[tokio::test]
+    async fn continue_is_sent_only_when_the_body_is_read() {
+        let (out, _) = talk(|mut c| async move {
+            c.write_all(b"POST /a HTTP/1.1\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n").await.unwrap();
+            let invited = until(&mut c, "100 Continue\r\n\r\n", 1).await;
+            c.write_all(b"abc").await.unwrap();
+            let answered = until(&mut c, "POST /a 3", 1).await;
+            // Refused before its body is read: no invitation, and the connection ends.
+            let refused =
+                to_the_end(c, b"POST /refuse HTTP/1.1\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n").await;
+            (invited, answered, refused)
+        })
+        .await;
+        assert!(out.0.starts_with("HTTP/1.1 100 Continue\r\n\r\n"), "{}", out.0);
+        assert!(out.1.contains("200 OK"), "{}", out.1);
+        assert!(out.2.starts_with("HTTP/1.1 401") && !out.2.contains("100 Continue"), "{}", out.2);
+        assert!(out.2.contains("connection: close"), "{}", out.2);
+    }
+
+    #[tokio::test]
+    async fn an_unread_body_is_drained_and_the_connection_serves_on() {
+        let (out, _) = talk(|mut c| async move {
+            let body = vec![b'x'; 300_000];
+            let head = format!("POST /refuse HTTP/1.1\r\ncontent-length: {}\r\n\r\n", body.len());
+            c.write_all(head.as_bytes()).await.unwrap();
+            c.write_all(&body).await.unwrap();
+            c.write_all(b"GET /next HTTP/1.1\r\n\r\n").await.unwrap();
+            until(&mut c, "GET /next 0", 1).await
+        })
+        .await;
+        assert!(out.starts_with("HTTP/1.1 401") && !out.contains("connection: close"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_closes_its_side_drops_its_pending_answer() {
+        let (_, dropped) = talk(|mut c| async move {
+            c.write_all(b"POST /hold HTTP/1.1\r\ncontent-length: 2\r\n\r\nhi").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            c.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut rest)).await;
+        })
+        .await;
+        assert!(dropped, "the handler's future was dropped");
+    }
+
+    #[tokio::test]
+    async fn streams_are_chunked_for_http_1_1_and_run_to_the_close_for_1_0() {
+        let (chunked, _) = talk(|mut c| async move {
+            c.write_all(b"GET /stream HTTP/1.1\r\n\r\n").await.unwrap();
+            until(&mut c, "0\r\n\r\n", 1).await
+        })
+        .await;
+        assert!(chunked.contains("transfer-encoding: chunked\r\n"), "{chunked}");
+        assert!(chunked.ends_with("\r\n\r\n4\r\none \r\n4\r\ntwo \r\n5\r\nthree\r\n0\r\n\r\n"), "{chunked}");
+        let (plain, _) = talk(|c| async move { to_the_end(c, b"GET /stream HTTP/1.0\r\n\r\n").await }).await;
+        assert!(plain.starts_with("HTTP/1.0 200 OK\r\n") && plain.ends_with("\r\n\r\none two three"), "{plain}");
+        assert!(!plain.contains("transfer-encoding"), "{plain}");
+        let (head, _) =
+            talk(|c| async move { to_the_end(c, b"HEAD /x HTTP/1.1\r\nconnection: close\r\n\r\n").await }).await;
+        assert!(head.contains("content-length: 9\r\n") && head.ends_with("\r\n\r\n"), "no body for HEAD: {head}");
+    }
+
+    #[tokio::test]
+    async fn a_malformed_chunked_body_is_the_handlers_error_and_ends_the_connection() {
+        let (out, _) = talk(|c| async move {
+            to_the_end(c, b"POST /a HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc\r\n").await
+        })
+        .await;
+        assert!(out.starts_with("HTTP/1.1 400") && out.contains("a chunk size"), "{out}");
+        assert!(out.contains("connection: close"), "{out}");
+    }
+}
