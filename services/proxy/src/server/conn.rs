@@ -54,6 +54,11 @@ pub const MAX_HEAD: usize = 64 * 1024;
 /// How much of a body the handler left unread is read and dropped, at most, and for how long.
 pub const DRAIN_BYTES: u64 = 32 * 1024 * 1024;
 pub const DRAIN_TIME: Duration = Duration::from_secs(5);
+/// A body of a declared length up to this is gathered whole in the connection's buffer,
+/// reserved once its first bytes have arrived, and handed to the handler in one piece: read in
+/// pieces it was gathered again by the handler, a copy of the whole body (a 148 KB agent
+/// request: ~5 µs of CPU). Larger ones go in pieces, so that a connection's buffer is bounded.
+const WHOLE_BODY: u64 = 1024 * 1024;
 /// How long a connection closed with input unread waits for the client to finish sending.
 const LINGER: Duration = Duration::from_secs(2);
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -115,6 +120,21 @@ impl Wire {
             }
         }
         loop {
+            if let Framing::Length(left) = body.framing
+                && left <= WHOLE_BODY
+                && (buf.len() as u64) < left
+            {
+                // Gathered whole: read until all of it is in the buffer.
+                let left = usize::try_from(left).unwrap_or(usize::MAX);
+                if buf.capacity() < left {
+                    buf.reserve(left - buf.len());
+                }
+                match ready!(tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf)) {
+                    Ok(0) => return body.fail(BodyError::Closed),
+                    Ok(_) => continue,
+                    Err(err) => return body.fail(err.into()),
+                }
+            }
             match body.framing.decode(buf) {
                 Ok(Decoded::Data(data)) => {
                     body.ended = body.framing == Framing::Length(0);
@@ -602,10 +622,10 @@ mod tests {
                 if path == "/refuse" {
                     return Response::build(StatusCode::UNAUTHORIZED).body("refused");
                 }
-                let mut read = 0;
+                let (mut read, mut pieces) = (0, 0);
                 while let Some(piece) = body.frame().await {
                     match piece {
-                        Ok(piece) => read += piece.len(),
+                        Ok(piece) => (read, pieces) = (read + piece.len(), pieces + 1),
                         Err(err) => return Response::build(StatusCode::BAD_REQUEST).body(err.to_string()),
                     }
                 }
@@ -623,6 +643,7 @@ mod tests {
                     "/stream" => Response::ok().streaming(futures_util::stream::iter(
                         ["one ", "two ", "three"].map(|s| Ok::<_, std::io::Error>(Bytes::from(s))),
                     )),
+                    "/pieces" => Response::ok().body(format!("{read} in {pieces}")),
                     _ => Response::ok().body(format!("{} {path} {read}", head.method)),
                 }
             })
@@ -745,6 +766,27 @@ mod tests {
         })
         .await;
         assert!(out.starts_with("HTTP/1.1 401") && !out.contains("connection: close"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_body_up_to_a_megabyte_reaches_the_handler_in_one_piece() {
+        let (out, _) = talk(|mut c| async move {
+            let mut answers = Vec::new();
+            for size in [300_000usize, 3_000_000] {
+                let head = format!("POST /pieces HTTP/1.1\r\ncontent-length: {size}\r\n\r\n");
+                c.write_all(head.as_bytes()).await.unwrap();
+                // Sent in parts, as a client's writes arrive.
+                for part in vec![b'x'; size].chunks(100_000) {
+                    c.write_all(part).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                answers.push(until(&mut c, &format!("{size} in "), 1).await);
+            }
+            answers
+        })
+        .await;
+        assert!(out[0].ends_with("300000 in 1"), "{}", out[0]);
+        assert!(!out[1].ends_with("3000000 in 1"), "a larger body goes in pieces: {}", out[1]);
     }
 
     #[tokio::test]
