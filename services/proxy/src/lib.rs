@@ -1,7 +1,8 @@
 //! shield-proxy: the data plane. An OpenAI-compatible proxy that authenticates tenants by API
 //! key, resolves the route named by `model`, and calls the route's targets with failover.
 //!
-//! Layers, outermost first: the server ([`server`]: hyper's HTTP/1.1 on worker threads) →
+//! Layers, outermost first: the server ([`server`]: its own HTTP/1.1 connections on worker
+//! threads) →
 //! arrival and routing ([`routes`]: `X-Request-Id` on every answer, the request's trail, the
 //! endpoint) → the endpoints ([`chat::chat_completions`], [`models::list`], health). No Redis or Postgres call on the
 //! request path once a key and a tenant are cached ([`cache`]); background tasks keep the
@@ -171,7 +172,7 @@ pub async fn serve(config: ProxyConfig) -> std::io::Result<()> {
         // Longer than the callers' own idle expiry (httpx, under the OpenAI and Anthropic
         // Python SDKs, keeps an idle connection 5 s): the client then closes an idle connection
         // first, rather than sending on one the proxy is closing (a reset the caller sees as a
-        // failed request). hyper has one timer for both: a client trickling a request head holds
+        // failed request). One timer serves both: a client trickling a request head holds
         // its connection at most as long, and `SHIELD_PROXY_MAX_CONNECTIONS` bounds how many.
         idle: Duration::from_secs(75),
     };

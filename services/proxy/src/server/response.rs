@@ -4,48 +4,21 @@
 //! `body`, `streaming`), so that rendering an outcome reads the same in every ingress shape.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use hyper::body::{Frame, SizeHint};
 
 /// What a streamed body may fail with (the client sees the connection end early).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An answer's body.
 pub enum Body {
-    /// Known in full before the head is written (`None` once written).
+    /// Known in full before the head is written (`None`: no body).
     Whole(Option<Bytes>),
     /// Written as it comes: a relayed stream. Dropped, and so ended, when the client goes.
     Streamed(Pin<Box<dyn Stream<Item = Result<Bytes, BoxError>>>>),
-}
-
-impl hyper::body::Body for Body {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            Body::Whole(bytes) => Poll::Ready(bytes.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b)))),
-            Body::Streamed(stream) => {
-                stream.as_mut().poll_next(cx).map(|item| item.map(|chunk| chunk.map(Frame::data)))
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        matches!(self, Body::Whole(bytes) if bytes.as_ref().is_none_or(Bytes::is_empty))
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Body::Whole(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
-            Body::Streamed(_) => SizeHint::default(),
-        }
-    }
 }
 
 /// An answer, as a handler returns it.
@@ -80,8 +53,16 @@ impl Response {
     /// The whole body, read (tests).
     #[cfg(test)]
     pub async fn into_bytes(self) -> Bytes {
-        use http_body_util::BodyExt;
-        self.0.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default()
+        match self.0.into_body() {
+            Body::Whole(bytes) => bytes.unwrap_or_default(),
+            Body::Streamed(mut stream) => {
+                let mut out = bytes::BytesMut::new();
+                while let Some(Ok(chunk)) = stream.next().await {
+                    out.extend_from_slice(&chunk);
+                }
+                out.freeze()
+            }
+        }
     }
 }
 
