@@ -13,6 +13,10 @@ use http::{StatusCode, Version};
 pub const MAX_HEADERS: usize = 100;
 /// The longest chunk-size line, extensions included.
 const MAX_CHUNK_LINE: usize = 4 * 1024;
+/// The most bytes of chunk extensions in one body (hyper's bound too): each costs a line to
+/// parse, and a body of one-byte chunks with long extensions would otherwise cost thousands of
+/// bytes read per byte of body.
+const MAX_EXTENSIONS: usize = 16 * 1024;
 /// The most bytes of trailer fields after a chunked body (read and dropped).
 const MAX_TRAILERS: usize = 64 * 1024;
 /// What one read asks for at least.
@@ -82,7 +86,7 @@ impl<'a> Said<'a> {
             (Some(coding), length) => {
                 let last = coding.rsplit(|b| *b == b',').next().unwrap_or_default().trim_ascii();
                 if last.eq_ignore_ascii_case(b"chunked") {
-                    (Framing::Chunked(Chunked::Size), length.is_none())
+                    (Framing::Chunked(Chunked::start()), length.is_none())
                 } else {
                     // Any other final coding: the body runs to the connection's end.
                     (Framing::Close, false)
@@ -104,7 +108,7 @@ impl<'a> Said<'a> {
             (Some(coding), None) => {
                 let last = coding.rsplit(|b| *b == b',').next().unwrap_or_default().trim_ascii();
                 if last.eq_ignore_ascii_case(b"chunked") {
-                    Ok(Framing::Chunked(Chunked::Size))
+                    Ok(Framing::Chunked(Chunked::start()))
                 } else {
                     Err(Malformed("a transfer-encoding that does not end with chunked"))
                 }
@@ -130,9 +134,15 @@ pub enum Framing {
     Close,
 }
 
-/// Where a chunked body's decoding is.
+/// A chunked body's decoding: where it is, and the extensions it has read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Chunked {
+pub struct Chunked {
+    at: At,
+    extensions: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum At {
     /// At a chunk-size line.
     Size,
     /// In a chunk's data, this many bytes left.
@@ -168,7 +178,9 @@ impl Framing {
     /// How many more bytes are known to be coming, to size a read.
     pub fn wants(&self) -> usize {
         match self {
-            Framing::Length(left) | Framing::Chunked(Chunked::Data(left)) => usize::try_from(*left).unwrap_or(MAX_READ),
+            Framing::Length(left) | Framing::Chunked(Chunked { at: At::Data(left), .. }) => {
+                usize::try_from(*left).unwrap_or(MAX_READ)
+            }
             _ => READ_SIZE,
         }
     }
@@ -185,43 +197,52 @@ fn take(buf: &mut BytesMut, left: &mut u64) -> Option<Bytes> {
 }
 
 impl Chunked {
+    /// At the body's first chunk.
+    pub fn start() -> Chunked {
+        Chunked { at: At::Size, extensions: 0 }
+    }
+
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, Malformed> {
         loop {
-            match self {
-                Chunked::Size => {
+            match &mut self.at {
+                At::Size => {
                     let Some(line) = line(buf, MAX_CHUNK_LINE, "a chunk-size line is too long")? else {
                         return Ok(Decoded::More);
                     };
-                    let size = chunk_size(&line)?;
-                    *self = if size == 0 { Chunked::Trailers(0) } else { Chunked::Data(size) };
+                    let (size, extension) = chunk_size(&line)?;
+                    self.extensions += extension;
+                    if self.extensions > MAX_EXTENSIONS {
+                        return Err(Malformed("too many chunk extensions"));
+                    }
+                    self.at = if size == 0 { At::Trailers(0) } else { At::Data(size) };
                 }
-                Chunked::Data(left) => {
+                At::Data(left) => {
                     let Some(data) = take(buf, left) else { return Ok(Decoded::More) };
                     if *left == 0 {
-                        *self = Chunked::DataEnd;
+                        self.at = At::DataEnd;
                     }
                     return Ok(Decoded::Data(data));
                 }
-                Chunked::DataEnd => match buf.get(..2) {
+                At::DataEnd => match buf.get(..2) {
                     None if buf.first().is_none_or(|b| *b == b'\r') => return Ok(Decoded::More),
                     Some(b"\r\n") => {
                         buf.advance(2);
-                        *self = Chunked::Size;
+                        self.at = At::Size;
                     }
                     _ => return Err(Malformed("a chunk is not followed by CRLF")),
                 },
-                Chunked::Trailers(read) => {
+                At::Trailers(read) => {
                     let room = MAX_TRAILERS.saturating_sub(*read);
                     let Some(field) = line(buf, room, "the trailers are too large")? else {
                         return Ok(Decoded::More);
                     };
                     if field.is_empty() {
-                        *self = Chunked::Done;
+                        self.at = At::Done;
                     } else {
                         *read += field.len() + 2;
                     }
                 }
-                Chunked::Done => return Ok(Decoded::End),
+                At::Done => return Ok(Decoded::End),
             }
         }
     }
@@ -242,19 +263,27 @@ fn line(buf: &mut BytesMut, max: usize, too_long: &'static str) -> Result<Option
     }
 }
 
-/// A chunk-size line's size (hexadecimal, before any `;` extension).
-fn chunk_size(line: &[u8]) -> Result<u64, Malformed> {
-    let digits = line.split(|b| *b == b';').next().unwrap_or_default();
-    let digits = digits.trim_ascii();
-    if digits.is_empty() || digits.len() > 15 {
+/// A chunk-size line's size (RFC 9112 §7.1: hexadecimal digits, then optional whitespace
+/// before a `;` extension), and how many bytes its extension takes. Anything else (whitespace
+/// before the digits, a bare CR, a sign) is refused, as a stricter peer would read it
+/// differently.
+fn chunk_size(line: &[u8]) -> Result<(u64, usize), Malformed> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 15 {
+        return Err(Malformed("a chunk size"));
+    }
+    let rest = line.get(digits..).unwrap_or_default();
+    let spaces = rest.iter().take_while(|b| matches!(b, b' ' | b'\t')).count();
+    let extension = rest.get(spaces..).unwrap_or_default();
+    if !(extension.is_empty() || extension.first() == Some(&b';')) {
         return Err(Malformed("a chunk size"));
     }
     let mut size = 0u64;
-    for digit in digits {
+    for digit in line.get(..digits).unwrap_or_default() {
         let value = (*digit as char).to_digit(16).ok_or(Malformed("a chunk size"))?;
         size = size * 16 + u64::from(value);
     }
-    Ok(size)
+    Ok((size, extension.len()))
 }
 
 #[cfg(test)]
@@ -286,7 +315,7 @@ mod tests {
         assert_eq!(request_framing(&[("Content-Length", "12")], v11), Ok(Framing::Length(12)));
         assert_eq!(
             request_framing(&[("transfer-encoding", "gzip, CHUNKED")], v11),
-            Ok(Framing::Chunked(Chunked::Size))
+            Ok(Framing::Chunked(Chunked::start()))
         );
         for bad in [
             vec![("transfer-encoding", "chunked"), ("content-length", "5")],
@@ -301,18 +330,36 @@ mod tests {
 
     #[test]
     fn chunked_bodies_decode_with_extensions_and_trailers() {
-        let mut framing = Framing::Chunked(Chunked::Size);
+        let mut framing = Framing::Chunked(Chunked::start());
         let mut buf = BytesMut::from("5;name=value\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: 1\r\n\r\n");
         let (out, ended) = decode_all(&mut framing, &mut buf).unwrap();
         assert_eq!((out.as_slice(), ended), (&b"hello world"[..], true));
         assert!(buf.is_empty());
-        for bad in ["zz\r\nhello\r\n", "5\r\nhelloXY", "5\nhello\r\n", "1234567890abcdef0\r\n", "\r\n"] {
-            let mut framing = Framing::Chunked(Chunked::Size);
+        for bad in [
+            "zz\r\nhello\r\n",
+            "5\r\nhelloXY",
+            "5\nhello\r\n",
+            "1234567890abcdef0\r\n",
+            "\r\n",
+            " 5\r\nhello\r\n",
+            "5\r\r\nhello\r\n",
+            "+5\r\nhello\r\n",
+            "5 x\r\nhello\r\n",
+        ] {
+            let mut framing = Framing::Chunked(Chunked::start());
             assert!(decode_all(&mut framing, &mut BytesMut::from(bad)).is_err(), "{bad:?}");
         }
-        let mut framing = Framing::Chunked(Chunked::Size);
+        let mut framing = Framing::Chunked(Chunked::start());
         let endless = "f".repeat(MAX_CHUNK_LINE + 10);
         assert!(decode_all(&mut framing, &mut BytesMut::from(endless.as_str())).is_err(), "a size line without end");
+        let mut framing = Framing::Chunked(Chunked::start());
+        let mut spaced = BytesMut::from("5 \t;a=b\r\nhello\r\n0\r\n\r\n");
+        assert_eq!(decode_all(&mut framing, &mut spaced).unwrap(), (b"hello".to_vec(), true), "whitespace before `;`");
+        // Long extensions on one-byte chunks: refused once they pass the body's bound.
+        let extension = format!("1;{}\r\nx\r\n", "e".repeat(1000));
+        let mut framing = Framing::Chunked(Chunked::start());
+        let mut many = BytesMut::from(extension.repeat(MAX_EXTENSIONS / 1000 + 2).as_str());
+        assert_eq!(decode_all(&mut framing, &mut many), Err(Malformed("too many chunk extensions")));
     }
 
     #[test]
@@ -339,7 +386,7 @@ mod tests {
                 wire.extend_from_slice(b"\r\n");
             }
             wire.extend_from_slice(b"0\r\ntrailer: t\r\n\r\n");
-            let mut framing = Framing::Chunked(Chunked::Size);
+            let mut framing = Framing::Chunked(Chunked::start());
             let mut buf = BytesMut::new();
             let mut out = Vec::new();
             let mut ended = false;

@@ -371,9 +371,13 @@ mod tests {
         assert_eq!((h.framing.clone(), h.keep_alive), (Framing::Length(12), true));
         assert_eq!(h.headers().unwrap()["content-type"], "application/json");
         let h = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n").unwrap().unwrap();
-        assert_eq!((h.framing, h.keep_alive), (Framing::Chunked(Chunked::Size), true));
+        assert_eq!((h.framing, h.keep_alive), (Framing::Chunked(Chunked::start()), true));
         let h = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n").unwrap().unwrap();
-        assert_eq!((h.framing, h.keep_alive), (Framing::Chunked(Chunked::Size), false), "both: chunked, then closed");
+        assert_eq!(
+            (h.framing, h.keep_alive),
+            (Framing::Chunked(Chunked::start()), false),
+            "both: chunked, then closed"
+        );
         let h = head("HTTP/1.1 200 OK\r\n\r\n").unwrap().unwrap();
         assert_eq!((h.framing, h.keep_alive), (Framing::Close, false));
         let h = head("HTTP/1.1 200 OK\r\nConnection: Close\r\nContent-Length: 1\r\n\r\n").unwrap().unwrap();

@@ -100,13 +100,15 @@ pub(super) struct Reader {
 
 impl Reader {
     pub(super) fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
-        self.wire.borrow_mut().poll_body(cx)
+        self.wire.borrow_mut().poll_body(cx, true)
     }
 }
 
 impl Wire {
-    /// The next piece of the request's body: `None` at its end (or once it failed).
-    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+    /// The next piece of the request's body: `None` at its end (or once it failed). `gather`:
+    /// a body of a declared length up to [`WHOLE_BODY`] comes in one piece (for the handler;
+    /// a body read only to be dropped is not gathered).
+    fn poll_body(&mut self, cx: &mut Context<'_>, gather: bool) -> Poll<Option<Result<Bytes, BodyError>>> {
         let Wire { io, buf, body } = self;
         if body.ended || body.failed {
             return Poll::Ready(None);
@@ -121,12 +123,17 @@ impl Wire {
         }
         loop {
             if let Framing::Length(left) = body.framing
+                && gather
                 && left <= WHOLE_BODY
                 && (buf.len() as u64) < left
             {
                 // Gathered whole: read until all of it is in the buffer.
+                // Reserved once the body has begun to arrive: a client that declares a length
+                // and sends nothing holds no more than a read's worth.
                 let left = usize::try_from(left).unwrap_or(usize::MAX);
-                if buf.capacity() < left {
+                if buf.is_empty() {
+                    buf.reserve(READ_SIZE);
+                } else if buf.capacity() < left {
                     buf.reserve(left - buf.len());
                 }
                 match ready!(tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf)) {
@@ -267,12 +274,12 @@ pub(super) async fn serve<H, F>(
 {
     let wire = Rc::new(RefCell::new(Wire { io, buf: BytesMut::new(), body: BodyState::none() }));
     loop {
-        let waiting = wire.borrow().buf.is_empty();
         let head = tokio::select! {
             biased;
             head = tokio::time::timeout(idle, next_head(&wire)) => head,
-            // A stopping server closes a connection between requests.
-            _ = stopped.wait_for(Option::is_some), if waiting => return,
+            // A stopping server closes a connection between requests (a head already
+            // buffered whole is served first: the branch above is polled first).
+            _ = stopped.wait_for(Option::is_some) => return,
         };
         let arrived = match head {
             Err(_) | Ok(Ok(None)) => return,
@@ -315,17 +322,27 @@ pub(super) async fn serve<H, F>(
                 };
             (unread, arrived.keep_alive && (!unread || drainable) && stopped.borrow().is_none())
         };
-        if respond(&wire, response, &asked, !serves_on).await.is_err() {
+        // A `100 Continue` begun but not all written is finished first: the answer must not
+        // follow a fragment of it.
+        let begun = wire.borrow().body.continue_left;
+        if (1..CONTINUE.len()).contains(&begun)
+            && write_all(&wire, &[CONTINUE.get(CONTINUE.len() - begun..).unwrap_or_default()]).await.is_err()
+        {
             return;
         }
-        if !serves_on {
+        let closes = match respond(&wire, response, &asked, !serves_on).await {
+            Ok(closes) => closes,
+            Err(()) => return,
+        };
+        if closes {
             if unread {
                 linger(&wire).await;
             }
             return;
         }
         if unread && !drain(&wire).await {
-            return;
+            // Past the bounds: the client may still be sending; the answer is already out.
+            return linger(&wire).await;
         }
     }
 }
@@ -362,6 +379,9 @@ fn client_gone(wire: &RefCell<Wire>) -> impl Future<Output = ()> + '_ {
         }
         while buf.len() < MAX_HEAD {
             match ready!(fill(io, buf, cx, READ_SIZE)) {
+                // A client that sent its next requests and then closed its side waits for
+                // their answers (the next head is read from what it sent).
+                Ok(0) if !buf.is_empty() => return Poll::Pending,
                 Ok(0) | Err(_) => return Poll::Ready(()),
                 Ok(_) => {}
             }
@@ -377,8 +397,9 @@ struct Asked {
 }
 
 /// Writes `response`: its head, then its body, whole or as its stream yields it (chunked, or
-/// to the connection's end for an HTTP/1.0 client). `close` says the connection ends after it.
-async fn respond(wire: &RefCell<Wire>, response: Response, asked: &Asked, close: bool) -> Result<(), ()> {
+/// to the connection's end for an HTTP/1.0 client). `close` says the connection ends after it;
+/// what it returns, whether it does (an HTTP/1.0 client's stream ends with the connection).
+async fn respond(wire: &RefCell<Wire>, response: Response, asked: &Asked, close: bool) -> Result<bool, ()> {
     let (parts, body) = response.into_inner().into_parts();
     let bodiless = asked.head
         || parts.status.is_informational()
@@ -401,7 +422,7 @@ async fn respond(wire: &RefCell<Wire>, response: Response, asked: &Asked, close:
             }
             end_head(&mut head, asked, close);
             let body = if bodiless { Bytes::new() } else { bytes };
-            write_all(wire, &[&head, &body]).await
+            write_all(wire, &[&head, &body]).await.map(|()| close)
         }
         Body::Streamed(mut stream) => {
             // An HTTP/1.0 client reads the stream to the connection's end.
@@ -409,10 +430,11 @@ async fn respond(wire: &RefCell<Wire>, response: Response, asked: &Asked, close:
             if chunked && !bodiless {
                 head.extend_from_slice(b"transfer-encoding: chunked\r\n");
             }
-            end_head(&mut head, asked, close || !chunked);
+            let close = close || (!chunked && !bodiless);
+            end_head(&mut head, asked, close);
             write_all(wire, &[&head]).await?;
             if bodiless {
-                return Ok(());
+                return Ok(close);
             }
             loop {
                 let next = tokio::select! {
@@ -430,8 +452,13 @@ async fn respond(wire: &RefCell<Wire>, response: Response, asked: &Asked, close:
                     Some(Ok(chunk)) => write_all(wire, &[&chunk]).await?,
                     // A stream that fails ends without its last chunk: the client sees it cut.
                     Some(Err(_)) => return Err(()),
-                    None if chunked => return write_all(wire, &[b"0\r\n\r\n"]).await,
-                    None => return Err(()),
+                    None if chunked => return write_all(wire, &[b"0\r\n\r\n"]).await.map(|()| close),
+                    // The body ends with the connection: its write side is shut so the client
+                    // reads the end.
+                    None => {
+                        let _ = poll_fn(|cx| Pin::new(&mut wire.borrow_mut().io).poll_shutdown(cx)).await;
+                        return Ok(true);
+                    }
                 }
             }
         }
@@ -540,7 +567,7 @@ async fn drain(wire: &RefCell<Wire>) -> bool {
     let read = poll_fn(|cx| {
         let mut wire = wire.borrow_mut();
         loop {
-            match ready!(wire.poll_body(cx)) {
+            match ready!(wire.poll_body(cx, false)) {
                 Some(Ok(data)) => {
                     drained += data.len() as u64;
                     if drained > DRAIN_BYTES {
@@ -643,6 +670,10 @@ mod tests {
                     "/stream" => Response::ok().streaming(futures_util::stream::iter(
                         ["one ", "two ", "three"].map(|s| Ok::<_, std::io::Error>(Bytes::from(s))),
                     )),
+                    "/slow" => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        Response::ok().body(format!("{} {path} {read}", head.method))
+                    }
                     "/pieces" => Response::ok().body(format!("{read} in {pieces}")),
                     _ => Response::ok().body(format!("{} {path} {read}", head.method)),
                 }
@@ -800,6 +831,20 @@ mod tests {
         })
         .await;
         assert!(dropped, "the handler's future was dropped");
+    }
+
+    #[tokio::test]
+    async fn requests_sent_before_a_close_of_the_clients_side_are_all_answered() {
+        let (out, dropped) = talk(|mut c| async move {
+            c.write_all(b"POST /slow HTTP/1.1\r\ncontent-length: 1\r\n\r\nxGET /b HTTP/1.1\r\n\r\n").await.unwrap();
+            c.shutdown().await.unwrap();
+            let mut out = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+            String::from_utf8_lossy(&out).into_owned()
+        })
+        .await;
+        assert!(out.contains("POST /slow 1") && out.ends_with("GET /b 0"), "{out}");
+        assert!(!dropped);
     }
 
     #[tokio::test]
