@@ -286,6 +286,28 @@ fn chunk_size(line: &[u8]) -> Result<(u64, usize), Malformed> {
     Ok((size, extension.len()))
 }
 
+/// Fills `slices` for a gathered write of `parts` from byte `from` on (a write that went out
+/// in part resumes where it stopped); how many it filled.
+pub fn gather<'a>(
+    slices: &mut [std::io::IoSlice<'a>],
+    from: usize,
+    parts: impl IntoIterator<Item = &'a [u8]>,
+) -> usize {
+    let mut skip = from;
+    let mut count = 0;
+    for part in parts {
+        if skip >= part.len() {
+            skip -= part.len();
+            continue;
+        }
+        let Some(slot) = slices.get_mut(count) else { break };
+        *slot = std::io::IoSlice::new(part.get(skip..).unwrap_or_default());
+        skip = 0;
+        count += 1;
+    }
+    count
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -161,19 +161,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
 
 /// The gathered write's slices from byte `from` of the head and body on.
 fn fill_slices<'a>(slices: &mut [IoSlice<'a>], from: usize, head: &'a [u8], body: &'a [Bytes]) -> usize {
-    let mut skip = from;
-    let mut count = 0;
-    for part in std::iter::once(head).chain(body.iter().map(|b| b.as_ref())) {
-        if skip >= part.len() {
-            skip -= part.len();
-            continue;
-        }
-        let Some(slot) = slices.get_mut(count) else { break };
-        *slot = IoSlice::new(part.get(skip..).unwrap_or_default());
-        skip = 0;
-        count += 1;
-    }
-    count
+    crate::http1::gather(slices, from, std::iter::once(head).chain(body.iter().map(|b| b.as_ref())))
 }
 
 /// A request's head: the request line in origin form, `Host`, Shield's `headers` and the

@@ -532,7 +532,7 @@ async fn write_all(wire: &RefCell<Wire>, parts: &[&[u8]]) -> Result<(), ()> {
         let mut wire = wire.borrow_mut();
         while written < total {
             let mut slices = [IoSlice::new(&[]); 4];
-            let count = slices_from(&mut slices, written, parts);
+            let count = crate::http1::gather(&mut slices, written, parts.iter().copied());
             match ready!(Pin::new(&mut wire.io).poll_write_vectored(cx, slices.get(..count).unwrap_or_default())) {
                 Ok(n) if n > 0 => written += n,
                 _ => return Poll::Ready(Err(())),
@@ -541,23 +541,6 @@ async fn write_all(wire: &RefCell<Wire>, parts: &[&[u8]]) -> Result<(), ()> {
         Poll::Ready(Ok(()))
     })
     .await
-}
-
-/// The slices of `parts` from byte `from` on.
-fn slices_from<'a>(slices: &mut [IoSlice<'a>], from: usize, parts: &[&'a [u8]]) -> usize {
-    let mut skip = from;
-    let mut count = 0;
-    for part in parts {
-        if skip >= part.len() {
-            skip -= part.len();
-            continue;
-        }
-        let Some(slot) = slices.get_mut(count) else { break };
-        *slot = IoSlice::new(part.get(skip..).unwrap_or_default());
-        skip = 0;
-        count += 1;
-    }
-    count
 }
 
 /// Reads the rest of a body the handler left unread and drops it, within [`DRAIN_BYTES`] and
