@@ -5,8 +5,8 @@
 //!
 //! Hand-rolled rather than hyper's server connection (issue 33), as the upstream hop was
 //! ([`crate::egress::wire`]): callgrind put hyper's dispatcher, its buffered reads and writes
-//! and the body's channel at ~12,000 of a small request's ~86,000 instructions, with the
-//! request's head parsed into a header map and the answer's encoded from one. The parsing that
+//! and the body's channel at ~12,000 of a small request's ~86,000 instructions; this loop
+//! does the same work in ~3,200 fewer (−3.7 %), ~7,500 fewer for a 148 KB agent request. The parsing that
 //! must be right is still a crate's (httparse), and framing is shared with the upstream hop
 //! ([`crate::http1`]); what is written here is the connection's loop.
 //!
@@ -23,7 +23,8 @@
 //!   writing it reads the refusal rather than a reset; past those bounds the connection is
 //!   closed after the answer, lingering so that the answer is not lost to a reset;
 //! * a client that closes its side (or half-closes it) once its request is read is taken as
-//!   gone: its pending answer and the upstream call behind it are dropped.
+//!   gone: its pending answer and the upstream call behind it are dropped, unless it sent
+//!   further requests first (those are answered, in order).
 
 use std::cell::RefCell;
 use std::future::{Future, poll_fn};
