@@ -286,6 +286,21 @@ fn chunk_size(line: &[u8]) -> Result<(u64, usize), Malformed> {
     Ok((size, extension.len()))
 }
 
+/// Reads what `io` has into `buf`, with room for `want` bytes (at least [`READ_SIZE`], at most
+/// [`MAX_READ`]; reserved only when the buffer lacks it).
+pub fn poll_fill<T: tokio::io::AsyncRead + Unpin>(
+    io: &mut T,
+    buf: &mut BytesMut,
+    cx: &mut std::task::Context<'_>,
+    want: usize,
+) -> std::task::Poll<std::io::Result<usize>> {
+    let room = want.clamp(READ_SIZE, MAX_READ);
+    if buf.capacity() - buf.len() < room {
+        buf.reserve(room);
+    }
+    tokio_util::io::poll_read_buf(std::pin::Pin::new(io), cx, buf)
+}
+
 /// Fills `slices` for a gathered write of `parts` from byte `from` on (a write that went out
 /// in part resumes where it stopped); how many it filled.
 pub fn gather<'a>(

@@ -28,7 +28,7 @@ use http::{Method, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use crate::http1::{Decoded, Framing};
-use crate::http1::{MAX_HEADERS, MAX_READ, Malformed, READ_SIZE, Said};
+use crate::http1::{MAX_HEADERS, Malformed, READ_SIZE, Said};
 
 /// The largest answer head read (status line and headers).
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -148,14 +148,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         }
     }
 
-    /// Reads what the socket has, with room for `want` bytes (at least [`READ_SIZE`], at most
-    /// [`MAX_READ`]).
+    /// Reads what the socket has, with room for `want` bytes ([`crate::http1::poll_fill`]).
     fn poll_fill(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<std::io::Result<usize>> {
-        let room = want.clamp(READ_SIZE, MAX_READ);
-        if self.buf.capacity() - self.buf.len() < room {
-            self.buf.reserve(room);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+        crate::http1::poll_fill(&mut self.io, &mut self.buf, cx, want)
     }
 }
 

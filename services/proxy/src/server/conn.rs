@@ -48,7 +48,7 @@ use tokio::sync::watch;
 use super::listen::Stop;
 use super::response::Body;
 use super::{Payload, Response};
-use crate::http1::{Decoded, Framing, MAX_HEADERS, MAX_READ, Malformed, READ_SIZE, Said};
+use crate::http1::{Decoded, Framing, MAX_HEADERS, MAX_READ, Malformed, READ_SIZE, Said, poll_fill};
 
 /// The largest request head accepted (start line and headers).
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -152,7 +152,7 @@ impl Wire {
                     body.ended = true;
                     return Poll::Ready(None);
                 }
-                Ok(Decoded::More) => match ready!(fill(io, buf, cx, body.framing.wants())) {
+                Ok(Decoded::More) => match ready!(poll_fill(io, buf, cx, body.framing.wants())) {
                     Ok(0) => return body.fail(BodyError::Closed),
                     Ok(_) => {}
                     Err(err) => return body.fail(err.into()),
@@ -172,15 +172,6 @@ impl BodyState {
         self.failed = true;
         Poll::Ready(Some(Err(error)))
     }
-}
-
-/// Reads what the socket has into `buf`, with room for `want` bytes (within the read bounds).
-fn fill(io: &mut TcpStream, buf: &mut BytesMut, cx: &mut Context<'_>, want: usize) -> Poll<std::io::Result<usize>> {
-    let room = want.clamp(READ_SIZE, MAX_READ);
-    if buf.capacity() - buf.len() < room {
-        buf.reserve(room);
-    }
-    tokio_util::io::poll_read_buf(Pin::new(io), cx, buf)
 }
 
 /// A request's head, as the handler and the connection's loop need it.
@@ -286,7 +277,7 @@ pub(super) async fn serve<H, F>(
             Err(_) | Ok(Ok(None)) => return,
             Ok(Ok(Some(arrived))) => arrived,
             Ok(Err(refused)) => {
-                let _ = write_whole(&wire, &refusal(&refused)).await;
+                let _ = write_all(&wire, &[&refusal(&refused)]).await;
                 return linger(&wire).await;
             }
         };
@@ -357,7 +348,7 @@ async fn next_head(wire: &RefCell<Wire>) -> Result<Option<Arrived>, Refused> {
             if let Some(arrived) = parse_head(buf)? {
                 return Poll::Ready(Ok(Some(arrived)));
             }
-            match ready!(fill(io, buf, cx, READ_SIZE)) {
+            match ready!(poll_fill(io, buf, cx, READ_SIZE)) {
                 Ok(0) if buf.is_empty() => return Poll::Ready(Ok(None)),
                 Ok(0) => return Poll::Ready(Err(Refused::Malformed("the connection closed inside a request head"))),
                 Ok(_) => {}
@@ -379,7 +370,7 @@ fn client_gone(wire: &RefCell<Wire>) -> impl Future<Output = ()> + '_ {
             return Poll::Pending;
         }
         while buf.len() < MAX_HEAD {
-            match ready!(fill(io, buf, cx, READ_SIZE)) {
+            match ready!(poll_fill(io, buf, cx, READ_SIZE)) {
                 // A client that sent its next requests and then closed its side waits for
                 // their answers (the next head is read from what it sent).
                 Ok(0) if !buf.is_empty() => return Poll::Pending,
@@ -521,10 +512,6 @@ fn refusal(refused: &Refused) -> Vec<u8> {
     answer
 }
 
-async fn write_whole(wire: &RefCell<Wire>, bytes: &[u8]) -> Result<(), ()> {
-    write_all(wire, &[bytes]).await
-}
-
 /// Writes every part, in gathered writes.
 async fn write_all(wire: &RefCell<Wire>, parts: &[&[u8]]) -> Result<(), ()> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
@@ -579,7 +566,7 @@ async fn linger(wire: &RefCell<Wire>) {
         let Wire { io, buf, .. } = &mut *wire;
         loop {
             buf.clear();
-            match ready!(fill(io, buf, cx, MAX_READ)) {
+            match ready!(poll_fill(io, buf, cx, MAX_READ)) {
                 Ok(0) | Err(_) => return Poll::Ready(()),
                 Ok(_) => {}
             }
