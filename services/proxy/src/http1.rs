@@ -288,6 +288,7 @@ fn chunk_size(line: &[u8]) -> Result<(u64, usize), Malformed> {
 
 /// Reads what `io` has into `buf`, with room for `want` bytes (at least [`READ_SIZE`], at most
 /// [`MAX_READ`]; reserved only when the buffer lacks it).
+#[inline]
 pub fn poll_fill<T: tokio::io::AsyncRead + Unpin>(
     io: &mut T,
     buf: &mut BytesMut,
@@ -303,6 +304,7 @@ pub fn poll_fill<T: tokio::io::AsyncRead + Unpin>(
 
 /// Fills `slices` for a gathered write of `parts` from byte `from` on (a write that went out
 /// in part resumes where it stopped); how many it filled.
+#[inline]
 pub fn gather<'a>(
     slices: &mut [std::io::IoSlice<'a>],
     from: usize,
